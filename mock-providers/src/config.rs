@@ -1,0 +1,251 @@
+//! Fault profiles of the fake providers: what a scenario's `[providers.*]` tables say and what
+//! `PUT /_mock/faults` accepts.
+//!
+//! Every struct denies unknown fields so a typo in a scenario is reported with its line and column
+//! by the TOML parser. Ranges are enforced by the unit types ([`Ratio`], [`HumanDuration`]).
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::units::{HumanDuration, Ratio};
+
+/// The three providers. `seed` is not here: it is the scenario's and is passed to [`crate`] start.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProvidersConfig {
+    #[serde(default)]
+    pub line: LineConfig,
+    #[serde(default)]
+    pub smtp: SmtpConfig,
+    #[serde(default)]
+    pub sms: SmsConfig,
+}
+
+/// How long a provider takes to answer. `kind` picks the distribution.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Latency {
+    /// Always `value`.
+    Fixed { value: HumanDuration },
+    /// Uniform between `min` and `max`.
+    Uniform { min: HumanDuration, max: HumanDuration },
+    /// Log-normal with the given median and 99th percentile (p99 >= p50).
+    Lognormal { p50: HumanDuration, p99: HumanDuration },
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency::Fixed {
+            value: HumanDuration::ZERO,
+        }
+    }
+}
+
+/// An HTTP-level fault injected on a share of attempts (LINE and SMS).
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpFault {
+    /// HTTP status to answer with: 429, 500, 502, 503, 504, or a 4xx for permanent faults.
+    pub status: u16,
+    /// Share of attempts that get this fault.
+    pub rate: Ratio,
+    /// `Retry-After` header to send (429/503).
+    #[serde(default)]
+    pub retry_after: Option<HumanDuration>,
+    /// Provider error code in the body (Twilio `code`, e.g. 20429, 21610). Defaults per status.
+    #[serde(default)]
+    pub code: Option<u32>,
+    /// LINE only: a 429 that means the monthly quota is spent ("You have reached your monthly
+    /// limit."), which is not worth retrying, instead of the transient rate limit.
+    #[serde(default)]
+    pub monthly_quota: bool,
+    /// The provider commits the send to the ledger and then answers with this fault anyway
+    /// (a 5xx after commit: the sender cannot know the send landed).
+    #[serde(default)]
+    pub after_commit: bool,
+}
+
+/// Delivery report behaviour: SMS status callbacks and e-mail delivery events.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CallbackConfig {
+    /// Send callbacks at all.
+    pub enabled: bool,
+    /// Delay between acceptance and the first callback, uniform in `[min, max]`.
+    pub delay_min: HumanDuration,
+    pub delay_max: HumanDuration,
+    /// Share of callbacks sent twice (same idempotency token / event id).
+    pub duplicate_rate: Ratio,
+    /// Share of messages that get a stale intermediate status (`sent`) after their final one.
+    pub stale_rate: Ratio,
+    /// Share of messages whose final status is sent before the intermediate one.
+    pub out_of_order_rate: Ratio,
+    /// Share of messages that also get a callback with a wrong signature claiming a different
+    /// final status.
+    pub forged_rate: Ratio,
+    /// Share of messages that also cause a correctly signed callback for an unknown message id.
+    pub unknown_id_rate: Ratio,
+    /// Share of accepted messages whose final status is a failure (`undelivered`/`failed` for SMS,
+    /// `bounced` for e-mail) rather than `delivered`.
+    pub fail_rate: Ratio,
+    /// Retry a callback the stack answered with 5xx or did not answer within `timeout`.
+    pub retry_on_error: bool,
+    pub max_retries: u32,
+    pub timeout: HumanDuration,
+    /// Where to POST (e-mail events only; SMS uses each message's `StatusCallback`). A header
+    /// `X-Events-Url` on the SMTP DATA overrides it per message.
+    pub url: Option<String>,
+}
+
+impl Default for CallbackConfig {
+    fn default() -> Self {
+        CallbackConfig {
+            enabled: false,
+            delay_min: HumanDuration::from_millis(50),
+            delay_max: HumanDuration::from_millis(500),
+            duplicate_rate: Ratio::ZERO,
+            stale_rate: Ratio::ZERO,
+            out_of_order_rate: Ratio::ZERO,
+            forged_rate: Ratio::ZERO,
+            unknown_id_rate: Ratio::ZERO,
+            fail_rate: Ratio::ZERO,
+            retry_on_error: true,
+            max_retries: 3,
+            timeout: HumanDuration::from_millis(2000),
+            url: None,
+        }
+    }
+}
+
+/// `[providers.line]`: the LINE Messaging API push endpoint.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LineConfig {
+    pub latency: Latency,
+    /// Faults on a seeded share of attempts (`after_commit` ones are commit-then-fail).
+    pub transient: Vec<HttpFault>,
+    /// Permanent faults on a seeded share of attempts (e.g. monthly quota).
+    pub permanent: Vec<HttpFault>,
+    /// Seeded share of the user-id space that is invalid (400, permanent).
+    pub bad_addresses: Ratio,
+    /// Requests per second before answering 429 (token bucket; timing-based by nature).
+    pub rate_limit: Option<f64>,
+    /// Honour `X-Line-Retry-Key` (409 on a repeat of an accepted key). LINE does; default on.
+    pub idempotency: bool,
+    /// The channel access token expected as `Authorization: Bearer …`.
+    pub channel_token: String,
+}
+
+impl Default for LineConfig {
+    fn default() -> Self {
+        LineConfig {
+            latency: Latency::default(),
+            transient: Vec::new(),
+            permanent: Vec::new(),
+            bad_addresses: Ratio::ZERO,
+            rate_limit: None,
+            idempotency: true,
+            channel_token: "ting-line-token".into(),
+        }
+    }
+}
+
+/// SMTP transaction stages at which a fault or latency can be injected.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum SmtpStage {
+    Greeting,
+    Mail,
+    Rcpt,
+    Data,
+    DataEnd,
+}
+
+/// A reply injected at one SMTP stage on a seeded share of attempts.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpFault {
+    pub stage: SmtpStage,
+    /// Basic reply code: 421/554 (greeting), 451/452/550/553 (mail), 450/451/452/550/551/552/553
+    /// (rcpt), 554 (data), 451/452/552/554 (data_end).
+    pub code: u16,
+    /// Enhanced status code (RFC 3463), e.g. "4.3.0". Defaults per code.
+    #[serde(default)]
+    pub enhanced: Option<String>,
+    pub rate: Ratio,
+}
+
+/// `[providers.smtp]`: a real SMTP server on TCP.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SmtpConfig {
+    /// Latency before the reply to the end of DATA (the commit point).
+    pub latency: Latency,
+    /// Extra latency before the reply at other stages.
+    pub stage_latency: BTreeMap<SmtpStage, Latency>,
+    pub faults: Vec<SmtpFault>,
+    /// Seeded share of the mailbox space that does not exist (RCPT 550 5.1.1).
+    pub bad_addresses: Ratio,
+    /// Share of attempts whose connection is dropped in the middle of DATA (nothing committed).
+    pub drop_mid_data_rate: Ratio,
+    /// Share of attempts committed to the ledger whose connection closes before the 250 is
+    /// written (the RFC 1047 window: the sender cannot know).
+    pub accept_then_drop_rate: Ratio,
+    /// Largest message accepted (SIZE); bigger → 552.
+    pub max_size: usize,
+    /// Delivery events (webhooks) after acceptance, HMAC-SHA256 signed with `events_secret`.
+    pub events: CallbackConfig,
+    pub events_secret: String,
+}
+
+impl Default for SmtpConfig {
+    fn default() -> Self {
+        SmtpConfig {
+            latency: Latency::default(),
+            stage_latency: BTreeMap::new(),
+            faults: Vec::new(),
+            bad_addresses: Ratio::ZERO,
+            drop_mid_data_rate: Ratio::ZERO,
+            accept_then_drop_rate: Ratio::ZERO,
+            max_size: 10 * 1024 * 1024,
+            events: CallbackConfig::default(),
+            events_secret: "ting-smtp-events-secret".into(),
+        }
+    }
+}
+
+/// `[providers.sms]`: a Twilio-compatible subset.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SmsConfig {
+    pub latency: Latency,
+    pub transient: Vec<HttpFault>,
+    pub permanent: Vec<HttpFault>,
+    /// Seeded share of the number space that is invalid (21211) or unsubscribed (21610).
+    pub bad_addresses: Ratio,
+    pub rate_limit: Option<f64>,
+    /// Honour an `Idempotency-Key` header. Twilio has none; default off (duplicates happen).
+    pub idempotency: bool,
+    pub account_sid: String,
+    pub auth_token: String,
+    /// Status callbacks to each message's `StatusCallback`.
+    pub callbacks: CallbackConfig,
+}
+
+impl Default for SmsConfig {
+    fn default() -> Self {
+        SmsConfig {
+            latency: Latency::default(),
+            transient: Vec::new(),
+            permanent: Vec::new(),
+            bad_addresses: Ratio::ZERO,
+            rate_limit: None,
+            idempotency: false,
+            account_sid: "AC00000000000000000000000000000000".into(),
+            auth_token: "ting-sms-auth-token".into(),
+            callbacks: CallbackConfig::default(),
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The ground-truth ledger: every request and callback a fake provider saw, in arrival order.
+//!
+//! Entries are appended before the provider writes its response, so a sender killed between the
+//! provider's commit and its own still shows up here. The ledger is in memory, bounded by the run,
+//! queryable while the servers keep serving, and exported as JSON Lines.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// Which fake provider wrote an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    Line,
+    Smtp,
+    Sms,
+}
+
+impl Provider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Line => "line",
+            Provider::Smtp => "smtp",
+            Provider::Sms => "sms",
+        }
+    }
+}
+
+/// What kind of exchange an entry records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    /// A send attempt (LINE push, one SMTP recipient of a transaction, Twilio create).
+    Send,
+    /// A status read by the sender (Twilio GET one / list).
+    Poll,
+    /// A delivery report the provider sent to the stack (SMS status callback, e-mail event).
+    Callback,
+}
+
+/// The outcome of a send attempt as the provider decided it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A new delivery: the customer receives this.
+    Accepted,
+    /// A repeat of an accepted idempotency key: not a new delivery.
+    IdempotentRepeat,
+    /// Rejected, worth retrying (5xx, 429 rate limit, SMTP 4yz, dropped connection).
+    Transient,
+    /// Rejected for good (bad address, 4xx, SMTP 5yz, monthly quota).
+    Permanent,
+    /// The request itself was malformed (bad JSON, auth, SMTP syntax / sequence).
+    ProtocolError,
+    /// Not a send: polls and callbacks.
+    Info,
+}
+
+/// What happened to a callback the provider sent to the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallbackVariant {
+    /// The true status, correctly signed.
+    Genuine,
+    /// A second copy of a genuine callback (same idempotency token / event id).
+    Duplicate,
+    /// An intermediate status sent after the final one.
+    Stale,
+    /// A wrong signature claiming a different status.
+    ForgedSignature,
+    /// A correctly signed callback about a message id the provider never issued.
+    UnknownId,
+}
+
+/// One line of the ledger.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    /// Position in the ledger, from 0, strictly increasing across all providers.
+    pub seq: u64,
+    /// Nanoseconds since the ledger was created (monotonic clock).
+    pub mono_ns: u64,
+    /// Wall-clock time, RFC 3339 with milliseconds.
+    pub wall: String,
+    pub provider: Provider,
+    pub kind: EntryKind,
+    /// Recipient address: LINE user id, e-mail address, or E.164 phone number.
+    pub recipient: String,
+    /// 1-based index of this send attempt among all send attempts to `recipient` on `provider`.
+    pub attempt: u32,
+    pub outcome: Outcome,
+    /// What the provider answered: HTTP status ("503") or SMTP reply ("451 4.3.0").
+    pub status: String,
+    /// Provider error code/text where one applies ("21610", "550 5.1.1 mailbox unknown").
+    pub error: Option<String>,
+    /// The fault the provider injected on purpose, if any (e.g. "http 503", "rcpt 451",
+    /// "accept_then_drop", "bad_address", "rate_limit").
+    pub fault: Option<String>,
+    /// `X-Line-Retry-Key`, `Idempotency-Key`, or the SMTP Message-ID.
+    pub idempotency_key: Option<String>,
+    /// Provider message id issued for an accepted send (LINE sentMessages id, Twilio SID,
+    /// SMTP queue id) or the id a callback / poll is about.
+    pub message_id: Option<String>,
+    /// SHA-256 (hex) of the normalised content (see [`crate::ledger`] docs per provider).
+    pub payload_hash: Option<String>,
+    /// The content: LINE message texts joined by "\n", SMS Body, e-mail text part.
+    pub body: Option<String>,
+    /// E-mail only.
+    pub subject: Option<String>,
+    /// E-mail only: the HTML part, decoded.
+    pub html: Option<String>,
+    /// `Retry-After` the provider sent, in milliseconds.
+    pub retry_after_ms: Option<u64>,
+    /// TCP peer of the request (the sender's socket), for attributing it to a process.
+    pub peer: Option<SocketAddr>,
+    /// Callbacks only: the status reported, the variant, where it went and what the stack answered.
+    pub callback_status: Option<String>,
+    pub callback_variant: Option<CallbackVariant>,
+    pub callback_url: Option<String>,
+    /// HTTP status the stack answered the callback with (None: no answer / connection error).
+    pub callback_response: Option<u16>,
+}
+
+/// An entry before the ledger stamps it: everything but `seq`, `mono_ns` and `wall`.
+pub type Draft = LedgerEntry;
+
+impl LedgerEntry {
+    /// A blank draft for `provider`/`kind`/`recipient`; fill in the rest and pass to
+    /// [`Ledger::record`], which stamps `seq`, `mono_ns` and `wall`.
+    pub fn draft(provider: Provider, kind: EntryKind, recipient: impl Into<String>) -> Draft {
+        LedgerEntry {
+            seq: 0,
+            mono_ns: 0,
+            wall: String::new(),
+            provider,
+            kind,
+            recipient: recipient.into(),
+            attempt: 0,
+            outcome: Outcome::Info,
+            status: String::new(),
+            error: None,
+            fault: None,
+            idempotency_key: None,
+            message_id: None,
+            payload_hash: None,
+            body: None,
+            subject: None,
+            html: None,
+            retry_after_ms: None,
+            peer: None,
+            callback_status: None,
+            callback_variant: None,
+            callback_url: None,
+            callback_response: None,
+        }
+    }
+}
+
+/// Something the harness plugs into the ledger to watch the run as it happens.
+pub trait Hook: Send + Sync {
+    /// Called for every entry right after it is appended, before the provider answers. Runs on
+    /// the provider's task: keep it short and never block on the network.
+    fn on_entry(&self, _entry: &LedgerEntry) {}
+
+    /// Called for every accepted send after it is committed to the ledger and before the provider
+    /// writes its response: the provider waits for the returned future. The harness uses this to
+    /// kill the sender inside the window between the provider's commit and the sender's own.
+    fn before_response<'a>(
+        &'a self,
+        _entry: &'a LedgerEntry,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+struct Inner {
+    entries: std::sync::Mutex<Vec<LedgerEntry>>,
+    attempts: std::sync::Mutex<std::collections::HashMap<(Provider, String), u32>>,
+    start: std::time::Instant,
+    hooks: std::sync::RwLock<Vec<std::sync::Arc<dyn Hook>>>,
+}
+
+/// The shared, append-only ledger of all three providers. Cheap to clone.
+#[derive(Clone)]
+pub struct Ledger {
+    inner: std::sync::Arc<Inner>,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Ledger {
+    pub fn new() -> Ledger {
+        Ledger {
+            inner: std::sync::Arc::new(Inner {
+                entries: std::sync::Mutex::new(Vec::new()),
+                attempts: std::sync::Mutex::new(std::collections::HashMap::new()),
+                start: std::time::Instant::now(),
+                hooks: std::sync::RwLock::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Subscribes a hook; it sees every entry appended from now on.
+    pub fn add_hook(&self, hook: std::sync::Arc<dyn Hook>) {
+        self.inner.hooks.write().expect("ledger hooks poisoned").push(hook);
+    }
+
+    /// Monotonic nanoseconds since the ledger was created.
+    pub fn now_ns(&self) -> u64 {
+        self.inner.start.elapsed().as_nanos() as u64
+    }
+
+    /// Stamps and appends `draft`, runs the `on_entry` hooks, and returns the stored entry.
+    pub fn record(&self, mut draft: Draft) -> LedgerEntry {
+        {
+            let mut entries = self.inner.entries.lock().expect("ledger poisoned");
+            draft.seq = entries.len() as u64;
+            draft.mono_ns = self.now_ns();
+            draft.wall = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            entries.push(draft.clone());
+        }
+        let hooks = self.inner.hooks.read().expect("ledger hooks poisoned").clone();
+        for h in &hooks {
+            h.on_entry(&draft);
+        }
+        draft
+    }
+
+    /// Awaits every hook's `before_response` for an accepted send.
+    pub async fn before_response(&self, entry: &LedgerEntry) {
+        let hooks = self.inner.hooks.read().expect("ledger hooks poisoned").clone();
+        for h in &hooks {
+            h.before_response(entry).await;
+        }
+    }
+
+    /// Reserves the next 1-based attempt number for a send to `recipient` on `provider`. Call it
+    /// once per send attempt, before deciding faults: the number is what the fault decision keys on.
+    pub fn next_attempt(&self, provider: Provider, recipient: &str) -> u32 {
+        let mut m = self.inner.attempts.lock().expect("ledger poisoned");
+        let n = m.entry((provider, recipient.to_string())).or_insert(0);
+        *n += 1;
+        *n
+    }
+
+    /// A copy of every entry so far, in order.
+    pub fn snapshot(&self) -> Vec<LedgerEntry> {
+        self.inner.entries.lock().expect("ledger poisoned").clone()
+    }
+
+    /// Entries with `seq >= from`, for incremental readers.
+    pub fn since(&self, from: u64) -> Vec<LedgerEntry> {
+        let entries = self.inner.entries.lock().expect("ledger poisoned");
+        entries.get(from as usize..).map(|s| s.to_vec()).unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.entries.lock().expect("ledger poisoned").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every entry (control API `POST /_mock/reset`).
+    pub fn clear(&self) {
+        self.inner.entries.lock().expect("ledger poisoned").clear();
+        self.inner.attempts.lock().expect("ledger poisoned").clear();
+    }
+
+    /// Writes every entry as JSON Lines.
+    pub fn write_jsonl(&self, mut w: impl std::io::Write) -> std::io::Result<()> {
+        for e in self.snapshot() {
+            serde_json::to_writer(&mut w, &e)?;
+            w.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+}

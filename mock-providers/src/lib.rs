@@ -1,0 +1,13 @@
+//! Fake LINE, SMTP and SMS providers: the harness's source of truth.
+//!
+//! What these servers accepted is what a customer received. Every request and callback is written
+//! to the [`ledger::Ledger`] before any response goes back, so the ledger never under-reports a send.
+//! Faults are decided by [`faults`] from (seed, provider, recipient, attempt) and never from timing,
+//! so a failing run can be replayed exactly.
+//!
+//! This crate must never import the harness or the stack: it knows them only by wire protocol.
+
+pub mod config;
+pub mod faults;
+pub mod ledger;
+pub mod units;
