@@ -9,5 +9,6 @@
 
 pub mod config;
 pub mod faults;
+pub mod latency;
 pub mod ledger;
 pub mod units;
