@@ -1,0 +1,238 @@
+//! The scenario language: one TOML file describes one experiment.
+//!
+//! [`load`] is the boundary: it reads a file, deserializes it into the raw structs of [`raw`]
+//! (unknown keys and out-of-range values rejected with `file:line:col`), and [`validate`] builds the
+//! [`Scenario`] that everything downstream receives. Nothing downstream re-validates, and nothing
+//! downstream sees a raw struct.
+
+pub mod error;
+pub mod raw;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mock_providers::config::ProvidersConfig;
+use serde::Serialize;
+
+pub use error::ScenarioError;
+pub use raw::{Channel, ChaosAction, RawTemplate, StackKind};
+
+/// The flaws the reference stack knows (`docs/flaws.md`); `[stack].flaws` is checked against it.
+pub const KNOWN_FLAWS: &[&str] = &[
+    "inline-send",
+    "drop-on-failure",
+    "retry-storm",
+    "retry-permanent",
+    "restart-from-first",
+    "no-rescue",
+    "racy-claim",
+    "whole-batch-replay",
+    "rerender-on-retry",
+    "naive-callbacks",
+    "trust-forged-callbacks",
+    "abort-on-sigterm",
+    "zombie-send",
+    "resend-uncertain",
+    "unescaped-template",
+];
+
+/// A validated experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    pub seed: u64,
+    /// The file it came from; relative paths inside it (`[stack].cwd`) resolve against its folder.
+    pub source: PathBuf,
+    pub database: DatabaseSpec,
+    pub stack: StackSpec,
+    pub load: Load,
+    pub providers: ProvidersConfig,
+    pub chaos: Vec<ChaosStep>,
+    pub expect: Expect,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DatabaseSpec {
+    pub url: Option<String>,
+    pub keep: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StackSpec {
+    pub kind: StackKind,
+    /// External stacks only.
+    pub external: Option<ExternalStack>,
+    pub workers: u32,
+    #[serde(with = "ms")]
+    pub shutdown_grace: Duration,
+    #[serde(with = "ms")]
+    pub lease: Duration,
+    #[serde(with = "ms")]
+    pub heartbeat: Duration,
+    pub claim_batch: u32,
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub flaws: Vec<String>,
+    pub email_unknown_policy: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ExternalStack {
+    pub api: Vec<String>,
+    pub worker: Vec<String>,
+    pub migrate: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Backoff {
+    #[serde(with = "ms")]
+    pub base: Duration,
+    pub factor: f64,
+    #[serde(with = "ms")]
+    pub max: Duration,
+    pub jitter: f64,
+}
+
+impl Backoff {
+    /// The nominal gap after failed attempt `n` (1-based), before jitter.
+    pub fn nominal_gap(&self, n: u32) -> Duration {
+        let secs = self.base.as_secs_f64() * self.factor.powi(n.saturating_sub(1) as i32);
+        Duration::from_secs_f64(secs.min(self.max.as_secs_f64()))
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Load {
+    pub recipients: u32,
+    pub channels: Vec<Channel>,
+    pub pacing: Pacing,
+    pub template: RawTemplate,
+    pub tricky_names: f64,
+}
+
+/// How the recipients are enqueued.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pacing {
+    /// This many batches, back to back.
+    Batches(u32),
+    /// `per_second` batches per second for `duration`.
+    Rate {
+        per_second: f64,
+        #[serde(with = "ms")]
+        duration: Duration,
+    },
+}
+
+impl Pacing {
+    pub fn batch_count(&self) -> u32 {
+        match self {
+            Pacing::Batches(n) => *n,
+            Pacing::Rate { per_second, duration } => {
+                ((per_second * duration.as_secs_f64()).round() as u32).max(1)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChaosStep {
+    pub trigger: Trigger,
+    pub action: ChaosAction,
+    pub target: Target,
+    #[serde(with = "ms_opt")]
+    pub duration: Option<Duration>,
+    #[serde(with = "ms_opt")]
+    pub restart_after: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    At(#[serde(with = "ms")] Duration),
+    Progress(f64),
+    OnAccept { channel: Channel, nth: u32 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// 1-based worker slot.
+    Worker(u32),
+    Random,
+    Busiest,
+    All,
+    /// The process that sent the triggering request (`on_accept` only).
+    Sender,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Expect {
+    pub exactly_once: bool,
+    pub no_loss: bool,
+    pub retry_discipline: bool,
+    pub immutable_payload: bool,
+    pub callbacks: bool,
+    pub graceful_shutdown: bool,
+    pub recovery: bool,
+    pub max_attempts: u32,
+    #[serde(with = "ms")]
+    pub min_retry_gap: Duration,
+    pub retry_growth: bool,
+    #[serde(with = "ms_opt")]
+    pub enqueue_p99: Option<Duration>,
+    #[serde(with = "ms")]
+    pub quiescence: Duration,
+    pub max_unknown: u32,
+    #[serde(with = "ms")]
+    pub recovery_slack: Duration,
+}
+
+/// Reads and validates a scenario file.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: path.display().to_string(),
+        line: 0,
+        col: 0,
+        message: format!("cannot read scenario: {e}"),
+        key: None,
+        suggestion: None,
+    })?;
+    parse(path, &text)
+}
+
+/// Validates scenario `text` as if read from `path`.
+pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let raw: raw::RawScenario =
+        toml::from_str(text).map_err(|e| error::from_toml(&file, text, &e))?;
+    validate::validate(raw, path, &file, text)
+}
+
+/// The JSON Schema of scenario files, generated from the raw types.
+pub fn json_schema() -> serde_json::Value {
+    let schema = schemars::schema_for!(raw::RawScenario);
+    serde_json::to_value(schema).expect("schema serializes")
+}
+
+mod ms {
+    use std::time::Duration;
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+}
+
+mod ms_opt {
+    use std::time::Duration;
+    pub fn serialize<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&(d.as_millis() as u64)),
+            None => s.serialize_none(),
+        }
+    }
+}

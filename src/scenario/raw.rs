@@ -1,0 +1,342 @@
+//! The scenario file as written: raw TOML structs, one per table.
+//!
+//! Every struct denies unknown fields, and range checks live in the unit types, so the TOML parser
+//! reports a typo or a bad value with its exact position. Cross-field rules (exactly one chaos
+//! trigger, `batches` or `rate`) are checked in [`super::validate`], which is the only code that
+//! turns these into a [`super::Scenario`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use mock_providers::config::{LineConfig, SmsConfig, SmtpConfig};
+use mock_providers::units::{HumanDuration, Ratio};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+/// One experiment: a stack, a load, provider faults, a chaos schedule and what to expect.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawScenario {
+    /// Short name; used in report directory names.
+    pub name: String,
+    /// What failure this scenario provokes and what a pass proves.
+    #[serde(default)]
+    pub description: String,
+    /// Every random decision of the run (faults, data, chaos targets) derives from this.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub database: RawDatabase,
+    #[serde(default)]
+    pub stack: RawStack,
+    pub load: RawLoad,
+    #[serde(default)]
+    pub providers: RawProviders,
+    #[serde(default)]
+    #[schemars(with = "Vec<RawChaos>")]
+    pub chaos: Vec<Spanned<RawChaos>>,
+    #[serde(default)]
+    pub expect: RawExpect,
+}
+
+/// `[database]`: where the run's fresh database is created.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawDatabase {
+    /// A PostgreSQL server URL; a fresh database is created on it. Default: a throwaway cluster.
+    pub url: Option<String>,
+    /// Keep the database (and a throwaway cluster's directory) after the run.
+    #[serde(default)]
+    pub keep: bool,
+}
+
+/// Which stack runs: the built-in reference stack, or your own through the stack contract.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StackKind {
+    #[default]
+    Builtin,
+    External,
+}
+
+/// `[stack.external]`: your own stack's process roles (see docs/stack-contract.md). Its presence
+/// replaces the built-in stack.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawExternal {
+    /// argv of the API process, e.g. `["./bin/api"]`.
+    pub api: Vec<String>,
+    /// argv of one worker process.
+    pub worker: Vec<String>,
+    /// argv of the schema migration, run once before anything else.
+    pub migrate: Vec<String>,
+    /// Extra environment for every process, added to the `TING_*` variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory, relative to the scenario file.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+}
+
+/// `[stack]`: the system under test and its tunables (passed as `TING_*` env vars).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStack {
+    /// Run your own stack instead of the built-in one.
+    pub external: Option<RawExternal>,
+    /// Number of worker processes (1..=64).
+    pub workers: u32,
+    pub shutdown_grace: HumanDuration,
+    pub lease: HumanDuration,
+    pub heartbeat: HumanDuration,
+    pub claim_batch: u32,
+    pub max_attempts: u32,
+    pub backoff: RawBackoff,
+    /// Built-in stack only: classic mistakes to switch on (see docs/flaws.md).
+    pub flaws: Vec<String>,
+    /// What the stack does with an e-mail whose outcome cannot be known: `hold` or `resend`.
+    pub email_unknown_policy: String,
+}
+
+impl Default for RawStack {
+    fn default() -> Self {
+        RawStack {
+            external: None,
+            workers: 4,
+            shutdown_grace: HumanDuration::from_millis(5_000),
+            lease: HumanDuration::from_millis(3_000),
+            heartbeat: HumanDuration::from_millis(1_000),
+            claim_batch: 10,
+            max_attempts: 5,
+            backoff: RawBackoff::default(),
+            flaws: Vec::new(),
+            email_unknown_policy: "hold".into(),
+        }
+    }
+}
+
+/// `[stack.backoff]`: gap before attempt n+1 is `min(max, base × factor^(n-1))` ± jitter.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawBackoff {
+    pub base: HumanDuration,
+    pub factor: f64,
+    pub max: HumanDuration,
+    pub jitter: Ratio,
+}
+
+impl Default for RawBackoff {
+    fn default() -> Self {
+        RawBackoff {
+            base: HumanDuration::from_millis(200),
+            factor: 2.0,
+            max: HumanDuration::from_millis(5_000),
+            jitter: Ratio(0.2),
+        }
+    }
+}
+
+/// A channel a delivery goes out on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Channel {
+    Line,
+    Email,
+    Sms,
+}
+
+impl Channel {
+    pub const ALL: [Channel; 3] = [Channel::Line, Channel::Email, Channel::Sms];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Line => "line",
+            Channel::Email => "email",
+            Channel::Sms => "sms",
+        }
+    }
+
+    /// The fake provider that carries this channel.
+    pub fn provider(self) -> mock_providers::ledger::Provider {
+        use mock_providers::ledger::Provider;
+        match self {
+            Channel::Line => Provider::Line,
+            Channel::Email => Provider::Smtp,
+            Channel::Sms => Provider::Sms,
+        }
+    }
+}
+
+/// `[load]`: who gets what, and how fast it is enqueued.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawLoad {
+    /// Number of recipients (1..=1,000,000).
+    pub recipients: u32,
+    /// Subset of `line`, `email`, `sms`.
+    #[schemars(with = "Vec<Channel>")]
+    pub channels: Spanned<Vec<Channel>>,
+    /// Split the recipients into this many batches, enqueued back to back. Exclusive with `rate`.
+    pub batches: Option<u32>,
+    /// Batches per second, over `duration`. Exclusive with `batches`.
+    pub rate: Option<f64>,
+    pub duration: Option<HumanDuration>,
+    #[serde(default)]
+    pub template: RawTemplate,
+    /// Share of recipient names that contain HTML and non-ASCII text, to test escaping.
+    #[serde(default = "default_tricky")]
+    pub tricky_names: Ratio,
+    /// Share of recipients whose address on each channel is permanently bad.
+    #[serde(default)]
+    pub bad_addresses: RawBadAddresses,
+}
+
+fn default_tricky() -> Ratio {
+    Ratio(0.1)
+}
+
+/// `[load.bad_addresses]`: per channel share of permanently bad addresses.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawBadAddresses {
+    pub line: Ratio,
+    pub email: Ratio,
+    pub sms: Ratio,
+}
+
+/// `[load.template]`: Mustache bodies; the context is the recipient's `vars` plus `id` and `name`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTemplate {
+    pub id: String,
+    pub version: u32,
+    pub subject: String,
+    pub text: String,
+    pub html: String,
+    pub line: String,
+    pub sms: String,
+}
+
+impl Default for RawTemplate {
+    fn default() -> Self {
+        RawTemplate {
+            id: "order-confirmation".into(),
+            version: 1,
+            subject: "Order {{order_id}} received".into(),
+            text: "Hi {{name}}, we received order {{order_id}} ({{item}}). Total {{total}}.".into(),
+            html: "<p>Hi {{name}},</p><p>We received order <b>{{order_id}}</b> ({{item}}). Total {{total}}.</p>".into(),
+            line: "Hi {{name}}! Order {{order_id}} ({{item}}) received. Total {{total}}.".into(),
+            sms: "Order {{order_id}} received. Total {{total}}.".into(),
+        }
+    }
+}
+
+/// `[providers.*]`: fault profiles of the fake providers.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawProviders {
+    #[serde(default)]
+    pub line: LineConfig,
+    #[serde(default)]
+    pub smtp: SmtpConfig,
+    #[serde(default)]
+    pub sms: SmsConfig,
+}
+
+/// What a chaos action does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChaosAction {
+    Sigkill,
+    Sigterm,
+    /// SIGSTOP, then SIGCONT after `for`.
+    Sigstop,
+    /// SIGTERM with the grace period, then start a new worker (a new worker id).
+    Restart,
+    /// Immediate restart of the throwaway PostgreSQL cluster, data kept.
+    DbRestart,
+    /// `pg_terminate_backend` of every session of the stack.
+    DbTerminate,
+    /// Hold an idle-in-transaction session with row locks for `for`.
+    DbIdleTx,
+}
+
+/// The Nth accepted send on a channel.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawOnAccept {
+    pub channel: Channel,
+    pub nth: u32,
+}
+
+/// `[[chaos]]`: one action, one trigger (`at`, `progress` or `on_accept`), one target.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawChaos {
+    /// Elapsed time since the load started.
+    pub at: Option<HumanDuration>,
+    /// Share of expected deliveries the providers have accepted.
+    pub progress: Option<Ratio>,
+    /// The Nth accepted send on a channel; fires before the provider answers.
+    pub on_accept: Option<RawOnAccept>,
+    pub action: ChaosAction,
+    /// `1`-based worker index, `"random"`, `"busiest"`, `"all"`, or `"sender"` (the process that
+    /// sent the triggering request; `on_accept` only). Default `"random"`.
+    #[serde(default)]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub target: Option<toml::Value>,
+    /// How long SIGSTOP or the idle transaction lasts.
+    #[serde(rename = "for")]
+    pub duration: Option<HumanDuration>,
+    /// Start a replacement worker this long after the action (kill/term/stop actions).
+    pub restart_after: Option<HumanDuration>,
+}
+
+/// `[expect]`: which invariants to check and their thresholds.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawExpect {
+    pub exactly_once: bool,
+    pub no_loss: bool,
+    pub retry_discipline: bool,
+    pub immutable_payload: bool,
+    pub callbacks: bool,
+    pub graceful_shutdown: bool,
+    pub recovery: bool,
+    /// Attempts allowed per delivery; default `stack.max_attempts`.
+    pub max_attempts: Option<u32>,
+    /// Smallest gap allowed between an attempt and the retry after a transient failure.
+    pub min_retry_gap: Option<HumanDuration>,
+    /// Gaps must not shrink from one retry to the next (within the jitter).
+    pub retry_growth: bool,
+    /// Enqueue latency SLO (responsiveness).
+    pub enqueue_p99: Option<HumanDuration>,
+    /// Deadline for quiescence after the load is enqueued.
+    pub quiescence: HumanDuration,
+    /// Deliveries allowed to end `unknown` (held for review).
+    pub max_unknown: u32,
+    /// Slack on top of the lease for recovery after a kill or stop.
+    pub recovery_slack: HumanDuration,
+}
+
+impl Default for RawExpect {
+    fn default() -> Self {
+        RawExpect {
+            exactly_once: true,
+            no_loss: true,
+            retry_discipline: true,
+            immutable_payload: true,
+            callbacks: true,
+            graceful_shutdown: true,
+            recovery: true,
+            max_attempts: None,
+            min_retry_gap: None,
+            retry_growth: true,
+            enqueue_p99: None,
+            quiescence: HumanDuration::from_millis(60_000),
+            max_unknown: 0,
+            recovery_slack: HumanDuration::from_millis(5_000),
+        }
+    }
+}
