@@ -4,5 +4,12 @@
 //! through the process/env/HTTP contract of `docs/stack-contract.md`, the same one a user's own
 //! stack implements; only `src/main.rs` links the reference stack, to serve `ting-chaos stack …`.
 
+pub mod attribution;
+pub mod check;
+pub mod cli;
 pub mod exit;
+pub mod load;
+pub mod report;
+pub mod run;
 pub mod scenario;
+pub mod supervise;

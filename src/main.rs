@@ -1,15 +1,15 @@
 //! The one `ting-chaos` binary: parses flags and dispatches thinly into the crates.
 //!
-//! `run`, `validate`, `schema`, `bench`, `mocks`, `db` belong to the harness library;
-//! `stack api|worker|migrate` are the reference stack's process roles, linked here so one installed
-//! binary serves both. This file is the only place the harness and the stack meet, and it passes
-//! nothing between them: the harness spawns `ting-chaos stack …` as a child through the contract.
+//! `run`, `validate`, `schema`, `mocks`, `db` belong to the harness library; `stack
+//! api|worker|migrate` are the reference stack's process roles, linked here so one installed binary
+//! serves both. This file is the only place the harness and the stack meet, and it passes nothing
+//! between them: the harness spawns `ting-chaos stack …` as a child through the stack contract.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ting_chaos::exit;
+use ting_chaos::{exit, scenario};
 
 #[derive(Parser)]
 #[command(name = "ting-chaos", version, about = "Load and chaos tests for notification delivery stacks")]
@@ -20,6 +20,28 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a scenario against a stack and check it; exit 0 pass, 1 violation, 2 usage, 3 infrastructure.
+    Run {
+        scenario: PathBuf,
+        /// Override the scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Override the number of workers.
+        #[arg(long)]
+        workers: Option<u32>,
+        /// PostgreSQL server to create the run's database on (default: a throwaway cluster).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        /// Where report directories are created.
+        #[arg(long, default_value = "reports")]
+        report_dir: PathBuf,
+        /// Keep the database after the run.
+        #[arg(long)]
+        keep: bool,
+        /// Print the report JSON on stdout instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check scenario files; exit 0 when all are valid, 2 otherwise.
     Validate {
         #[arg(required = true)]
@@ -27,24 +49,92 @@ enum Command {
     },
     /// Print the JSON Schema of scenario files.
     Schema,
+    /// Serve the fake providers standalone until Ctrl-C.
+    Mocks {
+        /// A scenario file (its [providers] tables and seed) or a providers-only TOML file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Address to bind; anything but loopback must be asked for explicitly.
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: std::net::IpAddr,
+    },
+    /// The reference stack's process roles (started by `run`; configured by TING_* env vars).
+    Stack {
+        #[command(subcommand)]
+        role: StackRole,
+        /// Switch on a classic mistake (repeatable); adds to TING_STACK_FLAWS.
+        #[arg(long = "flaw", global = true)]
+        flaws: Vec<String>,
+    },
+    /// Throwaway PostgreSQL.
+    Db {
+        #[command(subcommand)]
+        command: DbCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum StackRole {
+    /// Create or upgrade the schema in TING_DATABASE_URL, then exit.
+    Migrate,
+    /// Serve the HTTP API on TING_API_ADDR until SIGTERM.
+    Api,
+    /// Claim and send deliveries until SIGTERM, then drain.
+    Worker,
+}
+
+#[derive(Subcommand)]
+enum DbCommand {
+    /// Start a throwaway cluster, print its URL, and keep it until Ctrl-C.
+    Up,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Stack { role, flaws } = cli.command {
+        return ExitCode::from(stack_role(role, flaws) as u8);
+    }
+    init_tracing();
     let code = match cli.command {
         Command::Validate { files } => validate(&files),
         Command::Schema => {
-            println!("{}", serde_json::to_string_pretty(&ting_chaos::scenario::json_schema()).unwrap());
+            println!("{}", serde_json::to_string_pretty(&scenario::json_schema()).expect("schema"));
             exit::OK
         }
+        Command::Run { scenario, seed, workers, database_url, report_dir, keep, json } => {
+            let opts = ting_chaos::run::RunOptions {
+                seed,
+                workers,
+                database_url,
+                report_root: report_dir,
+                keep,
+                self_exe: std::env::current_exe().unwrap_or_else(|_| "ting-chaos".into()),
+                progress: !json,
+            };
+            runtime().block_on(ting_chaos::cli::run(&scenario, opts, json))
+        }
+        Command::Mocks { config, seed, bind } => runtime().block_on(ting_chaos::cli::mocks(config.as_deref(), seed, bind)),
+        Command::Db { command: DbCommand::Up } => runtime().block_on(ting_chaos::cli::db_up()),
+        Command::Stack { .. } => unreachable!("dispatched above"),
     };
     ExitCode::from(code as u8)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TING_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 fn validate(files: &[PathBuf]) -> i32 {
     let mut code = exit::OK;
     for f in files {
-        match ting_chaos::scenario::load(f) {
+        match scenario::load(f) {
             Ok(s) => println!("ok: {} ({})", f.display(), s.name),
             Err(e) => {
                 eprintln!("error: {e}");
@@ -53,4 +143,49 @@ fn validate(files: &[PathBuf]) -> i32 {
         }
     }
     code
+}
+
+/// `ting-chaos stack …`: one process role of the reference stack, configured only by the contract's
+/// environment, exactly as an external stack would be.
+fn stack_role(role: StackRole, flaws: Vec<String>) -> i32 {
+    if !flaws.is_empty() {
+        let mut all: Vec<String> = std::env::var("TING_STACK_FLAWS")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| v.split(',').map(String::from).collect())
+            .unwrap_or_default();
+        all.extend(flaws);
+        // Edition 2021, single-threaded at this point: no other thread reads the environment.
+        std::env::set_var("TING_STACK_FLAWS", all.join(","));
+    }
+    stack::init_logging();
+    let cfg = match stack::Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let rt = runtime();
+    let result = rt.block_on(async move {
+        match role {
+            StackRole::Migrate => stack::migrate(&cfg.database_url).await,
+            StackRole::Api => {
+                let listener = tokio::net::TcpListener::bind(&cfg.api_addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("bind {}: {e}", cfg.api_addr))?;
+                tracing::info!(addr = %listener.local_addr()?, "api listening");
+                stack::api::run(cfg, listener, ting_chaos::cli::interrupted()).await
+            }
+            StackRole::Worker => stack::worker::run(cfg, ting_chaos::cli::interrupted()).await,
+        }
+    });
+    match result {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
 }

@@ -30,9 +30,15 @@ pub enum Latency {
     /// Always `value`.
     Fixed { value: HumanDuration },
     /// Uniform between `min` and `max`.
-    Uniform { min: HumanDuration, max: HumanDuration },
+    Uniform {
+        min: HumanDuration,
+        max: HumanDuration,
+    },
     /// Log-normal with the given median and 99th percentile (p99 >= p50).
-    Lognormal { p50: HumanDuration, p99: HumanDuration },
+    Lognormal {
+        p50: HumanDuration,
+        p99: HumanDuration,
+    },
 }
 
 impl Default for Latency {
@@ -153,7 +159,9 @@ impl Default for LineConfig {
 }
 
 /// SMTP transaction stages at which a fault or latency can be injected.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SmtpStage {
     Greeting,

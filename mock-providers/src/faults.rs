@@ -92,12 +92,19 @@ mod tests {
     #[test]
     fn pick_depends_only_on_inputs() {
         let rates = [Ratio(0.2), Ratio(0.3)];
-        let a: Vec<_> = (0..100).map(|k| pick(1, Provider::Line, "U1", k, "t", rates)).collect();
-        let b: Vec<_> = (0..100).rev().map(|k| pick(1, Provider::Line, "U1", k, "t", rates)).collect();
+        let a: Vec<_> = (0..100)
+            .map(|k| pick(1, Provider::Line, "U1", k, "t", rates))
+            .collect();
+        let b: Vec<_> = (0..100)
+            .rev()
+            .map(|k| pick(1, Provider::Line, "U1", k, "t", rates))
+            .collect();
         let b: Vec<_> = b.into_iter().rev().collect();
         assert_eq!(a, b);
         assert!(a.iter().any(|x| x.is_none()) && a.iter().any(|x| x.is_some()));
-        let other_seed: Vec<_> = (0..100).map(|k| pick(2, Provider::Line, "U1", k, "t", rates)).collect();
+        let other_seed: Vec<_> = (0..100)
+            .map(|k| pick(2, Provider::Line, "U1", k, "t", rates))
+            .collect();
         assert_ne!(a, other_seed);
     }
 }

@@ -15,7 +15,10 @@ pub fn sample(profile: &Latency, rng: &mut impl Rng) -> Duration {
     match profile {
         Latency::Fixed { value } => value.0,
         Latency::Uniform { min, max } => {
-            let (lo, hi) = (min.0.as_secs_f64(), max.0.as_secs_f64().max(min.0.as_secs_f64()));
+            let (lo, hi) = (
+                min.0.as_secs_f64(),
+                max.0.as_secs_f64().max(min.0.as_secs_f64()),
+            );
             if hi <= lo {
                 return min.0;
             }

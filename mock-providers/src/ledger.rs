@@ -78,8 +78,13 @@ pub enum CallbackVariant {
 pub struct LedgerEntry {
     /// Position in the ledger, from 0, strictly increasing across all providers.
     pub seq: u64,
-    /// Nanoseconds since the ledger was created (monotonic clock).
+    /// Nanoseconds since the ledger was created (monotonic clock), when the entry was recorded:
+    /// for a send, after the injected latency, just before the response is written.
     pub mono_ns: u64,
+    /// When the request arrived (same clock), before any injected latency. Providers set it with
+    /// [`Ledger::now_ns`] at arrival; `record` fills it with `mono_ns` when left at 0.
+    #[serde(default)]
+    pub received_ns: u64,
     /// Wall-clock time, RFC 3339 with milliseconds.
     pub wall: String,
     pub provider: Provider,
@@ -119,6 +124,9 @@ pub struct LedgerEntry {
     pub callback_url: Option<String>,
     /// HTTP status the stack answered the callback with (None: no answer / connection error).
     pub callback_response: Option<u16>,
+    /// Callbacks only: 1 for the first try of this callback, 2.. for retries after a 5xx/timeout.
+    #[serde(default)]
+    pub callback_try: Option<u32>,
 }
 
 /// An entry before the ledger stamps it: everything but `seq`, `mono_ns` and `wall`.
@@ -131,6 +139,7 @@ impl LedgerEntry {
         LedgerEntry {
             seq: 0,
             mono_ns: 0,
+            received_ns: 0,
             wall: String::new(),
             provider,
             kind,
@@ -152,6 +161,7 @@ impl LedgerEntry {
             callback_variant: None,
             callback_url: None,
             callback_response: None,
+            callback_try: None,
         }
     }
 }
@@ -206,7 +216,11 @@ impl Ledger {
 
     /// Subscribes a hook; it sees every entry appended from now on.
     pub fn add_hook(&self, hook: std::sync::Arc<dyn Hook>) {
-        self.inner.hooks.write().expect("ledger hooks poisoned").push(hook);
+        self.inner
+            .hooks
+            .write()
+            .expect("ledger hooks poisoned")
+            .push(hook);
     }
 
     /// Monotonic nanoseconds since the ledger was created.
@@ -220,10 +234,18 @@ impl Ledger {
             let mut entries = self.inner.entries.lock().expect("ledger poisoned");
             draft.seq = entries.len() as u64;
             draft.mono_ns = self.now_ns();
+            if draft.received_ns == 0 {
+                draft.received_ns = draft.mono_ns;
+            }
             draft.wall = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
             entries.push(draft.clone());
         }
-        let hooks = self.inner.hooks.read().expect("ledger hooks poisoned").clone();
+        let hooks = self
+            .inner
+            .hooks
+            .read()
+            .expect("ledger hooks poisoned")
+            .clone();
         for h in &hooks {
             h.on_entry(&draft);
         }
@@ -232,7 +254,12 @@ impl Ledger {
 
     /// Awaits every hook's `before_response` for an accepted send.
     pub async fn before_response(&self, entry: &LedgerEntry) {
-        let hooks = self.inner.hooks.read().expect("ledger hooks poisoned").clone();
+        let hooks = self
+            .inner
+            .hooks
+            .read()
+            .expect("ledger hooks poisoned")
+            .clone();
         for h in &hooks {
             h.before_response(entry).await;
         }
@@ -255,7 +282,10 @@ impl Ledger {
     /// Entries with `seq >= from`, for incremental readers.
     pub fn since(&self, from: u64) -> Vec<LedgerEntry> {
         let entries = self.inner.entries.lock().expect("ledger poisoned");
-        entries.get(from as usize..).map(|s| s.to_vec()).unwrap_or_default()
+        entries
+            .get(from as usize..)
+            .map(|s| s.to_vec())
+            .unwrap_or_default()
     }
 
     pub fn len(&self) -> usize {

@@ -7,8 +7,23 @@
 //!
 //! This crate must never import the harness or the stack: it knows them only by wire protocol.
 
+pub mod bench;
+pub mod callbacks;
 pub mod config;
+pub mod control;
+pub mod decide;
 pub mod faults;
+mod http;
+pub mod hub;
 pub mod latency;
 pub mod ledger;
+pub mod line;
+pub mod live;
+pub mod ratelimit;
+mod run;
+pub mod signing;
+pub mod sms;
+pub mod smtp;
 pub mod units;
+
+pub use run::{start, start_on, Listeners, Providers};

@@ -37,7 +37,9 @@ impl From<HumanDuration> for Duration {
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.starts_with('-') {
-        return Err(format!("duration `{s}` is negative; durations must be >= 0"));
+        return Err(format!(
+            "duration `{s}` is negative; durations must be >= 0"
+        ));
     }
     // humantime does not take fractions ("1.5s"); handle the common single-unit fractional form.
     if let Some((num, unit)) = split_fraction(t) {
@@ -110,7 +112,8 @@ impl JsonSchema for HumanDuration {
             instance_type: Some(schemars::schema::InstanceType::String.into()),
             ..Default::default()
         };
-        s.string().pattern = Some(r"^\s*[0-9]+(\.[0-9]+)?\s*[a-z]+(\s*[0-9]+\s*[a-z]+)*\s*$".into());
+        s.string().pattern =
+            Some(r"^\s*[0-9]+(\.[0-9]+)?\s*[a-z]+(\s*[0-9]+\s*[a-z]+)*\s*$".into());
         s.metadata().description =
             Some("A duration such as \"500ms\", \"2s\", \"1.5s\", \"2m\" or \"1m 30s\".".into());
         s.into()
@@ -210,7 +213,8 @@ impl JsonSchema for Ratio {
         pct.string().pattern = Some(r"^\s*(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)\s*%\s*$".into());
         let mut s = schemars::schema::SchemaObject::default();
         s.subschemas().any_of = Some(vec![num.into(), pct.into()]);
-        s.metadata().description = Some("A share: a number in 0..=1 or a percentage \"40%\".".into());
+        s.metadata().description =
+            Some("A share: a number in 0..=1 or a percentage \"40%\".".into());
         s.into()
     }
 }
@@ -233,7 +237,9 @@ mod tests {
             ("10", Err(())),
         ];
         for (input, want) in cases {
-            let got = parse_duration(input).map(|d| d.as_millis() as u64).map_err(|_| ());
+            let got = parse_duration(input)
+                .map(|d| d.as_millis() as u64)
+                .map_err(|_| ());
             assert_eq!(&got, want, "input {input:?}");
         }
     }

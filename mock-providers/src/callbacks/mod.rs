@@ -1,0 +1,309 @@
+//! The dispatcher that sends delivery reports to the stack: SMS status callbacks and e-mail
+//! delivery events, on the seeded schedule of [`plan`], with retries when the stack answers 5xx or
+//! times out.
+//!
+//! Every try of every callback is a ledger entry (`EntryKind::Callback`). The dispatcher counts the
+//! reports still due ([`Dispatcher::pending`]) so the harness can wait for quiescence before it
+//! judges a run. It must never block a provider's request path: scheduling only spawns tasks.
+
+pub mod plan;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::config::{SmsConfig, SmtpConfig};
+use crate::ledger::{EntryKind, Ledger, LedgerEntry, Outcome, Provider};
+use crate::signing;
+use plan::Planned;
+
+/// What the SMS fake knows about an accepted message that its status callbacks repeat.
+#[derive(Clone, Debug)]
+pub struct SmsReport {
+    pub sid: String,
+    pub to: String,
+    pub from: String,
+    pub messaging_service_sid: Option<String>,
+    pub status_callback: String,
+    pub attempt: u32,
+}
+
+/// A ready-to-send report: the body and headers are fixed when it is scheduled, so a duplicate or
+/// a retry is byte-identical to its original.
+struct Job {
+    provider: Provider,
+    recipient: String,
+    attempt: u32,
+    url: String,
+    planned: Planned,
+    content_type: &'static str,
+    body: Vec<u8>,
+    headers: Vec<(&'static str, String)>,
+    retry_on_error: bool,
+    max_retries: u32,
+    timeout: Duration,
+}
+
+struct Inner {
+    seed: u64,
+    ledger: Ledger,
+    client: reqwest::Client,
+    pending: AtomicUsize,
+    idle: Notify,
+    /// Bumped by [`Dispatcher::cancel_all`]; every job watches it and drops out when it moves.
+    epoch: watch::Sender<u64>,
+    handle: Option<tokio::runtime::Handle>,
+}
+
+/// Schedules and sends delivery reports. Cheap to clone.
+#[derive(Clone)]
+pub struct Dispatcher {
+    inner: Arc<Inner>,
+}
+
+/// Decrements the pending count when a job ends, however it ends.
+struct PendingGuard(Arc<Inner>);
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        if self.0.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Dispatcher {
+    /// Creates a dispatcher. Call it inside a tokio runtime: its jobs are spawned on that runtime
+    /// even when a report is scheduled from a thread outside it.
+    pub fn new(seed: u64, ledger: Ledger) -> Dispatcher {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .expect("reqwest client without TLS always builds");
+        Dispatcher {
+            inner: Arc::new(Inner {
+                seed,
+                ledger,
+                client,
+                pending: AtomicUsize::new(0),
+                idle: Notify::new(),
+                epoch: watch::Sender::new(0),
+                handle: tokio::runtime::Handle::try_current().ok(),
+            }),
+        }
+    }
+
+    /// Reports scheduled and not yet finished (including ones waiting for a retry).
+    pub fn pending(&self) -> usize {
+        self.inner.pending.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no report is pending.
+    pub async fn quiesced(&self) {
+        loop {
+            let notified = self.inner.idle.notified();
+            if self.pending() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Drops every report still due (control API reset, shutdown).
+    pub fn cancel_all(&self) {
+        self.inner.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// Schedules the status callbacks of an accepted SMS, if callbacks are on.
+    pub fn sms_accepted(&self, cfg: &SmsConfig, msg: &SmsReport, plan: &plan::SmsPlan) {
+        let cb = &cfg.callbacks;
+        if !cb.enabled || msg.status_callback.is_empty() {
+            return;
+        }
+        for p in &plan.reports {
+            let mut params: Vec<(&str, String)> = vec![
+                ("MessageSid", p.message_id.clone()),
+                ("SmsSid", p.message_id.clone()),
+                ("MessageStatus", p.status.to_string()),
+                ("SmsStatus", p.status.to_string()),
+                ("AccountSid", cfg.account_sid.clone()),
+                ("To", msg.to.clone()),
+                ("From", msg.from.clone()),
+                ("ApiVersion", "2010-04-01".to_string()),
+            ];
+            if let Some(ms) = &msg.messaging_service_sid {
+                params.push(("MessagingServiceSid", ms.clone()));
+            }
+            if let Some(code) = p.error_code {
+                params.push(("ErrorCode", code.to_string()));
+            }
+            let key = if p.forged {
+                format!("{}-forged", cfg.auth_token)
+            } else {
+                cfg.auth_token.clone()
+            };
+            let signature = signing::twilio_signature(&key, &msg.status_callback, &params);
+            let body = serde_urlencoded::to_string(&params).expect("string pairs always encode");
+            self.spawn(Job {
+                provider: Provider::Sms,
+                recipient: msg.to.clone(),
+                attempt: msg.attempt,
+                url: msg.status_callback.clone(),
+                planned: p.clone(),
+                content_type: "application/x-www-form-urlencoded",
+                body: body.into_bytes(),
+                headers: vec![
+                    ("x-twilio-signature", signature),
+                    ("i-twilio-idempotency-token", p.token.clone()),
+                ],
+                retry_on_error: cb.retry_on_error,
+                max_retries: cb.max_retries,
+                timeout: cb.timeout.0,
+            });
+        }
+    }
+
+    /// Schedules the delivery events of an accepted e-mail (one recipient of one message), if
+    /// events are on. `entry` is the SMTP fake's accepted ledger entry: `message_id` is the
+    /// Message-ID header, `recipient` the RCPT address, and `callback_url`, when set (from an
+    /// `X-Events-Url` header), overrides `events.url`.
+    pub fn email_accepted(&self, cfg: &SmtpConfig, entry: &LedgerEntry) {
+        let ev = &cfg.events;
+        let Some(url) = entry.callback_url.clone().or_else(|| ev.url.clone()) else {
+            return;
+        };
+        if !ev.enabled || entry.outcome != Outcome::Accepted {
+            return;
+        }
+        let message_id = entry.message_id.clone().unwrap_or_default();
+        let accepted_wall = chrono::Utc::now();
+        for p in plan::email(
+            self.inner.seed,
+            &entry.recipient,
+            entry.attempt,
+            &message_id,
+            ev,
+        ) {
+            let stamp = accepted_wall
+                + chrono::Duration::from_std(p.stamp).unwrap_or_else(|_| chrono::Duration::zero());
+            let body = serde_json::json!({
+                "id": p.token,
+                "type": p.status,
+                "message_id": p.message_id,
+                "recipient": entry.recipient,
+                "timestamp": stamp.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                "reason": p.reason,
+            });
+            let body = serde_json::to_vec(&body).expect("json value always serializes");
+            let key = if p.forged {
+                format!("{}-forged", cfg.events_secret)
+            } else {
+                cfg.events_secret.clone()
+            };
+            let signature = signing::ting_signature(&key, &body);
+            self.spawn(Job {
+                provider: Provider::Smtp,
+                recipient: entry.recipient.clone(),
+                attempt: entry.attempt,
+                url: url.clone(),
+                planned: p,
+                content_type: "application/json",
+                body,
+                headers: vec![("x-ting-signature", signature)],
+                retry_on_error: ev.retry_on_error,
+                max_retries: ev.max_retries,
+                timeout: ev.timeout.0,
+            });
+        }
+    }
+
+    fn spawn(&self, job: Job) {
+        let Some(handle) = &self.inner.handle else {
+            tracing::warn!("callback dropped: dispatcher created outside a tokio runtime");
+            return;
+        };
+        self.inner.pending.fetch_add(1, Ordering::AcqRel);
+        let guard = PendingGuard(self.inner.clone());
+        let inner = self.inner.clone();
+        let mut epoch = inner.epoch.subscribe();
+        let due = Instant::now() + job.planned.at;
+        handle.spawn(async move {
+            let _guard = guard;
+            tokio::select! {
+                _ = epoch.changed() => {}
+                _ = deliver(&inner, job, due) => {}
+            }
+        });
+    }
+}
+
+/// Sends one report at `due`, retrying on 5xx / timeout / connection errors.
+async fn deliver(inner: &Inner, job: Job, due: Instant) {
+    tokio::time::sleep_until(due).await;
+    let tries = if job.retry_on_error {
+        1 + job.max_retries
+    } else {
+        1
+    };
+    for n in 1..=tries {
+        let result = inner
+            .client
+            .post(&job.url)
+            .timeout(job.timeout)
+            .header("content-type", job.content_type)
+            .header("user-agent", "ting-chaos-mock-providers")
+            .headers(
+                job.headers
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        Some((reqwest::header::HeaderName::from_static(k), v.parse().ok()?))
+                    })
+                    .collect(),
+            )
+            .body(job.body.clone())
+            .send()
+            .await;
+        let (code, err) = match result {
+            Ok(resp) => {
+                let code = resp.status().as_u16();
+                // Drain the body so the connection goes back to the pool.
+                let _ = resp.bytes().await;
+                (Some(code), None)
+            }
+            Err(e) if e.is_timeout() => (None, Some("timeout".to_string())),
+            Err(e) => (None, Some(format!("connection error: {e}"))),
+        };
+        let mut d = LedgerEntry::draft(job.provider, EntryKind::Callback, job.recipient.clone());
+        d.attempt = job.attempt;
+        d.outcome = Outcome::Info;
+        d.status = code
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "no answer".into());
+        d.error = err;
+        d.fault = (job.planned.variant != crate::ledger::CallbackVariant::Genuine)
+            .then(|| format!("callback {:?}", job.planned.variant).to_lowercase());
+        d.idempotency_key = Some(job.planned.token.clone());
+        d.message_id = Some(job.planned.message_id.clone());
+        d.callback_status = Some(job.planned.status.to_string());
+        d.callback_variant = Some(job.planned.variant);
+        d.callback_url = Some(job.url.clone());
+        d.callback_response = code;
+        d.callback_try = Some(n);
+        inner.ledger.record(d);
+        let retryable = code.is_none_or(|c| c >= 500);
+        if !retryable || n == tries {
+            return;
+        }
+        tokio::time::sleep(backoff(n)).await;
+    }
+}
+
+/// Gap before retry `n + 1`: 100 ms doubling, at most 5 s.
+fn backoff(n: u32) -> Duration {
+    Duration::from_millis(100u64.saturating_mul(1 << n.min(6).saturating_sub(1)))
+        .min(Duration::from_secs(5))
+}

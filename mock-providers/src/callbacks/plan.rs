@@ -1,0 +1,322 @@
+//! The seeded schedule of delivery reports for one accepted message: when each callback goes
+//! out, what it claims, and which variant (genuine, duplicate, stale, forged, unknown id) it is.
+//!
+//! A plan is a pure function of (seed, provider, recipient, attempt, profile), so the same seed
+//! sends the same reports whatever the interleaving. Every draw is made whatever the rates are,
+//! so changing one rate never reshuffles the other decisions. This module never does I/O.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::config::CallbackConfig;
+use crate::faults;
+use crate::ledger::{CallbackVariant, Provider};
+
+/// One report to send.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    /// When to send it, after the message was accepted.
+    pub at: Duration,
+    /// When the reported event happened, after acceptance (what an e-mail event's `timestamp`
+    /// says). A duplicate keeps its original's.
+    pub stamp: Duration,
+    /// SMS: `sent` / `delivered` / `undelivered` / `failed`; e-mail: `delivered` / `bounced`.
+    pub status: &'static str,
+    pub variant: CallbackVariant,
+    /// `I-Twilio-Idempotency-Token` or the e-mail event `id`; a duplicate repeats its original's.
+    pub token: String,
+    /// The message the report is about (a made-up one for [`CallbackVariant::UnknownId`]).
+    pub message_id: String,
+    /// SMS failures: Twilio `ErrorCode`.
+    pub error_code: Option<u32>,
+    /// E-mail bounces: the reason given.
+    pub reason: Option<String>,
+    /// Signed with a wrong key on purpose.
+    pub forged: bool,
+}
+
+/// The true fate of an accepted SMS and the reports about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SmsPlan {
+    pub final_status: &'static str,
+    pub error_code: Option<u32>,
+    /// When the message becomes `sent`, and then final, after acceptance (also what a poll sees).
+    pub sent_after: Duration,
+    pub final_after: Duration,
+    pub reports: Vec<Planned>,
+}
+
+/// Twilio error codes for a message that did not arrive.
+const SMS_FAILURES: [(&str, u32); 2] = [("undelivered", 30003), ("failed", 30008)];
+
+fn uniform(rng: &mut impl Rng, min: Duration, max: Duration) -> Duration {
+    if max <= min {
+        return min;
+    }
+    Duration::from_secs_f64(rng.gen_range(min.as_secs_f64()..=max.as_secs_f64()))
+}
+
+fn token(rng: &mut impl Rng) -> String {
+    uuid::Builder::from_random_bytes(rng.gen())
+        .into_uuid()
+        .to_string()
+}
+
+/// Plans the status callbacks of SMS `sid`, accepted as `attempt` to `recipient`.
+pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackConfig) -> SmsPlan {
+    let mut rng = faults::rng(seed, Provider::Sms, recipient, attempt, "callbacks");
+    let (min, max) = (cfg.delay_min.0, cfg.delay_max.0);
+    let (d1, d2) = (uniform(&mut rng, min, max), uniform(&mut rng, min, max));
+    let (sent_after, final_after) = (d1.min(d2), d1.max(d2));
+    let fail = rng.gen::<f64>() < cfg.fail_rate.get();
+    let which = rng.gen_range(0..SMS_FAILURES.len());
+    let (final_status, error_code) = if fail {
+        let (s, c) = SMS_FAILURES[which];
+        (s, Some(c))
+    } else {
+        ("delivered", None)
+    };
+    let out_of_order = rng.gen::<f64>() < cfg.out_of_order_rate.get();
+    let dup = [rng.gen::<f64>(), rng.gen::<f64>()];
+    let dup_gap = [
+        uniform(&mut rng, Duration::ZERO, max),
+        uniform(&mut rng, Duration::ZERO, max),
+    ];
+    let stale = rng.gen::<f64>() < cfg.stale_rate.get();
+    let stale_gap = uniform(&mut rng, min, max);
+    let forged = rng.gen::<f64>() < cfg.forged_rate.get();
+    let forged_at = uniform(&mut rng, min, max);
+    let unknown = rng.gen::<f64>() < cfg.unknown_id_rate.get();
+    let unknown_at = uniform(&mut rng, min, max);
+    let tokens: Vec<String> = (0..5).map(|_| token(&mut rng)).collect();
+    let unknown_sid = format!("SM{}", hex::encode(rng.gen::<[u8; 16]>()));
+
+    let genuine = |at: Duration, status: &'static str, token: &str| Planned {
+        at,
+        stamp: at,
+        status,
+        variant: CallbackVariant::Genuine,
+        token: token.to_string(),
+        message_id: sid.to_string(),
+        error_code: if status == "sent" { None } else { error_code },
+        reason: None,
+        forged: false,
+    };
+    let (sent_at, final_at) = if out_of_order {
+        (final_after, sent_after)
+    } else {
+        (sent_after, final_after)
+    };
+    let mut reports = vec![
+        genuine(sent_at, "sent", &tokens[0]),
+        genuine(final_at, final_status, &tokens[1]),
+    ];
+    for i in 0..2 {
+        if dup[i] < cfg.duplicate_rate.get() {
+            let mut d = reports[i].clone();
+            d.at += dup_gap[i];
+            d.variant = CallbackVariant::Duplicate;
+            reports.push(d);
+        }
+    }
+    if stale {
+        let mut s = genuine(sent_at.max(final_at) + stale_gap, "sent", &tokens[2]);
+        s.variant = CallbackVariant::Stale;
+        reports.push(s);
+    }
+    if forged {
+        let (status, code) = if fail {
+            ("delivered", None)
+        } else {
+            (SMS_FAILURES[which].0, Some(SMS_FAILURES[which].1))
+        };
+        reports.push(Planned {
+            variant: CallbackVariant::ForgedSignature,
+            error_code: code,
+            forged: true,
+            ..genuine(forged_at, status, &tokens[3])
+        });
+    }
+    if unknown {
+        reports.push(Planned {
+            variant: CallbackVariant::UnknownId,
+            message_id: unknown_sid,
+            error_code: None,
+            ..genuine(unknown_at, "delivered", &tokens[4])
+        });
+    }
+    reports.sort_by_key(|p| p.at);
+    SmsPlan {
+        final_status,
+        error_code,
+        sent_after,
+        final_after,
+        reports,
+    }
+}
+
+/// Plans the delivery events of e-mail `message_id`, accepted as `attempt` to `recipient`.
+///
+/// E-mail has no intermediate status, so there is no out-of-order variant, and the stale
+/// variant is a late re-delivery of the final event under a new event id (it cannot be
+/// deduplicated by id, only by the message's state).
+pub fn email(
+    seed: u64,
+    recipient: &str,
+    attempt: u32,
+    message_id: &str,
+    cfg: &CallbackConfig,
+) -> Vec<Planned> {
+    let mut rng = faults::rng(seed, Provider::Smtp, recipient, attempt, "events");
+    let (min, max) = (cfg.delay_min.0, cfg.delay_max.0);
+    let at = uniform(&mut rng, min, max);
+    let bounced = rng.gen::<f64>() < cfg.fail_rate.get();
+    let dup = rng.gen::<f64>() < cfg.duplicate_rate.get();
+    let dup_gap = uniform(&mut rng, Duration::ZERO, max);
+    let stale = rng.gen::<f64>() < cfg.stale_rate.get();
+    let stale_gap = uniform(&mut rng, min, max);
+    let forged = rng.gen::<f64>() < cfg.forged_rate.get();
+    let forged_at = uniform(&mut rng, min, max);
+    let unknown = rng.gen::<f64>() < cfg.unknown_id_rate.get();
+    let unknown_at = uniform(&mut rng, min, max);
+    let tokens: Vec<String> = (0..4).map(|_| token(&mut rng)).collect();
+    let unknown_id = format!("<{}@unknown.ting-chaos.invalid>", token(&mut rng));
+
+    let event = |bounced: bool, at: Duration, token: &str| Planned {
+        at,
+        stamp: at,
+        status: if bounced { "bounced" } else { "delivered" },
+        variant: CallbackVariant::Genuine,
+        token: token.to_string(),
+        message_id: message_id.to_string(),
+        error_code: None,
+        reason: bounced.then(|| "550 5.1.1 mailbox unavailable".to_string()),
+        forged: false,
+    };
+    let genuine = event(bounced, at, &tokens[0]);
+    let mut out = vec![genuine.clone()];
+    if dup {
+        out.push(Planned {
+            at: at + dup_gap,
+            variant: CallbackVariant::Duplicate,
+            ..genuine.clone()
+        });
+    }
+    if stale {
+        out.push(Planned {
+            at: at + stale_gap,
+            variant: CallbackVariant::Stale,
+            token: tokens[1].clone(),
+            ..genuine.clone()
+        });
+    }
+    if forged {
+        out.push(Planned {
+            variant: CallbackVariant::ForgedSignature,
+            forged: true,
+            ..event(!bounced, forged_at, &tokens[2])
+        });
+    }
+    if unknown {
+        out.push(Planned {
+            variant: CallbackVariant::UnknownId,
+            message_id: unknown_id,
+            ..event(false, unknown_at, &tokens[3])
+        });
+    }
+    out.sort_by_key(|p| p.at);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::{HumanDuration, Ratio};
+
+    fn cfg(rate: f64) -> CallbackConfig {
+        CallbackConfig {
+            enabled: true,
+            delay_min: HumanDuration::from_millis(10),
+            delay_max: HumanDuration::from_millis(100),
+            duplicate_rate: Ratio(rate),
+            stale_rate: Ratio(rate),
+            out_of_order_rate: Ratio(rate),
+            forged_rate: Ratio(rate),
+            unknown_id_rate: Ratio(rate),
+            fail_rate: Ratio(rate),
+            ..CallbackConfig::default()
+        }
+    }
+
+    #[test]
+    fn sms_plan_shapes() {
+        // (rate, expected number of reports)
+        let cases = [(0.0, 2), (1.0, 2 + 2 + 1 + 1 + 1)];
+        for (rate, n) in cases {
+            let p = sms(1, "+15550000001", 1, "SM1", &cfg(rate));
+            assert_eq!(p.reports.len(), n, "rate {rate}: {p:?}");
+            assert!(p.sent_after <= p.final_after);
+            let genuine: Vec<_> = p
+                .reports
+                .iter()
+                .filter(|r| r.variant == CallbackVariant::Genuine)
+                .collect();
+            assert_eq!(genuine.len(), 2);
+            let sent = genuine.iter().find(|r| r.status == "sent").unwrap();
+            let fin = genuine.iter().find(|r| r.status != "sent").unwrap();
+            assert_eq!(fin.status, p.final_status);
+            if rate == 1.0 {
+                assert!(fin.at <= sent.at, "out of order: final first");
+                let forged = p.reports.iter().find(|r| r.forged).unwrap();
+                assert_ne!(forged.status, p.final_status);
+                let stale = p
+                    .reports
+                    .iter()
+                    .find(|r| r.variant == CallbackVariant::Stale)
+                    .unwrap();
+                assert!(stale.at >= fin.at && stale.status == "sent");
+            } else {
+                assert!(sent.at <= fin.at);
+                assert_eq!(fin.status, "delivered");
+            }
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic_and_seed_dependent() {
+        let c = cfg(0.5);
+        assert_eq!(sms(3, "+1555", 2, "SMa", &c), sms(3, "+1555", 2, "SMa", &c));
+        assert_ne!(sms(3, "+1555", 2, "SMa", &c), sms(4, "+1555", 2, "SMa", &c));
+        assert_eq!(
+            email(3, "a@x", 1, "<m@x>", &c),
+            email(3, "a@x", 1, "<m@x>", &c)
+        );
+    }
+
+    #[test]
+    fn email_plan_variants() {
+        let p = email(1, "a@example.test", 1, "<m1@x>", &cfg(1.0));
+        let kinds: Vec<_> = p.iter().map(|r| r.variant).collect();
+        for v in [
+            CallbackVariant::Genuine,
+            CallbackVariant::Duplicate,
+            CallbackVariant::Stale,
+            CallbackVariant::ForgedSignature,
+            CallbackVariant::UnknownId,
+        ] {
+            assert!(kinds.contains(&v), "{v:?} missing from {kinds:?}");
+        }
+        let g = p
+            .iter()
+            .find(|r| r.variant == CallbackVariant::Genuine)
+            .unwrap();
+        let d = p
+            .iter()
+            .find(|r| r.variant == CallbackVariant::Duplicate)
+            .unwrap();
+        assert_eq!((&g.token, g.stamp, g.status), (&d.token, d.stamp, d.status));
+        assert_eq!(g.status, "bounced");
+        assert!(g.reason.is_some());
+    }
+}

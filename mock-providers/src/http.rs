@@ -1,0 +1,105 @@
+//! Small pieces the HTTP fakes share: the reply type their request tasks return, hashing, and
+//! serving a router on a pre-bound listener with a shutdown future.
+//!
+//! Nothing here knows a provider's contract; it must never build a provider's error body.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+/// A response decided by a request task, turned into an axum response by the handler.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: Vec<(HeaderName, String)>,
+    pub json: serde_json::Value,
+}
+
+impl Reply {
+    pub fn json(status: u16, json: serde_json::Value) -> Reply {
+        Reply {
+            status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            headers: Vec::new(),
+            json,
+        }
+    }
+
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
+        self.headers
+            .push((HeaderName::from_static(name), value.into()));
+        self
+    }
+}
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.json).unwrap_or_default();
+        let mut resp = (self.status, body).into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            "content-type",
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        );
+        for (k, v) in self.headers {
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                h.insert(k, v);
+            }
+        }
+        resp
+    }
+}
+
+/// Runs `task` on its own tokio task and waits for it, so that what a fake decided reaches the
+/// ledger even if the client hangs up mid-request (hyper drops the handler future then).
+///
+/// With no latency to sleep (`inline`), the task has no await point between its decision and
+/// its ledger commit, so it cannot be cut short there and runs inline, saving a task hop.
+pub async fn detached(
+    inline: bool,
+    task: impl Future<Output = Reply> + Send + 'static,
+) -> Response {
+    if inline {
+        return task.await.into_response();
+    }
+    match tokio::spawn(task).await {
+        Ok(r) => r.into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "request task failed");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+/// Whether a latency profile never sleeps.
+pub fn no_latency(l: &crate::config::Latency) -> bool {
+    matches!(l, crate::config::Latency::Fixed { value } if value.0.is_zero())
+}
+
+/// A random UUID from the thread-local generator (no system call per request).
+pub fn fast_uuid() -> String {
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .to_string()
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, with each request's peer address
+/// available as `ConnectInfo<SocketAddr>`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}

@@ -1,0 +1,87 @@
+//! What the three fakes share: the seed, the ledger, each provider's live fault profile and the
+//! callback dispatcher. The control API of any fake reaches all of it through here.
+//!
+//! The hub holds no request logic; it must never decide a fault.
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::callbacks::Dispatcher;
+use crate::config::{LineConfig, ProvidersConfig, SmsConfig, SmtpConfig};
+use crate::ledger::{Ledger, LedgerEntry};
+use crate::live::Live;
+
+type ResetFn = Box<dyn Fn() + Send + Sync>;
+
+/// Shared state of one run of the fakes.
+pub struct Hub {
+    pub seed: u64,
+    pub ledger: Ledger,
+    pub line: Live<LineConfig>,
+    pub sms: Live<SmsConfig>,
+    /// The SMTP fake reads this per transaction (the interface agreed with `crate::smtp`).
+    pub smtp: Arc<RwLock<SmtpConfig>>,
+    pub callbacks: Dispatcher,
+    resets: Mutex<Vec<ResetFn>>,
+}
+
+impl Hub {
+    /// Builds the hub. Call it inside a tokio runtime (the dispatcher spawns on it).
+    pub fn new(seed: u64, cfg: ProvidersConfig, ledger: Ledger) -> Arc<Hub> {
+        Arc::new(Hub {
+            seed,
+            callbacks: Dispatcher::new(seed, ledger.clone()),
+            ledger,
+            line: Live::new(cfg.line),
+            sms: Live::new(cfg.sms),
+            smtp: Arc::new(RwLock::new(cfg.smtp)),
+            resets: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn smtp_config(&self) -> SmtpConfig {
+        self.smtp.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The current profiles of all three providers.
+    pub fn config(&self) -> ProvidersConfig {
+        ProvidersConfig {
+            line: (*self.line.get()).clone(),
+            sms: (*self.sms.get()).clone(),
+            smtp: self.smtp_config(),
+        }
+    }
+
+    /// Replaces all three profiles; requests already in flight finish with the old one.
+    pub fn set_config(&self, cfg: ProvidersConfig) {
+        self.line.set(cfg.line);
+        self.sms.set(cfg.sms);
+        *self.smtp.write().unwrap_or_else(|p| p.into_inner()) = cfg.smtp;
+    }
+
+    /// Registers provider state (idempotency keys, stored messages) to forget on reset.
+    pub fn on_reset(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.resets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(f));
+    }
+
+    /// Forgets the ledger, every provider's state, and every report still due.
+    pub fn reset(&self) {
+        self.callbacks.cancel_all();
+        self.ledger.clear();
+        for f in self.resets.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            f();
+        }
+    }
+
+    /// Called by the SMTP fake after it commits a message for one recipient: schedules that
+    /// recipient's delivery events.
+    pub fn email_accepted(&self, entry: &LedgerEntry) {
+        self.callbacks.email_accepted(&self.smtp_config(), entry);
+    }
+
+    pub fn pending_callbacks(&self) -> usize {
+        self.callbacks.pending()
+    }
+}

@@ -1,0 +1,93 @@
+//! The fake LINE Messaging API: `POST /v2/bot/message/push` with LINE's auth, validation errors,
+//! `x-line-request-id`, `X-Line-Retry-Key` idempotency, rate-limit and monthly-quota 429s, plus
+//! the control API under `/_mock/`.
+//!
+//! What this server answers 200 (or commits before a 5xx) is a delivery; it must never answer
+//! before the ledger holds the send.
+
+mod body;
+mod push;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use axum::routing::post;
+use axum::Router;
+
+use crate::hub::Hub;
+use crate::ledger::Provider;
+use crate::ratelimit::RateLimiter;
+
+pub use body::{is_user_id, MAX_MESSAGES, MAX_TEXT};
+
+/// One message LINE reports as sent.
+#[derive(Clone, Debug)]
+pub(crate) struct SentMessage {
+    pub id: String,
+    pub quote_token: String,
+}
+
+/// A retry key whose request was accepted.
+#[derive(Clone, Debug)]
+pub(crate) struct AcceptedKey {
+    pub request_id: String,
+    pub sent: Vec<SentMessage>,
+}
+
+pub(crate) struct LineInner {
+    pub hub: Arc<Hub>,
+    pub keys: Mutex<HashMap<String, AcceptedKey>>,
+    pub limiter: RateLimiter,
+    pub next_id: AtomicU64,
+}
+
+/// The LINE fake's state. Cheap to clone.
+#[derive(Clone)]
+pub struct LineState {
+    pub(crate) inner: Arc<LineInner>,
+}
+
+impl LineState {
+    /// Creates the state and registers it with the hub's reset.
+    pub fn new(hub: Arc<Hub>) -> LineState {
+        let start = 600_000_000_000_000_000 + u64::from(rand::random::<u32>()) * 1_000_000;
+        let inner = Arc::new(LineInner {
+            hub: hub.clone(),
+            keys: Mutex::new(HashMap::new()),
+            limiter: RateLimiter::new(),
+            next_id: AtomicU64::new(start),
+        });
+        let weak = Arc::downgrade(&inner);
+        hub.on_reset(move || {
+            if let Some(i) = weak.upgrade() {
+                i.keys.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                i.limiter.reset();
+            }
+        });
+        LineState { inner }
+    }
+
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.inner.hub
+    }
+}
+
+/// The LINE fake's routes, control API included.
+pub fn router(state: LineState) -> Router {
+    let control = crate::control::router(state.inner.hub.clone(), Provider::Line);
+    Router::new()
+        .route("/v2/bot/message/push", post(push::push))
+        .with_state(state)
+        .merge(control)
+}
+
+/// Serves the LINE fake on `listener` until `shutdown` resolves.
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    state: LineState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    crate::http::serve(listener, router(state), shutdown).await
+}

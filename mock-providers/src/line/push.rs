@@ -1,0 +1,290 @@
+//! The push handler: auth → retry-key syntax → body → attempt number → rate limit → retry-key
+//! repeat → seeded faults → latency → ledger → `before_response` hook → answer.
+//!
+//! Every request is recorded, protocol errors included. An accepted send is committed to the
+//! ledger before the hook runs and before a byte of the answer is written.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+
+use axum::extract::{ConnectInfo, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use base64::Engine;
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::{body, AcceptedKey, LineState, SentMessage};
+use crate::decide::{self, Verdict};
+use crate::http::{detached, sha256_hex, Reply};
+use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+
+const AUTH_FAILED: &str =
+    "Authentication failed. Confirm that the access token in the authorization header is valid.";
+const BAD_TO: &str = "The property, 'to', in the request body is invalid (line: -, column: -)";
+const RATE_LIMITED: &str = "The API rate limit has been exceeded. Try again later.";
+const MONTHLY_LIMIT: &str = "You have reached your monthly limit.";
+const KEY_ACCEPTED: &str = "The retry key is already accepted";
+const BAD_KEY: &str = "The value of the X-Line-Retry-Key header is invalid";
+
+pub(super) async fn push(
+    State(st): State<LineState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let inline = crate::http::no_latency(&st.inner.hub.line.get().latency);
+    detached(inline, handle(st, peer, headers, body)).await
+}
+
+/// What the fake decided for a well-formed push.
+enum Decision {
+    Repeat(AcceptedKey),
+    RateLimited(std::time::Duration),
+    BadAddress {
+        seeded: bool,
+    },
+    Fault {
+        fault: crate::config::HttpFault,
+        permanent: bool,
+        sent: Vec<SentMessage>,
+    },
+    Accept(Vec<SentMessage>),
+}
+
+async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes) -> Reply {
+    let hub = st.inner.hub.clone();
+    let cfg = hub.line.get();
+    let request_id = crate::http::fast_uuid();
+    let reply = |status: u16, json: Value| {
+        Reply::json(status, json).header("x-line-request-id", request_id.clone())
+    };
+    let protocol_error = |to: &str, status: u16, error: &str, key: Option<String>| {
+        let mut d = LedgerEntry::draft(Provider::Line, EntryKind::Send, to);
+        d.outcome = Outcome::ProtocolError;
+        d.status = status.to_string();
+        d.error = Some(error.to_string());
+        d.peer = Some(peer);
+        d.idempotency_key = key;
+        hub.ledger.record(d);
+    };
+
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if token != Some(cfg.channel_token.as_str()) {
+        protocol_error("", 401, AUTH_FAILED, None);
+        return reply(401, json!({ "message": AUTH_FAILED }));
+    }
+    let retry_key = match headers.get("x-line-retry-key") {
+        None => None,
+        Some(v) => match v
+            .to_str()
+            .ok()
+            .and_then(|s| uuid::Uuid::parse_str(s.trim()).ok())
+        {
+            Some(u) => Some(u.hyphenated().to_string()),
+            None => {
+                let raw_key = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                protocol_error("", 400, BAD_KEY, Some(raw_key));
+                return reply(400, json!({ "message": BAD_KEY }));
+            }
+        },
+    };
+    let push = match body::parse(&raw) {
+        Ok(p) => p,
+        Err(inv) => {
+            let body = inv.body();
+            protocol_error(
+                inv.to.as_deref().unwrap_or(""),
+                400,
+                &body.to_string(),
+                retry_key,
+            );
+            return reply(400, body);
+        }
+    };
+
+    let attempt = hub.ledger.next_attempt(Provider::Line, &push.to);
+    let decision = decide_push(&st, &push, attempt, retry_key.as_deref(), &request_id);
+    let delay = decide::latency(hub.seed, Provider::Line, &push.to, attempt, &cfg.latency);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+
+    let mut d = LedgerEntry::draft(Provider::Line, EntryKind::Send, push.to.clone());
+    d.attempt = attempt;
+    d.peer = Some(peer);
+    d.idempotency_key = retry_key;
+    d.payload_hash = Some(sha256_hex(push.messages_json().as_bytes()));
+    d.body = Some(push.texts.join("\n"));
+    let ids = |sent: &[SentMessage]| {
+        sent.iter()
+            .map(|m| m.id.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (status, json, extra) = match decision {
+        Decision::Accept(sent) => {
+            d.outcome = Outcome::Accepted;
+            d.message_id = Some(ids(&sent));
+            (200, json!({ "sentMessages": sent_json(&sent) }), None)
+        }
+        Decision::Repeat(orig) => {
+            d.outcome = Outcome::IdempotentRepeat;
+            d.message_id = Some(ids(&orig.sent));
+            d.error = Some(KEY_ACCEPTED.into());
+            let body = json!({ "message": KEY_ACCEPTED, "sentMessages": sent_json(&orig.sent) });
+            (
+                409,
+                body,
+                Some(("x-line-accepted-request-id", orig.request_id)),
+            )
+        }
+        Decision::RateLimited(wait) => {
+            let secs = decide::retry_after_secs(wait);
+            d.outcome = Outcome::Transient;
+            d.fault = Some("rate_limit".into());
+            d.error = Some(RATE_LIMITED.into());
+            d.retry_after_ms = Some(secs * 1000);
+            (
+                429,
+                json!({ "message": RATE_LIMITED }),
+                Some(("retry-after", secs.to_string())),
+            )
+        }
+        Decision::BadAddress { seeded } => {
+            d.outcome = Outcome::Permanent;
+            d.fault = seeded.then(|| "bad_address".into());
+            d.error = Some(BAD_TO.into());
+            (400, json!({ "message": BAD_TO }), None)
+        }
+        Decision::Fault {
+            fault,
+            permanent,
+            sent,
+        } => {
+            let message = fault_message(&fault);
+            d.outcome = if fault.after_commit {
+                d.message_id = Some(ids(&sent));
+                Outcome::Accepted
+            } else if permanent || fault.monthly_quota {
+                Outcome::Permanent
+            } else {
+                Outcome::Transient
+            };
+            d.fault = Some(decide::label(&fault));
+            d.error = Some(message.into());
+            d.retry_after_ms = fault.retry_after.map(|r| r.as_millis_u64());
+            let extra = fault
+                .retry_after
+                .map(|r| ("retry-after", decide::retry_after_secs(r.0).to_string()));
+            (fault.status, json!({ "message": message }), extra)
+        }
+    };
+    d.status = status.to_string();
+    let entry = hub.ledger.record(d);
+    if entry.outcome == Outcome::Accepted {
+        hub.ledger.before_response(&entry).await;
+    }
+    let mut r = reply(status, json);
+    if let Some((k, v)) = extra {
+        r = r.header(k, v);
+    }
+    r
+}
+
+/// Makes every stateful and seeded decision for one push, atomically with respect to its retry
+/// key: a key is marked accepted in the same critical section that decides to accept it.
+fn decide_push(
+    st: &LineState,
+    push: &body::Push,
+    attempt: u32,
+    retry_key: Option<&str>,
+    request_id: &str,
+) -> Decision {
+    let inner = &st.inner;
+    let hub = &inner.hub;
+    let cfg = hub.line.get();
+    if let Some(rate) = cfg.rate_limit {
+        if let Err(wait) = inner.limiter.try_take(rate) {
+            return Decision::RateLimited(wait);
+        }
+    }
+    let mut keys = inner.keys.lock().unwrap_or_else(|p| p.into_inner());
+    let key = retry_key.filter(|_| cfg.idempotency);
+    if let Some(orig) = key.and_then(|k| keys.get(k)) {
+        return Decision::Repeat(orig.clone());
+    }
+    if !body::is_user_id(&push.to) {
+        return Decision::BadAddress { seeded: false };
+    }
+    let verdict = decide::decide(
+        hub.seed,
+        Provider::Line,
+        &push.to,
+        attempt,
+        cfg.bad_addresses,
+        &cfg.permanent,
+        &cfg.transient,
+    );
+    let commit = |keys: &mut std::collections::HashMap<String, AcceptedKey>| {
+        let sent = new_sent(st, push.messages.len());
+        if let Some(k) = key {
+            keys.insert(
+                k.to_string(),
+                AcceptedKey {
+                    request_id: request_id.to_string(),
+                    sent: sent.clone(),
+                },
+            );
+        }
+        sent
+    };
+    match verdict {
+        Verdict::BadAddress => Decision::BadAddress { seeded: true },
+        Verdict::Fault { fault, permanent } => Decision::Fault {
+            fault: fault.clone(),
+            permanent,
+            sent: if fault.after_commit {
+                commit(&mut keys)
+            } else {
+                Vec::new()
+            },
+        },
+        Verdict::Accept => Decision::Accept(commit(&mut keys)),
+    }
+}
+
+fn new_sent(st: &LineState, n: usize) -> Vec<SentMessage> {
+    (0..n)
+        .map(|_| SentMessage {
+            id: st.inner.next_id.fetch_add(1, Ordering::Relaxed).to_string(),
+            quote_token: base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(rand::random::<[u8; 24]>()),
+        })
+        .collect()
+}
+
+fn sent_json(sent: &[SentMessage]) -> Vec<Value> {
+    sent.iter()
+        .map(|m| json!({ "id": m.id, "quoteToken": m.quote_token }))
+        .collect()
+}
+
+/// LINE's message for an injected fault's status.
+fn fault_message(fault: &crate::config::HttpFault) -> &'static str {
+    match fault.status {
+        429 if fault.monthly_quota => MONTHLY_LIMIT,
+        429 => RATE_LIMITED,
+        400 => BAD_TO,
+        401 => AUTH_FAILED,
+        403 => "The bot is not authorized to use this API.",
+        404 => "Not found",
+        500 => "An error occurred in the server",
+        502..=504 => "The server is temporarily unavailable",
+        _ => "Request failed",
+    }
+}

@@ -1,0 +1,284 @@
+//! `POST …/Messages.json`: auth → form → attempt number → rate limit → idempotency key (when on)
+//! → address syntax → seeded faults → latency → ledger → `before_response` hook → answer, then
+//! the status callbacks are scheduled.
+//!
+//! Every request is recorded, protocol errors included. A message is in the store only if the
+//! ledger has it as accepted.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::store::Stored;
+use super::{authorized, default_code, is_e164, twilio_error, SmsState};
+use crate::callbacks::{plan, SmsReport};
+use crate::config::HttpFault;
+use crate::decide::{self, Verdict};
+use crate::http::{detached, sha256_hex, Reply};
+use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+
+pub(super) async fn create(
+    State(st): State<SmsState>,
+    Path(account): Path<String>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let inline = crate::http::no_latency(&st.inner.hub.sms.get().latency);
+    detached(inline, handle(st, account, peer, headers, body)).await
+}
+
+/// A valid create request.
+struct Form {
+    to: String,
+    from: Option<String>,
+    messaging_service_sid: Option<String>,
+    body: String,
+    status_callback: Option<String>,
+}
+
+fn parse_form(raw: &[u8]) -> Result<Form, (u32, Option<String>)> {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_bytes(raw).map_err(|_| (21000, None))?;
+    let get = |k: &str| {
+        pairs
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty())
+    };
+    let to = get("To").ok_or((21604, None))?;
+    let from = get("From");
+    let messaging_service_sid = get("MessagingServiceSid");
+    if from.is_none() && messaging_service_sid.is_none() {
+        return Err((21603, Some(to)));
+    }
+    let body = get("Body").ok_or((21602, Some(to.clone())))?;
+    Ok(Form {
+        to,
+        from,
+        messaging_service_sid,
+        body,
+        status_callback: get("StatusCallback"),
+    })
+}
+
+enum Decision {
+    Repeat(Arc<Stored>),
+    RateLimited(std::time::Duration),
+    BadAddress {
+        code: u32,
+        seeded: bool,
+    },
+    Fault {
+        fault: HttpFault,
+        permanent: bool,
+        msg: Option<Arc<Stored>>,
+    },
+    Accept(Arc<Stored>),
+}
+
+async fn handle(
+    st: SmsState,
+    account: String,
+    peer: SocketAddr,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Reply {
+    let hub = st.inner.hub.clone();
+    let cfg = hub.sms.get();
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty() && cfg.idempotency);
+    let protocol_error = |to: &str, status: u16, code: u32| {
+        let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, to);
+        d.outcome = Outcome::ProtocolError;
+        d.status = status.to_string();
+        d.error = Some(code.to_string());
+        d.peer = Some(peer);
+        d.idempotency_key = key.clone();
+        hub.ledger.record(d);
+        twilio_error(status, code, to)
+    };
+    if !authorized(&cfg, &account, &headers) {
+        return protocol_error("", 401, 20003);
+    }
+    let form = match parse_form(&raw) {
+        Ok(f) => f,
+        Err((code, to)) => return protocol_error(to.as_deref().unwrap_or(""), 400, code),
+    };
+
+    let attempt = hub.ledger.next_attempt(Provider::Sms, &form.to);
+    let decision = decide_create(&st, &cfg, &form, attempt, key.as_deref());
+    let delay = decide::latency(hub.seed, Provider::Sms, &form.to, attempt, &cfg.latency);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+
+    let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, form.to.clone());
+    d.attempt = attempt;
+    d.peer = Some(peer);
+    d.idempotency_key = key;
+    d.payload_hash = Some(sha256_hex(form.body.as_bytes()));
+    d.body = Some(form.body.clone());
+    let (reply, committed) = match decision {
+        Decision::Accept(msg) => {
+            d.outcome = Outcome::Accepted;
+            d.status = "201".into();
+            d.message_id = Some(msg.sid.clone());
+            (Reply::json(201, msg.resource(Instant::now())), Some(msg))
+        }
+        Decision::Repeat(msg) => {
+            d.outcome = Outcome::IdempotentRepeat;
+            d.status = "201".into();
+            d.message_id = Some(msg.sid.clone());
+            let r = Reply::json(201, msg.resource(Instant::now()))
+                .header("idempotent-replayed", "true");
+            (r, None)
+        }
+        Decision::RateLimited(wait) => {
+            let secs = decide::retry_after_secs(wait);
+            d.outcome = Outcome::Transient;
+            d.status = "429".into();
+            d.fault = Some("rate_limit".into());
+            d.error = Some("20429".into());
+            d.retry_after_ms = Some(secs * 1000);
+            (
+                twilio_error(429, 20429, &form.to).header("retry-after", secs.to_string()),
+                None,
+            )
+        }
+        Decision::BadAddress { code, seeded } => {
+            d.outcome = Outcome::Permanent;
+            d.status = "400".into();
+            d.fault = seeded.then(|| "bad_address".into());
+            d.error = Some(code.to_string());
+            (twilio_error(400, code, &form.to), None)
+        }
+        Decision::Fault {
+            fault,
+            permanent,
+            msg,
+        } => {
+            let code = fault.code.unwrap_or_else(|| default_code(fault.status));
+            d.outcome = if msg.is_some() {
+                Outcome::Accepted
+            } else if permanent {
+                Outcome::Permanent
+            } else {
+                Outcome::Transient
+            };
+            d.status = fault.status.to_string();
+            d.message_id = msg.as_ref().map(|m| m.sid.clone());
+            d.fault = Some(decide::label(&fault));
+            d.error = Some(code.to_string());
+            d.retry_after_ms = fault.retry_after.map(|r| r.as_millis_u64());
+            let mut r = twilio_error(fault.status, code, &form.to);
+            if let Some(ra) = fault.retry_after {
+                r = r.header("retry-after", decide::retry_after_secs(ra.0).to_string());
+            }
+            (r, msg)
+        }
+    };
+    let entry = hub.ledger.record(d);
+    if let Some(msg) = committed {
+        hub.ledger.before_response(&entry).await;
+        let report = SmsReport {
+            sid: msg.sid.clone(),
+            to: msg.to.clone(),
+            from: msg.from.clone().unwrap_or_default(),
+            messaging_service_sid: msg.messaging_service_sid.clone(),
+            status_callback: msg.status_callback.clone().unwrap_or_default(),
+            attempt: msg.attempt,
+        };
+        hub.callbacks.sms_accepted(&cfg, &report, &msg.plan);
+    }
+    reply
+}
+
+/// Makes every stateful and seeded decision for one create; an accepted message is stored (and
+/// its idempotency key taken) here, before the latency sleep.
+fn decide_create(
+    st: &SmsState,
+    cfg: &crate::config::SmsConfig,
+    form: &Form,
+    attempt: u32,
+    key: Option<&str>,
+) -> Decision {
+    let inner = &st.inner;
+    let hub = &inner.hub;
+    if let Some(rate) = cfg.rate_limit {
+        if let Err(wait) = inner.limiter.try_take(rate) {
+            return Decision::RateLimited(wait);
+        }
+    }
+    if let Some(orig) = key.and_then(|k| inner.store.by_key(k)) {
+        return Decision::Repeat(orig);
+    }
+    if !is_e164(&form.to) {
+        return Decision::BadAddress {
+            code: 21211,
+            seeded: false,
+        };
+    }
+    let commit = || {
+        let sid = format!("SM{}", hex::encode(rand::random::<[u8; 16]>()));
+        let plan = plan::sms(hub.seed, &form.to, attempt, &sid, &cfg.callbacks);
+        let msg = Stored {
+            sid,
+            account_sid: cfg.account_sid.clone(),
+            to: form.to.clone(),
+            from: form.from.clone(),
+            messaging_service_sid: form.messaging_service_sid.clone(),
+            body: form.body.clone(),
+            status_callback: form.status_callback.clone(),
+            created: chrono::Utc::now(),
+            created_at: Instant::now(),
+            attempt,
+            plan,
+        };
+        inner.store.insert(msg, key)
+    };
+    match decide::decide(
+        hub.seed,
+        Provider::Sms,
+        &form.to,
+        attempt,
+        cfg.bad_addresses,
+        &cfg.permanent,
+        &cfg.transient,
+    ) {
+        Verdict::BadAddress => {
+            let unsubscribed =
+                crate::faults::unit(hub.seed, Provider::Sms, &form.to, "bad-kind") < 0.5;
+            Decision::BadAddress {
+                code: if unsubscribed { 21610 } else { 21211 },
+                seeded: true,
+            }
+        }
+        Verdict::Fault { fault, permanent } if fault.after_commit => match commit() {
+            Ok(msg) => Decision::Fault {
+                fault: fault.clone(),
+                permanent,
+                msg: Some(msg),
+            },
+            Err(orig) => Decision::Repeat(orig),
+        },
+        Verdict::Fault { fault, permanent } => Decision::Fault {
+            fault: fault.clone(),
+            permanent,
+            msg: None,
+        },
+        Verdict::Accept => match commit() {
+            Ok(msg) => Decision::Accept(msg),
+            Err(orig) => Decision::Repeat(orig),
+        },
+    }
+}

@@ -1,0 +1,201 @@
+//! `GET …/Messages/{Sid}.json` and `GET …/Messages.json?To=…&DateSent>=…`: what a stack uses to
+//! reconcile an uncertain send instead of blindly resending. Every read is a ledger entry
+//! (`EntryKind::Poll`), so a report can show who reconciled and when.
+//!
+//! Reads never change a message.
+
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, NaiveDate, Utc};
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::store::API_VERSION;
+use super::{authorized, twilio_error, SmsState};
+use crate::http::Reply;
+use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+
+fn record_poll(st: &SmsState, peer: SocketAddr, recipient: &str, sid: Option<String>, status: u16) {
+    let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Poll, recipient);
+    d.outcome = Outcome::Info;
+    d.status = status.to_string();
+    d.message_id = sid;
+    d.peer = Some(peer);
+    st.inner.hub.ledger.record(d);
+}
+
+pub(super) async fn fetch(
+    State(st): State<SmsState>,
+    Path((account, file)): Path<(String, String)>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    let cfg = st.inner.hub.sms.get();
+    if !authorized(&cfg, &account, &headers) {
+        record_poll(&st, peer, "", None, 401);
+        return twilio_error(401, 20003, "").into_response();
+    }
+    let sid = file.strip_suffix(".json").unwrap_or(&file);
+    match st.inner.store.get(sid) {
+        Some(msg) => {
+            record_poll(&st, peer, &msg.to, Some(msg.sid.clone()), 200);
+            Reply::json(200, msg.resource(Instant::now())).into_response()
+        }
+        None => {
+            record_poll(&st, peer, "", Some(sid.to_string()), 404);
+            twilio_error(404, 20404, "").into_response()
+        }
+    }
+}
+
+/// A `DateSent` bound: a day (`2024-05-01`) or an instant (RFC 3339 or RFC 2822).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Bound {
+    Day(NaiveDate),
+    At(DateTime<Utc>),
+}
+
+fn parse_bound(s: &str) -> Option<Bound> {
+    let s = s.trim();
+    if let Ok(d) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Some(Bound::Day(d));
+    }
+    DateTime::parse_from_rfc3339(s)
+        .or_else(|_| DateTime::parse_from_rfc2822(s))
+        .ok()
+        .map(|d| Bound::At(d.with_timezone(&Utc)))
+}
+
+/// Which way a `DateSent` filter compares.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cmp {
+    Eq,
+    OnOrAfter,
+    OnOrBefore,
+}
+
+fn matches(date: DateTime<Utc>, cmp: Cmp, bound: Bound) -> bool {
+    let ord = match bound {
+        Bound::Day(d) => date.date_naive().cmp(&d),
+        Bound::At(t) => date.cmp(&t),
+    };
+    match cmp {
+        Cmp::Eq => ord.is_eq(),
+        Cmp::OnOrAfter => ord.is_ge(),
+        Cmp::OnOrBefore => ord.is_le(),
+    }
+}
+
+pub(super) async fn list(
+    State(st): State<SmsState>,
+    Path(account): Path<String>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let cfg = st.inner.hub.sms.get();
+    if !authorized(&cfg, &account, &headers) {
+        record_poll(&st, peer, "", None, 401);
+        return twilio_error(401, 20003, "").into_response();
+    }
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(query.as_deref().unwrap_or("")).unwrap_or_default();
+    let mut to = None;
+    let mut from = None;
+    let mut dates = Vec::new();
+    let mut page_size = 50usize;
+    let mut page = 0usize;
+    for (k, v) in &pairs {
+        // `DateSent>=2024-05-01` decodes as the name `DateSent>` with the value `2024-05-01`.
+        let cmp = match k.trim_end_matches('=') {
+            "DateSent" => Some(Cmp::Eq),
+            "DateSent>" => Some(Cmp::OnOrAfter),
+            "DateSent<" => Some(Cmp::OnOrBefore),
+            _ => None,
+        };
+        match (k.as_str(), cmp) {
+            (_, Some(c)) => match parse_bound(v) {
+                Some(b) => dates.push((c, b)),
+                None => {
+                    record_poll(&st, peer, to.unwrap_or(""), None, 400);
+                    return twilio_error(400, 20001, "").into_response();
+                }
+            },
+            ("To", _) => to = Some(v.as_str()),
+            ("From", _) => from = Some(v.as_str()),
+            ("PageSize", _) => page_size = v.parse().unwrap_or(50).clamp(1, 1000),
+            ("Page", _) => page = v.parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+    let now = Instant::now();
+    let all: Vec<_> = st
+        .inner
+        .store
+        .list(to)
+        .into_iter()
+        .filter(|m| from.is_none_or(|f| m.from.as_deref() == Some(f)))
+        .filter(|m| {
+            dates
+                .iter()
+                .all(|(c, b)| matches(m.filter_date(now), *c, *b))
+        })
+        .collect();
+    let start = page * page_size;
+    let messages: Vec<_> = all
+        .iter()
+        .skip(start)
+        .take(page_size)
+        .map(|m| m.resource(now))
+        .collect();
+    let base = format!("/{API_VERSION}/Accounts/{account}/Messages.json");
+    let next = (start + page_size < all.len())
+        .then(|| format!("{base}?PageSize={page_size}&Page={}", page + 1));
+    let prev = (page > 0).then(|| format!("{base}?PageSize={page_size}&Page={}", page - 1));
+    record_poll(&st, peer, to.unwrap_or(""), None, 200);
+    Reply::json(
+        200,
+        json!({
+            "end": (start + messages.len()).saturating_sub(1),
+            "first_page_uri": format!("{base}?PageSize={page_size}&Page=0"),
+            "messages": messages,
+            "next_page_uri": next,
+            "page": page,
+            "page_size": page_size,
+            "previous_page_uri": prev,
+            "start": start,
+            "uri": format!("{base}?PageSize={page_size}&Page={page}"),
+        }),
+    )
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn date_filters() {
+        let t: DateTime<Utc> = "2024-05-01T10:00:00Z".parse().unwrap();
+        let cases = [
+            (Cmp::OnOrAfter, "2024-05-01", true),
+            (Cmp::OnOrAfter, "2024-05-02", false),
+            (Cmp::OnOrBefore, "2024-04-30", false),
+            (Cmp::Eq, "2024-05-01", true),
+            (Cmp::OnOrAfter, "2024-05-01T09:59:59Z", true),
+            (Cmp::OnOrAfter, "2024-05-01T10:00:01Z", false),
+            (Cmp::OnOrBefore, "Wed, 01 May 2024 11:00:00 +0000", true),
+        ];
+        for (cmp, b, want) in cases {
+            assert_eq!(
+                matches(t, cmp, parse_bound(b).unwrap()),
+                want,
+                "{cmp:?} {b}"
+            );
+        }
+        assert_eq!(parse_bound("yesterday"), None);
+    }
+}

@@ -1,0 +1,312 @@
+//! One SMTP connection: reads lines, feeds the session, carries out its actions on the socket.
+//!
+//! The only place that touches the socket. Commands are read from a buffered reader and answered
+//! in order, and replies are flushed when no pipelined command is waiting, which is all
+//! PIPELINING asks of a server. Every read is bounded by the idle timeout and every line by
+//! [`MAX_LINE`], so garbage, bare LF or a silent client can neither crash nor hang it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::data::{DataAssembler, MAX_LINE};
+use super::policy::LivePolicy;
+use super::reply::Reply;
+use super::session::{DataMode, Session, Then};
+use super::{Limits, SmtpContext};
+
+type Writer = BufWriter<OwnedWriteHalf>;
+
+/// Result of reading one line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// `buf` holds the line with its LF.
+    Complete,
+    /// Longer than the limit: discarded up to and including its LF.
+    TooLong,
+    /// The peer closed (a partial last line is dropped).
+    Eof,
+}
+
+/// Reads up to and including the next LF into `buf`, keeping at most `max` bytes.
+pub async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<Line> {
+    buf.clear();
+    let mut too_long = false;
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            buf.clear();
+            return Ok(Line::Eof);
+        }
+        let (chunk, found) = match avail.iter().position(|b| *b == b'\n') {
+            Some(i) => (&avail[..=i], true),
+            None => (avail, false),
+        };
+        let n = chunk.len();
+        if !too_long && buf.len() + n > max {
+            too_long = true;
+            buf.clear();
+        }
+        if !too_long {
+            buf.extend_from_slice(chunk);
+        }
+        r.consume(n);
+        if found {
+            return Ok(if too_long {
+                Line::TooLong
+            } else {
+                Line::Complete
+            });
+        }
+    }
+}
+
+pub(super) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<SmtpContext>,
+    limits: Limits,
+    shutdown: watch::Receiver<bool>,
+) {
+    if let Err(e) = drive(stream, peer, &ctx, &limits, shutdown).await {
+        tracing::debug!(%peer, error = %e, "smtp connection ended with an i/o error");
+    }
+}
+
+async fn drive(
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: &SmtpContext,
+    limits: &Limits,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let _ = stream.set_nodelay(true);
+    let (r, w) = stream.into_split();
+    let mut reader = BufReader::new(r);
+    let mut writer = BufWriter::new(w);
+    let mut policy = LivePolicy::new(ctx, peer);
+    let mut session = Session::new(limits.session.clone());
+    let mut line = Vec::with_capacity(1024);
+
+    let mut action = session.greeting(&mut policy);
+    loop {
+        pause(&mut writer, action.delay).await?;
+        for d in action.records.drain(..) {
+            ctx.ledger.record(d);
+        }
+        writer.write_all(&action.reply.to_wire()).await?;
+        match action.then {
+            // Hold the reply back only while a whole pipelined command is already waiting: a
+            // client never waits for us with half a line sent.
+            Then::Continue => {
+                if !reader.buffer().contains(&b'\n') {
+                    writer.flush().await?;
+                }
+            }
+            Then::Close => return close(writer).await,
+            Then::ReadData(mode) => {
+                writer.flush().await?;
+                let keep = receive_data(
+                    &mut reader,
+                    &mut writer,
+                    &mut line,
+                    mode,
+                    &mut session,
+                    &policy,
+                    ctx,
+                    limits,
+                )
+                .await?;
+                if !keep {
+                    return close(writer).await;
+                }
+            }
+        }
+        let read = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => None,
+            r = tokio::time::timeout(limits.idle_timeout, read_line(&mut reader, &mut line, MAX_LINE)) => Some(r),
+        };
+        action = match read {
+            None => {
+                return goodbye(writer, Reply::new(421, "4.3.2", "service shutting down")).await
+            }
+            Some(Err(_)) => return goodbye(writer, idle_reply()).await,
+            Some(Ok(r)) => match r? {
+                Line::Eof => return Ok(()),
+                Line::TooLong => session.line_too_long(&mut policy),
+                Line::Complete => session.handle_line(&line, &mut policy),
+            },
+        };
+    }
+}
+
+/// Reads the message after a 354 and answers its end. Returns whether the connection goes on.
+#[allow(clippy::too_many_arguments)]
+async fn receive_data(
+    reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: &mut Writer,
+    line: &mut Vec<u8>,
+    mode: DataMode,
+    session: &mut Session,
+    policy: &LivePolicy,
+    ctx: &SmtpContext,
+    limits: &Limits,
+) -> io::Result<bool> {
+    let mut data = DataAssembler::new(policy.cfg.max_size);
+    while !data.is_done() {
+        if !reader.buffer().contains(&b'\n') {
+            quick_ack(reader.get_ref().as_ref());
+        }
+        let read =
+            tokio::time::timeout(limits.idle_timeout, read_line(reader, line, MAX_LINE)).await;
+        match read {
+            Err(_) => {
+                session.finish_data();
+                writer.write_all(&idle_reply().to_wire()).await?;
+                return Ok(false);
+            }
+            Ok(r) => match r? {
+                Line::Eof => {
+                    tracing::debug!("smtp client closed the connection inside DATA");
+                    session.finish_data();
+                    return Ok(false);
+                }
+                _ if mode == DataMode::DropMidway => {
+                    if let Some(env) = session.finish_data() {
+                        policy.record_drop_mid_data(&env);
+                    }
+                    return Ok(false);
+                }
+                Line::TooLong => data.push_discarded_long_line(),
+                Line::Complete => {
+                    data.push_line(line);
+                }
+            },
+        }
+    }
+    let received_ns = ctx.ledger.now_ns();
+    let Some(env) = session.finish_data() else {
+        return Ok(true);
+    };
+    let end = policy.end_of_data(&env, data.finish(), received_ns);
+    pause(writer, end.delay).await?;
+    let entries: Vec<_> = end
+        .records
+        .into_iter()
+        .map(|d| ctx.ledger.record(d))
+        .collect();
+    if !end.accepted {
+        writer.write_all(&end.reply.to_wire()).await?;
+        writer.flush().await?;
+        return Ok(true);
+    }
+    for e in &entries {
+        ctx.ledger.before_response(e).await;
+    }
+    let written = if end.drop {
+        Ok(false)
+    } else {
+        match writer.write_all(&end.reply.to_wire()).await {
+            Ok(()) => writer.flush().await.map(|()| true),
+            Err(e) => Err(e),
+        }
+    };
+    // Committed whatever became of the reply: delivery happens.
+    for e in &entries {
+        (ctx.on_commit)(e);
+    }
+    written
+}
+
+/// Asks the kernel to acknowledge the next segment at once instead of delaying the ACK.
+///
+/// Clients that write the message and its final `.` separately without TCP_NODELAY (lettre
+/// does) otherwise wait for Nagle's algorithm to meet our delayed ACK: about 40 ms per message,
+/// which would make the fake the bottleneck of every load test. Linux only; elsewhere a no-op.
+fn quick_ack(stream: &TcpStream) {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = socket2::SockRef::from(stream).set_tcp_quickack(true);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = stream;
+}
+
+fn idle_reply() -> Reply {
+    Reply::new(421, "4.4.2", "idle timeout, closing connection")
+}
+
+/// Flushes what is pending, then waits (stage latency).
+async fn pause(writer: &mut Writer, delay: Duration) -> io::Result<()> {
+    if !delay.is_zero() {
+        writer.flush().await?;
+        tokio::time::sleep(delay).await;
+    }
+    Ok(())
+}
+
+async fn goodbye(mut writer: Writer, reply: Reply) -> io::Result<()> {
+    writer.write_all(&reply.to_wire()).await?;
+    close(writer).await
+}
+
+/// Flushes and sends FIN, so a waiting client sees a clean end of stream.
+async fn close(mut writer: Writer) -> io::Result<()> {
+    writer.flush().await?;
+    writer.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn read_line_table() {
+        let long = format!("{}\r\nNOOP\r\n", "x".repeat(1200));
+        type Case<'a> = (&'a [u8], usize, Vec<(Line, &'a [u8])>);
+        let cases: Vec<Case> = vec![
+            (
+                b"EHLO a\r\nNOOP\n",
+                1000,
+                vec![
+                    (Line::Complete, b"EHLO a\r\n"),
+                    (Line::Complete, b"NOOP\n"),
+                    (Line::Eof, b""),
+                ],
+            ),
+            (b"partial", 1000, vec![(Line::Eof, b"")]),
+            (
+                long.as_bytes(),
+                1000,
+                vec![(Line::TooLong, b""), (Line::Complete, b"NOOP\r\n")],
+            ),
+            (b"12345\n", 6, vec![(Line::Complete, b"12345\n")]),
+            (b"123456\n", 6, vec![(Line::TooLong, b"")]),
+        ];
+        for (input, max, want) in cases {
+            // A tiny buffer so lines straddle several fill_buf calls.
+            let mut r = BufReader::with_capacity(3, input);
+            let mut buf = Vec::new();
+            for (i, (line, bytes)) in want.into_iter().enumerate() {
+                let got = read_line(&mut r, &mut buf, max).await.unwrap();
+                assert_eq!(
+                    (got, buf.as_slice()),
+                    (line, bytes),
+                    "step {i} of {:?}",
+                    String::from_utf8_lossy(input)
+                );
+            }
+        }
+    }
+}

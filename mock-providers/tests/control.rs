@@ -1,0 +1,98 @@
+//! The `/_mock/` control API on each fake: ledger, stats, fault profile changes, reset.
+
+mod common;
+
+use common::*;
+use mock_providers::config::ProvidersConfig;
+use mock_providers::control::Stats;
+use serde_json::json;
+
+#[tokio::test]
+async fn ledger_stats_faults_reset() {
+    let w = world(1, ProvidersConfig::default()).await;
+    w.line_push(&uid(1), None, "a").await;
+    w.line_raw(None, None, "{}".into()).await;
+    w.sms_send(&phone(1), "b", None).await;
+
+    let line = w.p.line_base();
+    let smtp_ctl = format!("http://{}", w.p.smtp_control_addr);
+    // (url, expected JSON Lines count)
+    let cases = [
+        (format!("{line}/_mock/ledger"), 3),
+        (format!("{line}/_mock/ledger?provider=line"), 2),
+        (format!("{line}/_mock/ledger?provider=sms"), 1),
+        (format!("{line}/_mock/ledger?since=2"), 1),
+        (
+            format!("{}/_mock/ledger?provider=line&since=1", w.p.sms_base()),
+            1,
+        ),
+        (format!("{smtp_ctl}/_mock/ledger?provider=smtp"), 0),
+    ];
+    for (url, n) in cases {
+        let text = w.http.get(&url).send().await.unwrap().text().await.unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), n, "{url}");
+    }
+    let arr = w.get(format!("{line}/_mock/ledger?format=json")).await;
+    assert_eq!(arr.json.as_array().unwrap().len(), 3);
+
+    let stats: Stats =
+        serde_json::from_value(w.get(format!("{line}/_mock/stats")).await.json).unwrap();
+    assert_eq!(stats.entries, 3);
+    assert_eq!(stats.providers["line"].sends["accepted"], 1);
+    assert_eq!(stats.providers["line"].sends["protocol_error"], 1);
+    assert_eq!(stats.providers["sms"].sends["accepted"], 1);
+    assert_eq!(stats.callbacks_pending, 0);
+
+    // Change the LINE profile mid-run: every push now fails with 503.
+    let r = w
+        .http
+        .put(format!("{line}/_mock/faults"))
+        .json(&json!({"transient": [{"status": 503, "rate": "100%"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(w.line_push(&uid(2), None, "c").await.status, 503);
+    assert_eq!(
+        w.p.config().line.channel_token,
+        TOKEN,
+        "fields not given are kept"
+    );
+    // A bad profile is refused and changes nothing.
+    let bad = w
+        .http
+        .put(format!("{line}/_mock/faults"))
+        .json(&json!({"bad_addresses": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(w.p.config().line.transient.len(), 1);
+    // The SMTP control port changes the SMTP profile.
+    let r = w
+        .http
+        .put(format!("{smtp_ctl}/_mock/faults"))
+        .json(&json!({"max_size": 1234}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(w.p.config().smtp.max_size, 1234);
+
+    let r = w
+        .http
+        .post(format!("{line}/_mock/reset"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert!(w.p.ledger.is_empty());
+    // Attempt numbers start again after a reset.
+    w.sms_send(&phone(1), "d", None).await;
+    assert_eq!(w.entries()[0].attempt, 1);
+    w.p.shutdown().await;
+}

@@ -1,0 +1,338 @@
+//! `callbacks`: the stack's final state agrees with the providers' genuine delivery reports,
+//! and duplicate, stale, out-of-order, forged and unknown-id reports changed nothing.
+//!
+//! Ground truth is the ledger's `Callback` entries: the `Genuine` report with a final status
+//! (SMS `delivered`/`undelivered`/`failed`, e-mail `delivered`/`bounced`) per message id. Only
+//! messages whose genuine final report the stack acknowledged (2xx) are judged, and a row still
+//! `submitted` while callbacks are pending is skipped. Rules:
+//!
+//! - **disagrees**: the status row with that `provider_message_id` (angle brackets ignored, so an
+//!   e-mail matches on its Message-ID) is not `delivered` for a delivered report, or not
+//!   `permanent_failure`/`failed` for a failure report.
+//! - **forged_accepted**: same, and the final state is what a forged-signature or unknown-id report
+//!   to the same address claimed.
+//! - **regression**: any transition out of `delivered`, `permanent_failure` or `failed` (a stale or
+//!   out-of-order report applied), on any row.
+//! - **duplicate_applied**: two transitions with source `callback` to the same state on one row.
+//!
+//! Needs the status API: without it the verdict is `NotChecked`, never `Holds`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Provider};
+use serde_json::{json, Value};
+
+use super::common::{channel_of, figures, ms, not_checked, Findings};
+use super::{Input, StatusDelivery, Verdict};
+use crate::scenario::Channel;
+
+pub const NAME: &str = "callbacks";
+
+const TERMINAL: [&str; 3] = ["delivered", "permanent_failure", "failed"];
+
+/// A message id as both sides may write it (`<id@host>` or `id@host`).
+fn norm(id: &str) -> &str {
+    id.trim().trim_start_matches('<').trim_end_matches('>')
+}
+
+fn is_final_report(status: &str) -> bool {
+    matches!(status, "delivered" | "undelivered" | "failed" | "bounced")
+}
+
+/// Whether a stack state is what a final report with `status` calls for.
+fn agrees(report: &str, state: &str) -> bool {
+    if report == "delivered" {
+        state == "delivered"
+    } else {
+        matches!(state, "permanent_failure" | "failed")
+    }
+}
+
+struct Truth<'a> {
+    status: &'a str,
+    acked: bool,
+    first: &'a LedgerEntry,
+}
+
+pub fn check(input: &Input) -> Verdict {
+    let Some(rows) = input.status else {
+        return not_checked(NAME, "stack exposes no status API");
+    };
+    let cbs: Vec<&LedgerEntry> = input
+        .ledger
+        .iter()
+        .filter(|e| e.kind == EntryKind::Callback)
+        .collect();
+    if cbs.is_empty() {
+        return not_checked(NAME, "no callbacks were sent");
+    }
+
+    let mut truth: BTreeMap<(Provider, &str), Truth> = BTreeMap::new();
+    let mut forged: HashMap<(Provider, &str), Vec<&str>> = HashMap::new();
+    let mut forged_2xx = 0u64;
+    for cb in &cbs {
+        let (Some(id), Some(status)) = (cb.message_id.as_deref(), cb.callback_status.as_deref())
+        else {
+            continue;
+        };
+        let acked = cb
+            .callback_response
+            .is_some_and(|c| (200..300).contains(&c));
+        match cb.callback_variant {
+            Some(CallbackVariant::Genuine) if is_final_report(status) => {
+                let t = truth.entry((cb.provider, norm(id))).or_insert(Truth {
+                    status,
+                    acked,
+                    first: cb,
+                });
+                t.acked |= acked;
+            }
+            Some(CallbackVariant::ForgedSignature) | Some(CallbackVariant::UnknownId) => {
+                forged
+                    .entry((cb.provider, cb.recipient.as_str()))
+                    .or_default()
+                    .push(status);
+                if acked && cb.callback_variant == Some(CallbackVariant::ForgedSignature) {
+                    forged_2xx += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    let by_id: HashMap<(Channel, &str), &StatusDelivery> = rows
+        .iter()
+        .filter_map(|r| Some(((r.channel, norm(r.provider_message_id.as_deref()?)), r)))
+        .collect();
+    let mut findings = Findings::default();
+    let (mut judged, mut not_acked, mut unmatched, mut pending) = (0u64, 0u64, 0u64, 0u64);
+    for ((provider, id), t) in &truth {
+        if !t.acked {
+            not_acked += 1;
+            continue;
+        }
+        let Some(row) = by_id.get(&(channel_of(*provider), *id)) else {
+            unmatched += 1;
+            continue;
+        };
+        if row.state == "submitted" && input.quiescence.callbacks_pending > 0 {
+            pending += 1;
+            continue;
+        }
+        judged += 1;
+        if agrees(t.status, &row.state) {
+            continue;
+        }
+        let claims = forged.get(&(*provider, t.first.recipient.as_str()));
+        let forged_claim = claims.and_then(|c| c.iter().find(|s| agrees(s, &row.state)));
+        findings.push(json!({
+            "rule": if forged_claim.is_some() { "forged_accepted" } else { "disagrees" },
+            "recipient": row.recipient,
+            "channel": row.channel.as_str(),
+            "address": t.first.recipient,
+            "message_id": id,
+            "genuine_report": t.status,
+            "report_at_ms": ms(t.first.mono_ns),
+            "stack_state": row.state,
+            "forged_claim": forged_claim,
+        }));
+    }
+
+    let (mut regressions, mut duplicates) = (0u64, 0u64);
+    for row in rows {
+        let mut prev: Option<&str> = None;
+        let mut by_callback: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut regressed = false;
+        for t in &row.transitions {
+            let from = t.from.as_deref().or(prev);
+            if let Some(f) = from.filter(|f| TERMINAL.contains(f) && *f != t.to) {
+                if !regressed {
+                    regressed = true;
+                    regressions += 1;
+                    findings.push(row_json(
+                        row,
+                        "regression",
+                        json!({"from": f, "to": t.to, "source": t.source, "at": t.at}),
+                    ));
+                }
+            }
+            if t.source == "callback" {
+                *by_callback.entry(t.to.as_str()).or_default() += 1;
+            }
+            prev = Some(t.to.as_str());
+        }
+        for (to, n) in by_callback.into_iter().filter(|(_, n)| *n > 1) {
+            duplicates += 1;
+            findings.push(row_json(
+                row,
+                "duplicate_applied",
+                json!({"to": to, "times": n}),
+            ));
+        }
+    }
+
+    let summary = format!(
+        "{} callbacks, {} genuine final reports: {judged} judged, {} disagree; {regressions} regressions, \
+         {duplicates} duplicates applied",
+        cbs.len(),
+        truth.len(),
+        findings.total() as u64 - regressions - duplicates,
+    );
+    let figs = figures(json!({
+        "callbacks": cbs.len(),
+        "genuine_final": truth.len(),
+        "judged": judged,
+        "final_not_acknowledged": not_acked,
+        "unmatched_message_ids": unmatched,
+        "skipped_pending": pending,
+        "forged_answered_2xx": forged_2xx,
+        "regressions": regressions,
+        "duplicates_applied": duplicates,
+    }));
+    findings.verdict(NAME, summary, figs)
+}
+
+fn row_json(row: &StatusDelivery, rule: &str, detail: Value) -> Value {
+    json!({
+        "rule": rule,
+        "recipient": row.recipient,
+        "channel": row.channel.as_str(),
+        "address": row.address,
+        "key": row.key,
+        "transition": detail,
+        "stack_state": row.state,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use mock_providers::ledger::CallbackVariant::*;
+    use mock_providers::ledger::Outcome::*;
+
+    use super::*;
+    use crate::check::testkit::*;
+    use crate::check::Status;
+    use crate::scenario::Channel::*;
+
+    /// An SMS delivered per its genuine report, and an e-mail bounced, both applied correctly.
+    fn healthy() -> World {
+        let mut w = World::new();
+        let s = w.expect("r1", Sms);
+        w.send(Sms, &s, Accepted, 0).message_id("SM1");
+        w.callback(Sms, &s, "SM1", "sent", Genuine, Some(200), 100);
+        w.callback(Sms, &s, "SM1", "delivered", Genuine, Some(200), 200);
+        w.callback(Sms, &s, "SM1", "delivered", Duplicate, Some(200), 250);
+        w.callback(Sms, &s, "SM1", "failed", ForgedSignature, Some(403), 260);
+        w.status_row(
+            "r1",
+            Sms,
+            Some("SM1"),
+            &["pending", "sending", "submitted", "delivered@callback"],
+        );
+        let e = w.expect("r2", Email);
+        w.send(Email, &e, Accepted, 0).message_id("<m2@x>");
+        w.callback(Email, &e, "<m2@x>", "bounced", Genuine, Some(204), 300);
+        w.callback(
+            Email,
+            &e,
+            "<zz@unknown>",
+            "delivered",
+            UnknownId,
+            Some(200),
+            310,
+        );
+        w.status_row(
+            "r2",
+            Email,
+            Some("m2@x"),
+            &[
+                "pending",
+                "sending",
+                "submitted",
+                "permanent_failure@callback",
+            ],
+        );
+        w
+    }
+
+    #[test]
+    fn agreeing_states_hold() {
+        let v = check(&healthy().input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["judged"], 2);
+    }
+
+    #[test]
+    fn not_checked_without_status_api_or_callbacks() {
+        let mut w = healthy();
+        w.status = None;
+        assert_eq!(check(&w.input()).summary, "stack exposes no status API");
+        let mut w = World::new();
+        w.status_row("r1", Line, None, &["delivered"]);
+        let v = check(&w.input());
+        assert_eq!(
+            (v.status, v.summary.as_str()),
+            (Status::NotChecked, "no callbacks were sent")
+        );
+    }
+
+    #[test]
+    fn each_rule_can_be_broken() {
+        // (case, new path of r1's SMS row, rules expected)
+        let cases: [(&str, &[&str], &[&str]); 4] = [
+            (
+                "ignored",
+                &["pending", "sending", "submitted"],
+                &["disagrees"],
+            ),
+            (
+                "forged",
+                &["sending", "submitted", "failed@callback"],
+                &["forged_accepted"],
+            ),
+            (
+                "stale",
+                &["submitted", "delivered@callback", "submitted@callback"],
+                &["disagrees", "regression"],
+            ),
+            (
+                "twice",
+                &["submitted", "delivered@callback", "delivered@callback"],
+                &["duplicate_applied"],
+            ),
+        ];
+        for (case, path, want) in cases {
+            let mut w = healthy();
+            let rows = w.status.as_mut().unwrap();
+            rows.remove(0);
+            w.status_row("r1", Sms, Some("SM1"), path);
+            let v = check(&w.input());
+            assert_eq!(v.status, Status::Violated, "{case}: {v:#?}");
+            let mut got = rules(&v);
+            got.sort();
+            assert_eq!(got, want, "{case}");
+            assert_eq!(v.counterexamples[0]["recipient"], "r1", "{case}");
+        }
+    }
+
+    #[test]
+    fn unacknowledged_or_pending_reports_are_not_judged() {
+        // The stack answered 500 to the final report: it never learned the truth.
+        let mut w = healthy();
+        w.ledger
+            .iter_mut()
+            .filter(|e| e.callback_status.as_deref() == Some("delivered"))
+            .for_each(|e| e.callback_response = Some(500));
+        w.status.as_mut().unwrap()[0].state = "submitted".into();
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["final_not_acknowledged"], 1);
+        // Acknowledged, but reports are still due at the end: a `submitted` row is skipped.
+        let mut w = healthy();
+        w.status.as_mut().unwrap()[0].state = "submitted".into();
+        w.quiescence.callbacks_pending = 3;
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["skipped_pending"], 1);
+    }
+}

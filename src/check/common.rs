@@ -1,0 +1,244 @@
+//! Shared plumbing of the checkers: joining expected deliveries to ledger sends, building
+//! verdicts, and rendering times and attempts as counterexample JSON.
+//!
+//! Nothing here decides whether an invariant holds; that stays in each checker's own file so a
+//! reader sees a rule and its test side by side. Never add I/O here: checkers are pure.
+
+use std::collections::HashMap;
+
+use mock_providers::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+use serde_json::{json, Map, Value};
+
+use super::{Expected, Input, Status, StatusDelivery, Verdict};
+use crate::scenario::Channel;
+
+/// Counterexamples kept per verdict; `total_counterexamples` counts them all.
+pub const MAX_KEPT: usize = 50;
+
+/// Nanoseconds on the ledger clock as milliseconds since the run started (the ledger's zero),
+/// with microsecond precision so sub-millisecond gaps stay visible.
+pub fn ms(ns: u64) -> f64 {
+    (ns as f64 / 1_000.0).round() / 1_000.0
+}
+
+/// A signed duration in milliseconds (`later − earlier`, negative when out of order).
+pub fn gap_ms(later_ns: u64, earlier_ns: u64) -> f64 {
+    ((later_ns as f64 - earlier_ns as f64) / 1_000.0).round() / 1_000.0
+}
+
+/// Counterexamples of one checker: keeps the first [`MAX_KEPT`], counts them all.
+#[derive(Default)]
+pub struct Findings {
+    kept: Vec<Value>,
+    total: usize,
+}
+
+impl Findings {
+    pub fn push(&mut self, v: Value) {
+        self.total += 1;
+        if self.kept.len() < MAX_KEPT {
+            self.kept.push(v);
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// `Holds` with no findings, `Violated` otherwise.
+    pub fn verdict(self, checker: &str, summary: String, figures: Map<String, Value>) -> Verdict {
+        let status = if self.total == 0 {
+            Status::Holds
+        } else {
+            Status::Violated
+        };
+        self.verdict_with(checker, status, summary, figures)
+    }
+
+    pub fn verdict_with(
+        self,
+        checker: &str,
+        status: Status,
+        summary: String,
+        figures: Map<String, Value>,
+    ) -> Verdict {
+        Verdict {
+            checker: checker.into(),
+            status,
+            summary,
+            counterexamples: self.kept,
+            total_counterexamples: self.total,
+            figures,
+        }
+    }
+}
+
+/// A checker that did not run, and why.
+pub fn not_checked(checker: &str, reason: impl Into<String>) -> Verdict {
+    Verdict {
+        checker: checker.into(),
+        status: Status::NotChecked,
+        summary: reason.into(),
+        counterexamples: Vec::new(),
+        total_counterexamples: 0,
+        figures: Map::new(),
+    }
+}
+
+/// Turns a `json!({...})` object into a figures map.
+pub fn figures(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// Send attempts grouped by (provider, address), each group in arrival order.
+pub struct Sends<'a> {
+    by_key: HashMap<Provider, HashMap<&'a str, Vec<&'a LedgerEntry>>>,
+}
+
+impl<'a> Sends<'a> {
+    /// Indexes the `Send` entries of `ledger`. Polls and callbacks are not send attempts.
+    pub fn new(ledger: &'a [LedgerEntry]) -> Sends<'a> {
+        let mut by_key: HashMap<Provider, HashMap<&'a str, Vec<&'a LedgerEntry>>> = HashMap::new();
+        for e in ledger.iter().filter(|e| e.kind == EntryKind::Send) {
+            by_key
+                .entry(e.provider)
+                .or_default()
+                .entry(e.recipient.as_str())
+                .or_default()
+                .push(e);
+        }
+        for v in by_key.values_mut().flat_map(|m| m.values_mut()) {
+            // Arrival order; `seq` breaks ties (it is the answer order).
+            v.sort_by_key(|e| (e.received_ns, e.seq));
+        }
+        Sends { by_key }
+    }
+
+    /// The attempts of the delivery on `channel` to `address`, in arrival order.
+    pub fn of(&self, channel: Channel, address: &str) -> &[&'a LedgerEntry] {
+        self.by_key(channel.provider(), address)
+    }
+
+    pub fn of_expected(&self, e: &Expected) -> &[&'a LedgerEntry] {
+        self.of(e.channel, &e.address)
+    }
+
+    /// Every (provider, address) that saw at least one send attempt.
+    pub fn keys(&self) -> impl Iterator<Item = (Provider, &'a str)> + '_ {
+        self.by_key
+            .iter()
+            .flat_map(|(p, m)| m.keys().map(move |a| (*p, *a)))
+    }
+
+    pub fn by_key(&self, provider: Provider, address: &str) -> &[&'a LedgerEntry] {
+        self.by_key
+            .get(&provider)
+            .and_then(|m| m.get(address))
+            .map_or(&[], |v| v.as_slice())
+    }
+}
+
+/// The channel a provider carries.
+pub fn channel_of(p: Provider) -> Channel {
+    match p {
+        Provider::Line => Channel::Line,
+        Provider::Smtp => Channel::Email,
+        Provider::Sms => Channel::Sms,
+    }
+}
+
+/// An answer after which the delivery needs no further attempt.
+pub fn is_final(o: Outcome) -> bool {
+    matches!(
+        o,
+        Outcome::Accepted | Outcome::IdempotentRepeat | Outcome::Permanent
+    )
+}
+
+/// An answer that leaves the delivery to be retried (counts towards exhaustion).
+pub fn is_failure(o: Outcome) -> bool {
+    matches!(o, Outcome::Transient | Outcome::ProtocolError)
+}
+
+pub fn outcome_str(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Accepted => "accepted",
+        Outcome::IdempotentRepeat => "idempotent_repeat",
+        Outcome::Transient => "transient",
+        Outcome::Permanent => "permanent",
+        Outcome::ProtocolError => "protocol_error",
+        Outcome::Info => "info",
+    }
+}
+
+/// One send attempt as counterexample JSON: ledger seq, arrival and answer times, sender pid,
+/// provider-side attempt number, outcome and payload hash.
+pub fn attempt_json(e: &LedgerEntry, input: &Input) -> Value {
+    json!({
+        "seq": e.seq,
+        "attempt": e.attempt,
+        "at_ms": ms(e.received_ns),
+        "answered_ms": ms(e.mono_ns),
+        "pid": input.pids.get(&e.seq),
+        "outcome": outcome_str(e.outcome),
+        "status": e.status,
+        "fault": e.fault,
+        "payload_hash": e.payload_hash,
+    })
+}
+
+/// The identifying part of a counterexample about one expected delivery.
+pub fn delivery_json(e: &Expected) -> Map<String, Value> {
+    figures(json!({
+        "recipient": e.recipient,
+        "channel": e.channel.as_str(),
+        "address": e.address,
+    }))
+}
+
+/// Status API rows by (recipient, channel).
+pub fn status_index(rows: &[StatusDelivery]) -> HashMap<(&str, Channel), &StatusDelivery> {
+    rows.iter()
+        .map(|r| ((r.recipient.as_str(), r.channel), r))
+        .collect()
+}
+
+/// Per-channel counters, rendered as `{"line": {...}, "email": {...}}`.
+#[derive(Default)]
+pub struct PerChannel {
+    counts: std::collections::BTreeMap<Channel, std::collections::BTreeMap<&'static str, u64>>,
+}
+
+impl PerChannel {
+    /// Makes sure `channel` shows every key in `keys`, zero when never counted.
+    pub fn init(&mut self, channel: Channel, keys: &[&'static str]) {
+        let m = self.counts.entry(channel).or_default();
+        for k in keys {
+            m.entry(k).or_insert(0);
+        }
+    }
+
+    pub fn add(&mut self, channel: Channel, key: &'static str) {
+        *self
+            .counts
+            .entry(channel)
+            .or_default()
+            .entry(key)
+            .or_insert(0) += 1;
+    }
+
+    pub fn total(&self, key: &str) -> u64 {
+        self.counts.values().filter_map(|m| m.get(key)).sum()
+    }
+
+    pub fn to_json(&self) -> Value {
+        let mut out = Map::new();
+        for (c, m) in &self.counts {
+            out.insert(c.as_str().into(), json!(m));
+        }
+        Value::Object(out)
+    }
+}

@@ -1,0 +1,166 @@
+//! `exactly_once`: no customer receives a notification twice, and nobody unexpected receives one.
+//!
+//! Counts `Accepted` send attempts in the ledger per expected (recipient, channel). More than one
+//! is a duplicate; zero is allowed here (whether it ended properly is `no_loss`'s business). An
+//! `IdempotentRepeat` is the provider recognising a retry key, not a new delivery. Must never
+//! consult the stack's status API: the ledger alone says what customers got.
+
+use std::collections::HashSet;
+
+use mock_providers::ledger::Outcome;
+use serde_json::{json, Value};
+
+use super::common::{attempt_json, channel_of, delivery_json, figures, Findings, Sends};
+use super::{Input, Verdict};
+
+pub const NAME: &str = "exactly_once";
+
+pub fn check(input: &Input) -> Verdict {
+    let sends = Sends::new(input.ledger);
+    let mut findings = Findings::default();
+    let (mut once, mut never, mut duplicated, mut extra_sends) = (0u64, 0u64, 0u64, 0u64);
+
+    for e in input.expected {
+        let accepted: Vec<_> = sends
+            .of_expected(e)
+            .iter()
+            .filter(|s| s.outcome == Outcome::Accepted)
+            .collect();
+        match accepted.len() {
+            0 => never += 1,
+            1 => once += 1,
+            n => {
+                duplicated += 1;
+                extra_sends += n as u64 - 1;
+                let mut c = delivery_json(e);
+                c.insert("rule".into(), json!("duplicate"));
+                c.insert("accepted".into(), json!(n));
+                c.insert("sends".into(), sends_json(&accepted, input));
+                findings.push(Value::Object(c));
+            }
+        }
+    }
+
+    let expected: HashSet<_> = input
+        .expected
+        .iter()
+        .map(|e| (e.channel.provider(), e.address.as_str()))
+        .collect();
+    let mut unexpected_keys: Vec<_> = sends.keys().filter(|k| !expected.contains(k)).collect();
+    unexpected_keys.sort();
+    let mut unexpected = 0u64;
+    for (provider, address) in unexpected_keys {
+        let accepted: Vec<_> = sends
+            .by_key(provider, address)
+            .iter()
+            .filter(|s| s.outcome == Outcome::Accepted)
+            .collect();
+        if accepted.is_empty() {
+            continue;
+        }
+        unexpected += accepted.len() as u64;
+        findings.push(json!({
+            "rule": "unexpected_recipient",
+            "channel": channel_of(provider).as_str(),
+            "address": address,
+            "accepted": accepted.len(),
+            "sends": sends_json(&accepted, input),
+        }));
+    }
+
+    let summary = format!(
+        "{} deliveries: {once} accepted once, {duplicated} duplicated ({extra_sends} extra sends), \
+         {unexpected} sends to unexpected addresses, {never} never accepted",
+        input.expected.len()
+    );
+    let figs = figures(json!({
+        "deliveries": input.expected.len(),
+        "accepted_once": once,
+        "duplicated_deliveries": duplicated,
+        "extra_sends": extra_sends,
+        "unexpected_sends": unexpected,
+        "never_accepted": never,
+    }));
+    findings.verdict(NAME, summary, figs)
+}
+
+fn sends_json(sends: &[&&mock_providers::ledger::LedgerEntry], input: &Input) -> Value {
+    Value::Array(sends.iter().map(|s| attempt_json(s, input)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use mock_providers::ledger::Outcome::*;
+
+    use super::*;
+    use crate::check::testkit::*;
+    use crate::check::Status;
+    use crate::scenario::Channel::*;
+
+    #[test]
+    fn one_accept_per_delivery_holds_even_with_retries_and_repeats() {
+        let mut w = World::new();
+        let a = w.expect("r1", Line);
+        let b = w.expect("r2", Email);
+        let c = w.expect("r3", Sms);
+        w.send(Line, &a, Transient, 0);
+        w.send(Line, &a, Accepted, 200);
+        w.send(Line, &a, IdempotentRepeat, 400);
+        w.send(Email, &b, Accepted, 0);
+        w.send(Sms, &c, Permanent, 0); // never accepted: not this checker's business
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["accepted_once"], 2);
+        assert_eq!(v.figures["never_accepted"], 1);
+    }
+
+    #[test]
+    fn duplicates_and_unexpected_recipients_are_violations() {
+        // (what is broken, rule reported)
+        let cases: [(&str, &str); 2] = [
+            ("duplicate", "duplicate"),
+            ("stranger", "unexpected_recipient"),
+        ];
+        for (case, rule) in cases {
+            let mut w = World::new();
+            let a = w.expect("r1", Sms);
+            w.send(Sms, &a, Accepted, 10).pid(7);
+            match case {
+                "duplicate" => {
+                    w.send(Sms, &a, Accepted, 2_000).pid(8).hash("other");
+                }
+                _ => {
+                    w.send(Sms, "+15559999", Accepted, 20);
+                }
+            }
+            let v = check(&w.input());
+            assert_eq!(v.status, Status::Violated, "{case}: {v:#?}");
+            assert_eq!(rules(&v), [rule], "{case}");
+            let c = &v.counterexamples[0];
+            if case == "duplicate" {
+                assert_eq!(c["recipient"], "r1");
+                assert_eq!(c["address"], a.as_str());
+                assert_eq!(c["sends"][0]["pid"], 7);
+                assert_eq!(c["sends"][1]["pid"], 8);
+                assert_eq!(c["sends"][1]["at_ms"], 2_000.0);
+                assert_eq!(c["sends"][1]["payload_hash"], "other");
+                assert_eq!(v.figures["extra_sends"], 1);
+            } else {
+                assert_eq!(c["address"], "+15559999");
+            }
+        }
+    }
+
+    #[test]
+    fn counterexamples_are_capped_but_counted() {
+        let mut w = World::new();
+        for i in 0..60 {
+            let a = w.expect(&format!("r{i}"), Line);
+            w.send(Line, &a, Accepted, 0);
+            w.send(Line, &a, Accepted, 1);
+        }
+        let v = check(&w.input());
+        assert_eq!(v.counterexamples.len(), crate::check::common::MAX_KEPT);
+        assert_eq!(v.total_counterexamples, 60);
+    }
+}

@@ -1,0 +1,220 @@
+//! `graceful_shutdown`: a process sent SIGTERM finishes in-flight sends, starts no new ones, and
+//! exits 0 within `stack.shutdown_grace`.
+//!
+//! Rules per process the harness sent SIGTERM: **not_clean_exit** (no exit, a non-zero code, a
+//! signal, or the harness had to SIGKILL it after the grace period), **over_grace** (exited later
+//! than `sigterm + shutdown_grace`) and **sent_after_sigterm** (a send attempt attributed to its
+//! pid arrived at a provider more than [`IN_FLIGHT_ALLOWANCE`] after SIGTERM). The allowance covers
+//! requests already on the wire when the signal landed (a connection being set up, an SMTP
+//! transaction between RCPT and DATA): 200 ms is far above loopback latency, and far below any
+//! backoff gap, so a worker that keeps claiming new work after SIGTERM still shows up. Attempts are
+//! attributed by ledger seq → pid, and only within the process's lifetime, so a reused pid does not
+//! blame the wrong process. Must never judge from the process's own log.
+
+use std::time::Duration;
+
+use mock_providers::ledger::EntryKind;
+use serde_json::{json, Value};
+
+use super::common::{attempt_json, figures, gap_ms, ms, not_checked, Findings};
+use super::{Input, ProcessRecord, Verdict};
+
+pub const NAME: &str = "graceful_shutdown";
+
+/// Sends may still arrive this long after SIGTERM: they were already on their way.
+pub const IN_FLIGHT_ALLOWANCE: Duration = Duration::from_millis(200);
+
+pub fn check(input: &Input) -> Verdict {
+    let termed: Vec<&ProcessRecord> = input
+        .processes
+        .iter()
+        .filter(|p| p.sigterm_ns.is_some())
+        .collect();
+    if termed.is_empty() {
+        return not_checked(NAME, "no process was sent SIGTERM");
+    }
+    let grace = input.scenario.stack.shutdown_grace;
+    let mut findings = Findings::default();
+    let (mut clean, mut late_sends) = (0u64, 0u64);
+
+    for p in &termed {
+        let term = p.sigterm_ns.unwrap_or_default();
+        let before = findings.total();
+        let exited_ms = p.exited_ns.map(ms);
+        let took_ms = p.exited_ns.map(|x| gap_ms(x, term));
+        if p.exit_code != Some(0)
+            || p.killed_after_grace
+            || p.signal.is_some()
+            || p.exited_ns.is_none()
+        {
+            findings.push(proc_json(
+                p,
+                "not_clean_exit",
+                json!({
+                    "exit_code": p.exit_code,
+                    "signal": p.signal,
+                    "killed_after_grace": p.killed_after_grace,
+                    "exited_ms": exited_ms,
+                    "took_ms": took_ms,
+                }),
+            ));
+        } else if p
+            .exited_ns
+            .is_some_and(|x| x > term + grace.as_nanos() as u64)
+        {
+            findings.push(proc_json(
+                p,
+                "over_grace",
+                json!({
+                    "took_ms": took_ms,
+                    "grace_ms": grace.as_millis() as u64,
+                }),
+            ));
+        }
+
+        let limit = term + IN_FLIGHT_ALLOWANCE.as_nanos() as u64;
+        let alive = p.started_ns..=p.exited_ns.unwrap_or(u64::MAX);
+        let late: Vec<Value> = input
+            .ledger
+            .iter()
+            .filter(|e| {
+                e.kind == EntryKind::Send && e.received_ns > limit && alive.contains(&e.received_ns)
+            })
+            .filter(|e| input.pids.get(&e.seq) == Some(&p.pid))
+            .map(|e| {
+                let mut a = attempt_json(e, input);
+                a["address"] = json!(e.recipient);
+                a["after_sigterm_ms"] = json!(gap_ms(e.received_ns, term));
+                a
+            })
+            .collect();
+        if !late.is_empty() {
+            late_sends += late.len() as u64;
+            findings.push(proc_json(
+                p,
+                "sent_after_sigterm",
+                json!({
+                    "allowance_ms": IN_FLIGHT_ALLOWANCE.as_millis() as u64,
+                    "count": late.len(),
+                    "sends": late.into_iter().take(20).collect::<Vec<_>>(),
+                }),
+            ));
+        }
+        if findings.total() == before {
+            clean += 1;
+        }
+    }
+
+    let summary = format!(
+        "{} processes sent SIGTERM: {clean} stopped cleanly within {} ms; {late_sends} sends after SIGTERM",
+        termed.len(),
+        grace.as_millis()
+    );
+    let figs = figures(json!({
+        "sigtermed": termed.len(),
+        "clean": clean,
+        "sends_after_sigterm": late_sends,
+        "grace_ms": grace.as_millis() as u64,
+        "allowance_ms": IN_FLIGHT_ALLOWANCE.as_millis() as u64,
+    }));
+    findings.verdict(NAME, summary, figs)
+}
+
+fn proc_json(p: &ProcessRecord, rule: &str, detail: Value) -> Value {
+    json!({
+        "rule": rule,
+        "role": p.role,
+        "slot": p.slot,
+        "worker_id": p.worker_id,
+        "pid": p.pid,
+        "sigterm_ms": p.sigterm_ns.map(ms),
+        "detail": detail,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use mock_providers::ledger::Outcome::*;
+
+    use super::*;
+    use crate::check::testkit::*;
+    use crate::check::Status;
+    use crate::scenario::Channel::*;
+
+    /// Worker 7 gets SIGTERM at 1000 ms and exits 0 at 1500 ms (grace 2 s); worker 8 runs on.
+    fn world() -> World {
+        let mut w = World::new();
+        w.worker(7, 0, Some(1_500)).sigterm_ns = Some(ns(1_000));
+        w.worker(8, 0, None);
+        let a = w.expect("r1", Line);
+        w.send(Line, &a, Transient, 900).pid(7);
+        w.send(Line, &a, Transient, 1_150).pid(7); // on the wire when SIGTERM landed
+        w.send(Line, &a, Accepted, 1_600).pid(8); // another worker carries on
+        w
+    }
+
+    #[test]
+    fn clean_stop_holds() {
+        let v = check(&world().input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["clean"], 1);
+    }
+
+    #[test]
+    fn not_checked_without_sigterm() {
+        let mut w = world();
+        w.processes[0].sigterm_ns = None;
+        assert_eq!(check(&w.input()).status, Status::NotChecked);
+    }
+
+    #[test]
+    fn each_rule_can_be_broken() {
+        type Tweak = fn(&mut World);
+        let cases: [(&str, Tweak, &str); 5] = [
+            (
+                "killed",
+                |w| {
+                    let p = &mut w.processes[0];
+                    (p.exit_code, p.signal, p.killed_after_grace) = (None, Some(9), true);
+                },
+                "not_clean_exit",
+            ),
+            (
+                "exit 1",
+                |w| w.processes[0].exit_code = Some(1),
+                "not_clean_exit",
+            ),
+            (
+                "never exited",
+                |w| w.processes[0].exited_ns = None,
+                "not_clean_exit",
+            ),
+            (
+                "slow",
+                |w| w.processes[0].exited_ns = Some(ns(3_100)),
+                "over_grace",
+            ),
+            (
+                "new send",
+                |w| {
+                    let a = addr("r2", Sms);
+                    w.send(Sms, &a, Accepted, 1_300).pid(7);
+                },
+                "sent_after_sigterm",
+            ),
+        ];
+        for (case, tweak, rule) in cases {
+            let mut w = world();
+            tweak(&mut w);
+            let v = check(&w.input());
+            assert_eq!(v.status, Status::Violated, "{case}: {v:#?}");
+            assert_eq!(rules(&v), [rule], "{case}");
+            let c = &v.counterexamples[0];
+            assert_eq!(c["pid"], 7, "{case}");
+            if rule == "sent_after_sigterm" {
+                assert_eq!(c["detail"]["sends"][0]["after_sigterm_ms"], 300.0);
+                assert_eq!(c["detail"]["sends"][0]["address"], addr("r2", Sms));
+            }
+        }
+    }
+}

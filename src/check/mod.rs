@@ -1,0 +1,300 @@
+//! Checkers: each turns the ground truth of a finished run into a [`Verdict`].
+//!
+//! Ground truth is the providers' ledger (what customers received), the harness's own timeline
+//! (chaos actions, process lifecycles) and, where the stack exposes it, its status API. A checker
+//! never trusts the stack's word for what was sent. Every checker is a pure function of
+//! [`Input`], so each has tests that break its invariant on purpose and see it reported.
+//!
+//! One file per checker, each `pub fn check(&Input) -> Verdict` with its rules in its `//!` doc;
+//! [`run_all`] runs them in report order. Every counterexample is a JSON object with a `rule`
+//! field naming the rule it breaks, the delivery (`recipient`, `channel`, `address`) where there
+//! is one, and times as milliseconds on the ledger clock (`*_ms`), at most 50 kept per verdict.
+
+pub mod callbacks;
+mod common;
+pub mod exactly_once;
+pub mod graceful_shutdown;
+pub mod immutable_payload;
+pub mod no_loss;
+pub mod quiescence;
+pub mod recovery;
+pub mod responsiveness;
+pub mod retry_discipline;
+#[cfg(test)]
+mod testkit;
+
+use std::collections::HashMap;
+
+use mock_providers::ledger::LedgerEntry;
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::{Channel, Scenario};
+
+/// One delivery the load asked for: a (recipient, channel) pair.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Expected {
+    /// Recipient id as enqueued (`r000001`).
+    pub recipient: String,
+    pub channel: Channel,
+    /// The address on that channel (LINE user id, e-mail, phone) — what the ledger records.
+    pub address: String,
+    /// The provider rejects this address for good (seeded share of the address space).
+    pub bad: bool,
+    /// The recipient's name when it contains HTML or non-ASCII text (escaping checks).
+    pub tricky_name: Option<String>,
+    /// Batch id it was enqueued in.
+    pub batch_id: String,
+}
+
+/// A delivery row from the stack's status API (`GET /v1/batches/{id}/deliveries`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusDelivery {
+    pub key: String,
+    pub recipient: String,
+    pub channel: Channel,
+    #[serde(default)]
+    pub address: Option<String>,
+    pub state: String,
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default)]
+    pub provider_message_id: Option<String>,
+    #[serde(default)]
+    pub payload_sha256: Option<String>,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    #[serde(default)]
+    pub transitions: Vec<StatusTransition>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusTransition {
+    pub from: Option<String>,
+    pub to: String,
+    pub source: String,
+    #[serde(default)]
+    pub at: Option<String>,
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+/// Something the harness did or saw, on the ledger's monotonic clock.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimelineEvent {
+    pub mono_ns: u64,
+    /// `sigkill`, `sigterm`, `sigstop`, `sigcont`, `restart`, `spawn`, `exit`, `db_restart`,
+    /// `db_terminate`, `db_idle_tx`, `load_start`, `load_done`, `quiescent`, …
+    pub kind: String,
+    /// Worker slot (1-based) it concerns, if any.
+    pub slot: Option<u32>,
+    pub pid: Option<u32>,
+    pub detail: String,
+}
+
+/// A stack process the harness started, and how it ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    /// `migrate`, `api` or `worker`.
+    pub role: String,
+    /// Worker slot (1-based); a restart reuses the slot with a new `worker_id`.
+    pub slot: Option<u32>,
+    pub worker_id: Option<String>,
+    pub pid: u32,
+    pub started_ns: u64,
+    pub exited_ns: Option<u64>,
+    /// Exit code when it exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// When the harness sent SIGTERM (graceful stop), if it did.
+    pub sigterm_ns: Option<u64>,
+    /// The harness had to SIGKILL it after the grace period.
+    pub killed_after_grace: bool,
+    pub log: String,
+}
+
+/// Whether the run settled before its deadline.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Quiescence {
+    pub reached: bool,
+    pub at_ns: u64,
+    /// Deliveries still without a final outcome at the deadline (`recipient/channel`).
+    pub open: Vec<String>,
+    /// Callbacks the providers still had due.
+    pub callbacks_pending: usize,
+}
+
+/// Everything a checker may look at.
+pub struct Input<'a> {
+    pub scenario: &'a Scenario,
+    pub expected: &'a [Expected],
+    pub ledger: &'a [LedgerEntry],
+    /// Ledger `seq` → pid of the process that sent the request (from /proc socket ownership).
+    pub pids: &'a HashMap<u64, u32>,
+    /// `None` when the stack does not expose a status API.
+    pub status: Option<&'a [StatusDelivery]>,
+    pub timeline: &'a [TimelineEvent],
+    pub processes: &'a [ProcessRecord],
+    /// Enqueue request latencies in microseconds.
+    pub enqueue_us: &'a hdrhistogram::Histogram<u64>,
+    pub quiescence: &'a Quiescence,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Holds,
+    Violated,
+    NotChecked,
+}
+
+/// A checker's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Verdict {
+    /// Stable name: `exactly_once`, `no_loss`, `retry_discipline`, `immutable_payload`,
+    /// `callbacks`, `graceful_shutdown`, `recovery`, `responsiveness`, `quiescence`.
+    pub checker: String,
+    pub status: Status,
+    /// One line a person reads first ("6000 deliveries, 0 duplicates").
+    pub summary: String,
+    /// Concrete cases that break the invariant (at most a few dozen; `total_counterexamples` says
+    /// how many there were).
+    pub counterexamples: Vec<serde_json::Value>,
+    pub total_counterexamples: usize,
+    /// Figures the checker computed (counts by outcome, percentiles…).
+    #[serde(default)]
+    pub figures: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Runs every checker, in report order. A checker switched off in `[expect]` is `NotChecked`
+/// with reason "disabled in [expect]"; responsiveness and quiescence have no switch.
+pub fn run_all(input: &Input) -> Vec<Verdict> {
+    let e = &input.scenario.expect;
+    type Checker = fn(&Input) -> Verdict;
+    let switched: [(bool, &str, Checker); 7] = [
+        (e.exactly_once, exactly_once::NAME, exactly_once::check),
+        (e.no_loss, no_loss::NAME, no_loss::check),
+        (
+            e.retry_discipline,
+            retry_discipline::NAME,
+            retry_discipline::check,
+        ),
+        (
+            e.immutable_payload,
+            immutable_payload::NAME,
+            immutable_payload::check,
+        ),
+        (e.callbacks, callbacks::NAME, callbacks::check),
+        (
+            e.graceful_shutdown,
+            graceful_shutdown::NAME,
+            graceful_shutdown::check,
+        ),
+        (e.recovery, recovery::NAME, recovery::check),
+    ];
+    let mut out: Vec<Verdict> = switched
+        .into_iter()
+        .map(|(on, name, check)| {
+            if on {
+                check(input)
+            } else {
+                common::not_checked(name, "disabled in [expect]")
+            }
+        })
+        .collect();
+    out.push(responsiveness::check(input));
+    out.push(quiescence::check(input));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use mock_providers::ledger::CallbackVariant::Genuine;
+    use mock_providers::ledger::Outcome::*;
+
+    use super::testkit::*;
+    use super::*;
+    use crate::scenario::Channel::*;
+
+    /// A small run where everything went right: no checker may cry wolf.
+    fn healthy() -> World {
+        let mut w = World::new();
+        w.worker(7, 0, Some(3_000)).sigterm_ns = Some(ns(2_900));
+        w.worker(8, 0, None);
+        w.event("sigkill", Some(8), 2_000);
+        for (i, ch) in [Line, Email, Sms].into_iter().enumerate() {
+            let r = format!("r{i}");
+            let a = w.expect(&r, ch);
+            w.send(ch, &a, Transient, 0).pid(7);
+            w.send(ch, &a, Accepted, 200)
+                .pid(8)
+                .message_id(&format!("m{i}"));
+            let path: &[&str] = if ch == Line {
+                &["sending", "delivered"]
+            } else {
+                &["sending", "submitted", "delivered@callback"]
+            };
+            w.status_row(&r, ch, Some(&format!("m{i}")), path);
+            if ch != Line {
+                w.callback(
+                    ch,
+                    &a,
+                    &format!("m{i}"),
+                    "delivered",
+                    Genuine,
+                    Some(200),
+                    400,
+                );
+            }
+        }
+        w.enqueue_us.record(12_000).unwrap();
+        w.scenario.expect.enqueue_p99 = Some(std::time::Duration::from_millis(100));
+        w
+    }
+
+    #[test]
+    fn a_healthy_run_holds_everywhere() {
+        let w = healthy();
+        let verdicts = run_all(&w.input());
+        let names: Vec<_> = verdicts.iter().map(|v| v.checker.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "exactly_once",
+                "no_loss",
+                "retry_discipline",
+                "immutable_payload",
+                "callbacks",
+                "graceful_shutdown",
+                "recovery",
+                "responsiveness",
+                "quiescence"
+            ]
+        );
+        for v in &verdicts {
+            assert_eq!(v.status, Status::Holds, "{v:#?}");
+            serde_json::to_string(v).expect("verdicts serialize");
+        }
+    }
+
+    #[test]
+    fn switched_off_checkers_are_not_checked() {
+        let mut w = healthy();
+        w.send(Line, &addr("r0", Line), Accepted, 900); // a duplicate nobody asked to check
+        w.scenario.expect.exactly_once = false;
+        w.scenario.expect.recovery = false;
+        let verdicts = run_all(&w.input());
+        for v in verdicts
+            .iter()
+            .filter(|v| ["exactly_once", "recovery"].contains(&v.checker.as_str()))
+        {
+            assert_eq!(
+                (v.status, v.summary.as_str()),
+                (Status::NotChecked, "disabled in [expect]")
+            );
+        }
+        w.scenario.expect.exactly_once = true;
+        let v = &run_all(&w.input())[0];
+        assert_eq!(v.status, Status::Violated);
+    }
+}

@@ -1,0 +1,82 @@
+//! `quiescence`: the run settled — every delivery reached a final outcome and no callback was
+//! still due — before the `expect.quiescence` deadline.
+//!
+//! The harness decides quiescence while it runs (it polls the ledger and the callback queue);
+//! this checker only reports that decision, with the open deliveries as counterexamples. Must
+//! never re-derive it from the ledger: the other checkers already judge each delivery's end.
+
+use serde_json::json;
+
+use super::common::{figures, ms, Findings};
+use super::{Input, Status, Verdict};
+
+pub const NAME: &str = "quiescence";
+
+pub fn check(input: &Input) -> Verdict {
+    let q = input.quiescence;
+    let mut findings = Findings::default();
+    let deadline_ms = input.scenario.expect.quiescence.as_millis() as u64;
+    let figs = figures(json!({
+        "reached": q.reached,
+        "at_ms": ms(q.at_ns),
+        "open": q.open.len(),
+        "callbacks_pending": q.callbacks_pending,
+        "deadline_ms": deadline_ms,
+    }));
+    if q.reached {
+        let summary = format!(
+            "settled at {} ms: all deliveries final, no callbacks due",
+            ms(q.at_ns)
+        );
+        return findings.verdict(NAME, summary, figs);
+    }
+    for d in &q.open {
+        findings.push(json!({"rule": "open_delivery", "delivery": d}));
+    }
+    if q.callbacks_pending > 0 {
+        findings.push(json!({"rule": "callbacks_pending", "count": q.callbacks_pending}));
+    }
+    let summary = format!(
+        "not settled within {deadline_ms} ms: {} deliveries open, {} callbacks pending",
+        q.open.len(),
+        q.callbacks_pending
+    );
+    findings.verdict_with(NAME, Status::Violated, summary, figs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::testkit::*;
+
+    #[test]
+    fn reached_holds_and_unsettled_lists_what_is_open() {
+        let mut w = World::new();
+        w.quiescence.at_ns = ns(1_234);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds);
+        assert!(v.summary.contains("1234 ms"), "{}", v.summary);
+
+        w.quiescence.reached = false;
+        w.quiescence.open = (0..60).map(|i| format!("r{i}/sms")).collect();
+        w.quiescence.callbacks_pending = 2;
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated);
+        assert_eq!(v.total_counterexamples, 61);
+        assert_eq!(v.counterexamples.len(), 50);
+        assert_eq!(v.counterexamples[0]["delivery"], "r0/sms");
+        assert_eq!(v.figures["callbacks_pending"], 2);
+    }
+
+    #[test]
+    fn unsettled_by_callbacks_alone_is_violated() {
+        let mut w = World::new();
+        w.quiescence.reached = false;
+        w.quiescence.callbacks_pending = 1;
+        let v = check(&w.input());
+        assert_eq!(
+            (v.status, rules(&v)),
+            (Status::Violated, vec!["callbacks_pending".to_string()])
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! `recovery`: after a worker is SIGKILLed or SIGSTOPped, the work it held moves on in time, and
+//! a frozen worker that wakes up does not send what someone else already delivered.
+//!
+//! For each `sigkill`/`sigstop` timeline event (pid P at time T), the deliveries P attempted in
+//! `[T − lease, T]` that had no final answer by T (no `Accepted`, repeat or `Permanent`, and not yet
+//! exhausted) may have been in flight, so P's lease is all that holds them. Each must see a next
+//! attempt or a final answer by the **deadline** `max(T + lease, A) + recovery_slack`, where A is
+//! the first moment at or after T that some worker can act: another worker alive and not stopped,
+//! a replacement started later, or P itself after its SIGCONT. So a stop shorter than the lease is
+//! judged like a kill (P, or a rescuer once the lease lapses, must move by `T + lease + slack`),
+//! and when the only worker was killed the clock starts at its replacement. When the last answer
+//! before T was a transient failure, the nominal backoff (plus jitter) from that answer also
+//! extends the deadline. Rule **no_progress** otherwise.
+//!
+//! Rule **zombie_duplicate**: an `Accepted` send from P that arrived after T, for a delivery some
+//! other pid had already got `Accepted` before it arrived (a worker resumed after losing its lease
+//! and sent anyway). Must never use the stack's status API: a stuck `sending` row is not evidence.
+
+use std::collections::{BTreeSet, HashMap};
+
+use mock_providers::ledger::{EntryKind, Outcome, Provider};
+use serde_json::json;
+
+use super::common::{
+    attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, Findings,
+    Sends,
+};
+use super::{Expected, Input, TimelineEvent, Verdict};
+
+pub const NAME: &str = "recovery";
+
+/// Periods `[stop, cont)` during which `pid` was stopped (`None`: never continued).
+fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
+    let mut out: Vec<(u64, Option<u64>)> = Vec::new();
+    let mut evs: Vec<&TimelineEvent> = timeline.iter().filter(|e| e.pid == Some(pid)).collect();
+    evs.sort_by_key(|e| e.mono_ns);
+    for e in evs {
+        match e.kind.as_str() {
+            "sigstop" => out.push((e.mono_ns, None)),
+            "sigcont" => {
+                if let Some(last) = out.last_mut().filter(|s| s.1.is_none()) {
+                    last.1 = Some(e.mono_ns);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The first moment at or after `t` a worker other than `victim` can act, or `victim` itself
+/// after a SIGCONT. `Some(t)` when no process records exist (nothing to say otherwise).
+fn first_able(input: &Input, victim: u32, t: u64) -> Option<u64> {
+    let workers: Vec<_> = input
+        .processes
+        .iter()
+        .filter(|p| p.role == "worker")
+        .collect();
+    if workers.is_empty() {
+        return Some(t);
+    }
+    workers
+        .iter()
+        .filter_map(|p| {
+            let mut at = t.max(p.started_ns);
+            let periods = stops(input.timeline, p.pid);
+            if p.pid == victim {
+                // The victim acts again only after a SIGCONT following this very stop.
+                let (_, cont) = periods.iter().rev().find(|(s, _)| *s <= t)?;
+                at = (*cont)?.max(at);
+            }
+            for (s, c) in &periods {
+                if *s <= at && c.map_or(true, |c| c > at) {
+                    at = (*c)?;
+                }
+            }
+            p.exited_ns.map_or(true, |x| x > at).then_some(at)
+        })
+        .min()
+}
+
+pub fn check(input: &Input) -> Verdict {
+    let events: Vec<&TimelineEvent> = input
+        .timeline
+        .iter()
+        .filter(|e| matches!(e.kind.as_str(), "sigkill" | "sigstop") && e.pid.is_some())
+        .collect();
+    if events.is_empty() {
+        return not_checked(NAME, "no worker was SIGKILLed or SIGSTOPped");
+    }
+    let sends = Sends::new(input.ledger);
+    let expected: HashMap<(Provider, &str), &Expected> = input
+        .expected
+        .iter()
+        .map(|e| ((e.channel.provider(), e.address.as_str()), e))
+        .collect();
+    let (lease, slack) = (
+        input.scenario.stack.lease.as_nanos() as u64,
+        input.scenario.expect.recovery_slack.as_nanos() as u64,
+    );
+    let backoff = &input.scenario.stack.backoff;
+    let max = input.scenario.expect.max_attempts as usize;
+    let mut findings = Findings::default();
+    let (mut at_risk, mut zombies, mut worst_ns) = (0u64, 0u64, 0u64);
+
+    for ev in events {
+        let (t, pid) = (ev.mono_ns, ev.pid.unwrap_or_default());
+        let able = first_able(input, pid, t);
+        let base = t
+            .saturating_add(lease)
+            .max(able.unwrap_or(0))
+            .saturating_add(slack);
+        let held: BTreeSet<(Provider, &str)> = input
+            .ledger
+            .iter()
+            .filter(|e| e.kind == EntryKind::Send)
+            .filter(|e| {
+                e.received_ns <= t
+                    && e.received_ns + lease >= t
+                    && input.pids.get(&e.seq) == Some(&pid)
+            })
+            .map(|e| (e.provider, e.recipient.as_str()))
+            .collect();
+
+        for (provider, address) in held {
+            let all = sends.by_key(provider, address);
+            let answered: Vec<_> = all.iter().filter(|s| s.mono_ns <= t).collect();
+            if answered.iter().any(|s| is_final(s.outcome))
+                || answered.iter().filter(|s| is_failure(s.outcome)).count() >= max
+            {
+                continue;
+            }
+            at_risk += 1;
+            let mut deadline = base;
+            let in_flight = all.iter().any(|s| s.received_ns <= t && s.mono_ns > t);
+            if let (false, Some(last)) = (
+                in_flight,
+                answered.last().filter(|s| s.outcome == Outcome::Transient),
+            ) {
+                let k = answered
+                    .iter()
+                    .filter(|s| s.outcome == Outcome::Transient)
+                    .count() as u32;
+                let gap = backoff.nominal_gap(k).as_nanos() as f64 * (1.0 + backoff.jitter);
+                let gap = (gap as u64).max(last.retry_after_ms.unwrap_or(0) * 1_000_000);
+                deadline = deadline.max(last.mono_ns + gap + slack);
+            }
+            // Progress: a later attempt's arrival, or a final answer to one in flight at T.
+            let progress = all
+                .iter()
+                .filter_map(|s| {
+                    if s.received_ns > t {
+                        Some(s.received_ns)
+                    } else if s.mono_ns > t && is_final(s.outcome) {
+                        Some(s.mono_ns)
+                    } else {
+                        None
+                    }
+                })
+                .min();
+            if let Some(p) = progress.filter(|p| *p <= deadline) {
+                worst_ns = worst_ns.max(p - t);
+                continue;
+            }
+            let last = all.iter().rfind(|s| s.received_ns <= t);
+            let e = expected.get(&(provider, address));
+            findings.push(json!({
+                "rule": "no_progress",
+                "recipient": e.map(|e| e.recipient.as_str()),
+                "channel": channel_of(provider).as_str(),
+                "address": address,
+                "event": ev.kind,
+                "pid": pid,
+                "t_ms": ms(t),
+                "workers_able_from_ms": able.map(ms),
+                "last_attempt": last.map(|s| attempt_json(s, input)),
+                "in_flight_at_t": in_flight,
+                "deadline_ms": ms(deadline),
+                "next_ms": progress.map_or(json!("none"), |p| json!(ms(p))),
+            }));
+        }
+
+        // Zombie: P's accepted send arriving after T, after another pid's accept was answered.
+        let woke = input.ledger.iter().filter(|s| {
+            s.kind == EntryKind::Send
+                && s.outcome == Outcome::Accepted
+                && s.received_ns > t
+                && input.pids.get(&s.seq) == Some(&pid)
+        });
+        for s in woke {
+            let first = sends.by_key(s.provider, &s.recipient).iter().find(|o| {
+                o.outcome == Outcome::Accepted
+                    && o.mono_ns < s.received_ns
+                    && input.pids.get(&o.seq) != Some(&pid)
+            });
+            if let Some(first) = first {
+                zombies += 1;
+                let e = expected.get(&(s.provider, s.recipient.as_str()));
+                findings.push(json!({
+                    "rule": "zombie_duplicate",
+                    "recipient": e.map(|e| e.recipient.as_str()),
+                    "channel": channel_of(s.provider).as_str(),
+                    "address": s.recipient,
+                    "event": ev.kind,
+                    "pid": pid,
+                    "t_ms": ms(t),
+                    "first_accept": attempt_json(first, input),
+                    "zombie_accept": attempt_json(s, input),
+                    "after_first_ms": gap_ms(s.received_ns, first.mono_ns),
+                }));
+            }
+        }
+    }
+
+    let summary = format!(
+        "{} kill/stop events: {at_risk} unfinished deliveries held by the victims, {} not recovered in time, {zombies} zombie duplicates; \
+         slowest recovery {} ms",
+        input.timeline.iter().filter(|e| matches!(e.kind.as_str(), "sigkill" | "sigstop") && e.pid.is_some()).count(),
+        findings.total() as u64 - zombies,
+        ms(worst_ns),
+    );
+    let figs = figures(json!({
+        "deliveries_at_risk": at_risk,
+        "not_recovered": findings.total() as u64 - zombies,
+        "zombie_duplicates": zombies,
+        "slowest_recovery_ms": ms(worst_ns),
+        "lease_ms": input.scenario.stack.lease.as_millis() as u64,
+        "slack_ms": input.scenario.expect.recovery_slack.as_millis() as u64,
+    }));
+    findings.verdict(NAME, summary, figs)
+}
+
+#[cfg(test)]
+#[path = "recovery_tests.rs"]
+mod tests;

@@ -1,0 +1,298 @@
+//! Test-only builder of synthetic checker inputs: a scenario, expected deliveries, ledger
+//! entries, status rows, timeline events and process records, each in one terse call.
+//!
+//! Times are given in milliseconds on the ledger clock. Compiled for tests only; a checker must
+//! never depend on it.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
+
+use super::*;
+use crate::scenario::{self, Channel, Scenario};
+
+/// The scenario every test starts from; tests tweak `w.scenario` fields directly.
+pub const BASE: &str = r#"
+name = "checker-test"
+
+[load]
+recipients = 10
+channels = ["line", "email", "sms"]
+
+[stack]
+workers = 2
+max_attempts = 4
+lease = "1s"
+heartbeat = "200ms"
+shutdown_grace = "2s"
+
+[stack.backoff]
+base = "100ms"
+factor = 2.0
+max = "1s"
+jitter = 0.2
+
+[expect]
+min_retry_gap = "80ms"
+recovery_slack = "500ms"
+"#;
+
+pub const LATENCY_MS: u64 = 5;
+
+pub fn ns(ms: u64) -> u64 {
+    ms * 1_000_000
+}
+
+/// The address a test recipient has on `channel`.
+pub fn addr(recipient: &str, channel: Channel) -> String {
+    match channel {
+        Channel::Line => format!("U{recipient}"),
+        Channel::Email => format!("{recipient}@example.test"),
+        Channel::Sms => format!("+1555{}", recipient.trim_start_matches('r')),
+    }
+}
+
+pub struct World {
+    pub scenario: Scenario,
+    pub expected: Vec<Expected>,
+    pub ledger: Vec<LedgerEntry>,
+    pub pids: HashMap<u64, u32>,
+    pub status: Option<Vec<StatusDelivery>>,
+    pub timeline: Vec<TimelineEvent>,
+    pub processes: Vec<ProcessRecord>,
+    pub enqueue_us: Histogram<u64>,
+    pub quiescence: Quiescence,
+    attempts: HashMap<(Provider, String), u32>,
+}
+
+impl Default for World {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl World {
+    pub fn new() -> World {
+        World {
+            scenario: scenario::parse(Path::new("t.toml"), BASE).expect("test scenario is valid"),
+            expected: Vec::new(),
+            ledger: Vec::new(),
+            pids: HashMap::new(),
+            status: None,
+            timeline: Vec::new(),
+            processes: Vec::new(),
+            enqueue_us: Histogram::new(3).expect("histogram"),
+            quiescence: Quiescence {
+                reached: true,
+                at_ns: 0,
+                open: Vec::new(),
+                callbacks_pending: 0,
+            },
+            attempts: HashMap::new(),
+        }
+    }
+
+    /// Expects a delivery to `recipient` on `channel`; returns its address.
+    pub fn expect(&mut self, recipient: &str, channel: Channel) -> String {
+        let address = addr(recipient, channel);
+        self.expected.push(Expected {
+            recipient: recipient.into(),
+            channel,
+            address: address.clone(),
+            bad: false,
+            tricky_name: None,
+            batch_id: "b0".into(),
+        });
+        address
+    }
+
+    /// Records a send attempt arriving at `at_ms`, answered [`LATENCY_MS`] later, from pid 100.
+    pub fn send(
+        &mut self,
+        channel: Channel,
+        address: &str,
+        outcome: Outcome,
+        at_ms: u64,
+    ) -> SendMut<'_> {
+        let provider = channel.provider();
+        let n = self
+            .attempts
+            .entry((provider, address.to_string()))
+            .or_insert(0);
+        *n += 1;
+        let mut e = LedgerEntry::draft(provider, EntryKind::Send, address);
+        e.seq = self.ledger.len() as u64;
+        e.received_ns = ns(at_ms);
+        e.mono_ns = ns(at_ms + LATENCY_MS);
+        e.attempt = *n;
+        e.outcome = outcome;
+        e.payload_hash = Some(format!("h-{address}"));
+        if outcome == Outcome::Accepted {
+            e.message_id = Some(format!("m-{address}-{n}"));
+        }
+        self.pids.insert(e.seq, 100);
+        self.ledger.push(e);
+        let i = self.ledger.len() - 1;
+        SendMut {
+            entry: &mut self.ledger[i],
+            pids: &mut self.pids,
+        }
+    }
+
+    /// Records a callback about `message_id` at `at_ms`, answered `response` by the stack.
+    pub fn callback(
+        &mut self,
+        channel: Channel,
+        address: &str,
+        message_id: &str,
+        status: &str,
+        variant: CallbackVariant,
+        response: Option<u16>,
+        at_ms: u64,
+    ) {
+        let mut e = LedgerEntry::draft(channel.provider(), EntryKind::Callback, address);
+        e.seq = self.ledger.len() as u64;
+        e.received_ns = ns(at_ms);
+        e.mono_ns = ns(at_ms);
+        e.message_id = Some(message_id.into());
+        e.callback_status = Some(status.into());
+        e.callback_variant = Some(variant);
+        e.callback_response = response;
+        e.callback_try = Some(1);
+        self.ledger.push(e);
+    }
+
+    /// Adds a status API row; `path` is the states it went through, all by `source` except
+    /// the ones written `state@source`.
+    pub fn status_row(
+        &mut self,
+        recipient: &str,
+        channel: Channel,
+        msg_id: Option<&str>,
+        path: &[&str],
+    ) {
+        let mut transitions = Vec::new();
+        let mut from: Option<String> = None;
+        for step in path {
+            let (to, source) = step.split_once('@').unwrap_or((step, "worker"));
+            transitions.push(StatusTransition {
+                from: from.clone(),
+                to: to.into(),
+                source: source.into(),
+                at: None,
+                detail: None,
+            });
+            from = Some(to.into());
+        }
+        self.status
+            .get_or_insert_with(Vec::new)
+            .push(StatusDelivery {
+                key: format!("b0:{recipient}:{}", channel.as_str()),
+                recipient: recipient.into(),
+                channel,
+                address: Some(addr(recipient, channel)),
+                state: from.unwrap_or_else(|| "pending".into()),
+                attempts: 1,
+                provider_message_id: msg_id.map(Into::into),
+                payload_sha256: None,
+                last_error: None,
+                transitions,
+            });
+    }
+
+    pub fn event(&mut self, kind: &str, pid: Option<u32>, at_ms: u64) {
+        self.timeline.push(TimelineEvent {
+            mono_ns: ns(at_ms),
+            kind: kind.into(),
+            slot: None,
+            pid,
+            detail: String::new(),
+        });
+    }
+
+    /// A worker process alive over [`started_ms`, `exited_ms`).
+    pub fn worker(
+        &mut self,
+        pid: u32,
+        started_ms: u64,
+        exited_ms: Option<u64>,
+    ) -> &mut ProcessRecord {
+        self.processes.push(ProcessRecord {
+            role: "worker".into(),
+            slot: Some(self.processes.len() as u32 + 1),
+            worker_id: None,
+            pid,
+            started_ns: ns(started_ms),
+            exited_ns: exited_ms.map(ns),
+            exit_code: exited_ms.map(|_| 0),
+            signal: None,
+            sigterm_ns: None,
+            killed_after_grace: false,
+            log: String::new(),
+        });
+        self.processes.last_mut().expect("just pushed")
+    }
+
+    pub fn input(&self) -> Input<'_> {
+        Input {
+            scenario: &self.scenario,
+            expected: &self.expected,
+            ledger: &self.ledger,
+            pids: &self.pids,
+            status: self.status.as_deref(),
+            timeline: &self.timeline,
+            processes: &self.processes,
+            enqueue_us: &self.enqueue_us,
+            quiescence: &self.quiescence,
+        }
+    }
+}
+
+/// Tweaks of the send just recorded.
+pub struct SendMut<'a> {
+    pub entry: &'a mut LedgerEntry,
+    pids: &'a mut HashMap<u64, u32>,
+}
+
+impl SendMut<'_> {
+    pub fn pid(self, pid: u32) -> Self {
+        self.pids.insert(self.entry.seq, pid);
+        self
+    }
+
+    pub fn hash(self, h: &str) -> Self {
+        self.entry.payload_hash = Some(h.into());
+        self
+    }
+
+    /// Answered `ms` after arrival instead of [`LATENCY_MS`].
+    pub fn latency(self, ms: u64) -> Self {
+        self.entry.mono_ns = self.entry.received_ns + ns(ms);
+        self
+    }
+
+    pub fn retry_after(self, ms: u64) -> Self {
+        self.entry.retry_after_ms = Some(ms);
+        self
+    }
+
+    pub fn html(self, html: &str) -> Self {
+        self.entry.html = Some(html.into());
+        self
+    }
+
+    pub fn message_id(self, id: &str) -> Self {
+        self.entry.message_id = Some(id.into());
+        self
+    }
+}
+
+/// The `rule` field of every counterexample, in order.
+pub fn rules(v: &Verdict) -> Vec<String> {
+    v.counterexamples
+        .iter()
+        .map(|c| c["rule"].as_str().unwrap_or("").to_string())
+        .collect()
+}

@@ -1,0 +1,141 @@
+//! `report.json`: the contract between a run and everything that reads it (people, CI, the
+//! re-renderers). Written atomically (temporary file, then rename), so a run that dies mid-write
+//! never leaves a half-written report.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::check::{ProcessRecord, Quiescence, Status, TimelineEvent, Verdict};
+
+/// Version of the report format; bump on incompatible changes (and the schema with it).
+pub const FORMAT: u32 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Report {
+    pub format: u32,
+    pub tool: Tool,
+    pub scenario_name: String,
+    pub seed: u64,
+    /// The scenario as resolved (defaults filled in, validated).
+    pub scenario: serde_json::Value,
+    pub started_at: String,
+    pub duration_ms: u64,
+    /// 0 = every checked invariant held, 1 = violation, 3 = infrastructure failure.
+    pub exit_code: i32,
+    pub verdict: String,
+    /// Why the run could not complete, when it could not.
+    pub error: Option<String>,
+    pub database: DatabaseInfo,
+    pub load: LoadSummary,
+    /// provider → outcome → count, over send attempts.
+    pub ledger_summary: BTreeMap<String, BTreeMap<String, u64>>,
+    pub callbacks_sent: u64,
+    pub checks: Vec<Verdict>,
+    pub quiescence: Option<Quiescence>,
+    pub timeline: Vec<TimelineEvent>,
+    pub processes: Vec<ProcessRecord>,
+    /// Chaos steps (index into `scenario.chaos`) whose trigger never fired.
+    pub chaos_unfired: Vec<usize>,
+    /// Files beside this report.
+    pub files: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DatabaseInfo {
+    /// `throwaway` or `server`.
+    pub kind: String,
+    pub server_version: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct LoadSummary {
+    pub recipients: u32,
+    pub channels: Vec<String>,
+    pub batches: u32,
+    pub expected_deliveries: u64,
+    /// Deliveries to seeded permanently bad addresses.
+    pub bad_address_deliveries: u64,
+    pub enqueue_latency_ms: Percentiles,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// From a histogram of microseconds, in milliseconds.
+    pub fn from_us(h: &hdrhistogram::Histogram<u64>) -> Percentiles {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        let ms = |v: u64| v as f64 / 1000.0;
+        Percentiles {
+            count: h.len(),
+            p50: ms(h.value_at_quantile(0.5)),
+            p90: ms(h.value_at_quantile(0.9)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+        }
+    }
+}
+
+impl Report {
+    pub fn violated(&self) -> impl Iterator<Item = &Verdict> {
+        self.checks.iter().filter(|v| v.status == Status::Violated)
+    }
+}
+
+/// Writes `value` as pretty JSON to `path` atomically.
+pub fn write_json_atomic(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let data = serde_json::to_vec_pretty(value).context("serialize report")?;
+    std::fs::write(&tmp, data).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))?;
+    Ok(())
+}
+
+/// The verdict table printed at the end of a run.
+pub fn summary_text(r: &Report) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "\n{} (seed {}) — {} in {:.1}s\n",
+        r.scenario_name,
+        r.seed,
+        r.verdict.to_uppercase(),
+        r.duration_ms as f64 / 1000.0
+    ));
+    if let Some(e) = &r.error {
+        out.push_str(&format!("  error: {e}\n"));
+    }
+    for v in &r.checks {
+        let mark = match v.status {
+            Status::Holds => "holds      ",
+            Status::Violated => "VIOLATED   ",
+            Status::NotChecked => "not checked",
+        };
+        out.push_str(&format!("  {mark}  {:<18} {}\n", v.checker, v.summary));
+        if v.status == Status::Violated {
+            for c in v.counterexamples.iter().take(3) {
+                out.push_str(&format!("               e.g. {c}\n"));
+            }
+            if v.total_counterexamples > 3 {
+                out.push_str(&format!("               … {} in all (see report.json)\n", v.total_counterexamples));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,494 @@
+//! `ting-chaos run`: one experiment from start to verdict.
+//!
+//! Provision the database, start the fake providers in-process, start the stack through the
+//! contract (migrate, API, N workers), enqueue the load while the chaos schedule runs, wait for
+//! quiescence, stop everything, check, and write the report. Teardown runs on every path; the
+//! caller interrupts [`run`] by resolving `interrupt` (Ctrl-C, SIGTERM).
+
+mod chaos;
+mod env;
+mod settle;
+mod world;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use mock_providers::ledger::{EntryKind, Ledger};
+
+use crate::check::{self, Expected, Quiescence, StatusDelivery};
+use crate::exit;
+use crate::load::{self, recipients, Plan};
+use crate::report::{self, Report};
+use crate::scenario::{Channel, Scenario, StackKind};
+use crate::supervise::{Spec, Supervisor};
+
+pub use world::WorkerCommand;
+
+/// Flags of `ting-chaos run` that override the scenario.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub seed: Option<u64>,
+    pub workers: Option<u32>,
+    pub database_url: Option<String>,
+    pub report_root: PathBuf,
+    pub keep: bool,
+    /// The `ting-chaos` executable, for the built-in stack's processes.
+    pub self_exe: PathBuf,
+    /// Print progress lines (stderr).
+    pub progress: bool,
+}
+
+/// How a run ended.
+pub struct Outcome {
+    pub exit_code: i32,
+    pub report_dir: PathBuf,
+    pub report: Option<Report>,
+}
+
+/// An error that makes the run an infrastructure failure (exit 3), not a verdict.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InfraError(pub String);
+
+fn infra(msg: impl Into<String>) -> anyhow::Error {
+    InfraError(msg.into()).into()
+}
+
+/// Runs `scenario` and returns its outcome; resolving `interrupt` stops it early (exit 130).
+pub async fn run(
+    mut scenario: Scenario,
+    opts: RunOptions,
+    interrupt: impl Future<Output = ()>,
+) -> Outcome {
+    if let Some(seed) = opts.seed {
+        scenario.seed = seed;
+    }
+    if let Some(w) = opts.workers {
+        scenario.stack.workers = w;
+    }
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    let report_dir = opts.report_root.join(format!("{}-{stamp}", scenario.name));
+    let started = Instant::now();
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let mut res = Resources::default();
+    let body = execute(&scenario, &opts, &report_dir, &mut res);
+    let result = tokio::select! {
+        r = body => Some(r),
+        _ = interrupt => None,
+    };
+    // Teardown on every path: stack processes first, then providers, then the database.
+    res.teardown(&scenario).await;
+    let (exit_code, report) = match result {
+        None => {
+            eprintln!("interrupted: stack stopped, database cleaned up; logs in {}", report_dir.display());
+            (130, None)
+        }
+        Some(Ok(mut r)) => {
+            r.duration_ms = started.elapsed().as_millis() as u64;
+            r.started_at = started_at;
+            (r.exit_code, Some(r))
+        }
+        Some(Err(e)) => {
+            // Anything that stops a run before its verdict is the infrastructure's failure.
+            let code = exit::INFRA;
+            let mut r = res.partial_report(&scenario, &format!("{e:#}"));
+            r.exit_code = code;
+            r.duration_ms = started.elapsed().as_millis() as u64;
+            r.started_at = started_at;
+            (code, Some(r))
+        }
+    };
+    if let Some(r) = &report {
+        if std::fs::create_dir_all(&report_dir).is_ok() {
+            if let Err(e) = report::write_json_atomic(&report_dir.join("report.json"), r) {
+                eprintln!("error: could not write report: {e:#}");
+            }
+        }
+    }
+    Outcome { exit_code, report_dir, report }
+}
+
+/// What must be torn down, filled in as the run starts things.
+#[derive(Default)]
+struct Resources {
+    supervisor: Option<Supervisor>,
+    providers: Option<mock_providers::Providers>,
+    database: Option<Arc<tokio::sync::Mutex<Option<throwaway_pg::Database>>>>,
+    chaos: Option<Arc<chaos::Chaos>>,
+    world: Option<Arc<world::World>>,
+    keep: bool,
+}
+
+impl Resources {
+    async fn teardown(&mut self, scenario: &Scenario) {
+        if let Some(c) = self.chaos.take() {
+            c.stop();
+        }
+        if let Some(s) = self.supervisor.take() {
+            s.shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1))).await;
+        }
+        if let Some(p) = self.providers.take() {
+            p.shutdown().await;
+        }
+        if let Some(db) = self.database.take() {
+            // Chaos tasks may still hold the handle; taking the value out closes it regardless.
+            let db = db.lock().await.take();
+            if let Some(db) = db {
+                let url = db.url().to_string();
+                if let Err(e) = db.close().await {
+                    eprintln!("warning: database cleanup: {e}");
+                } else if self.keep {
+                    eprintln!("kept database {url}");
+                }
+            }
+        }
+    }
+
+    fn partial_report(&self, s: &Scenario, error: &str) -> Report {
+        let world = self.world.as_ref();
+        Report {
+            format: report::FORMAT,
+            tool: tool(),
+            scenario_name: s.name.clone(),
+            seed: s.seed,
+            scenario: serde_json::to_value(s).unwrap_or_default(),
+            started_at: String::new(),
+            duration_ms: 0,
+            exit_code: exit::INFRA,
+            verdict: "error".into(),
+            error: Some(error.into()),
+            database: report::DatabaseInfo { kind: db_kind(s), server_version: None },
+            load: Default::default(),
+            ledger_summary: world.map(|w| ledger_summary(&w.ledger.snapshot())).unwrap_or_default(),
+            callbacks_sent: 0,
+            checks: Vec::new(),
+            quiescence: None,
+            timeline: world.map(|w| w.timeline()).unwrap_or_default(),
+            processes: world.map(|w| w.supervisor.records()).unwrap_or_default(),
+            chaos_unfired: Vec::new(),
+            files: BTreeMap::new(),
+        }
+    }
+}
+
+fn tool() -> report::Tool {
+    report::Tool { name: "ting-chaos".into(), version: env!("CARGO_PKG_VERSION").into() }
+}
+
+fn db_kind(s: &Scenario) -> String {
+    if s.database.url.is_some() { "server".into() } else { "throwaway".into() }
+}
+
+/// Counts of send attempts by provider and outcome.
+fn ledger_summary(entries: &[mock_providers::ledger::LedgerEntry]) -> BTreeMap<String, BTreeMap<String, u64>> {
+    let mut m: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for e in entries.iter().filter(|e| e.kind == EntryKind::Send) {
+        let outcome = serde_json::to_value(e.outcome).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+        *m.entry(e.provider.as_str().into()).or_default().entry(outcome).or_default() += 1;
+    }
+    m
+}
+
+fn free_port() -> anyhow::Result<SocketAddr> {
+    let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("bind a free port")?;
+    Ok(l.local_addr()?)
+}
+
+async fn execute(
+    scenario: &Scenario,
+    opts: &RunOptions,
+    report_dir: &Path,
+    res: &mut Resources,
+) -> anyhow::Result<Report> {
+    std::fs::create_dir_all(report_dir).with_context(|| format!("create {}", report_dir.display()))?;
+    let say = |msg: String| {
+        if opts.progress {
+            eprintln!("{msg}");
+        }
+    };
+    let t0 = Instant::now();
+
+    // 1. Database.
+    let server_url = opts
+        .database_url
+        .clone()
+        .or_else(|| scenario.database.url.clone())
+        .or_else(|| std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()));
+    let keep = opts.keep || scenario.database.keep;
+    res.keep = keep;
+    let pg_opts = throwaway_pg::ClusterOptions {
+        max_connections: 60 + scenario.stack.workers * 12,
+        ..Default::default()
+    };
+    let database = throwaway_pg::Database::provision(server_url.as_deref(), pg_opts, keep)
+        .await
+        .map_err(|e| infra(format!("database: {e}")))?;
+    let db_url = database.url().to_string();
+    let admin_url = database.admin_url();
+    let throwaway = database.cluster().is_some();
+    let database = Arc::new(tokio::sync::Mutex::new(Some(database)));
+    res.database = Some(database.clone());
+    say(format!("[{:>5.1}s] database ready ({})", t0.elapsed().as_secs_f64(), if throwaway { "throwaway cluster" } else { "server" }));
+
+    // 2. Providers, in-process.
+    let api_addr = free_port()?;
+    let mut providers_cfg = scenario.providers.clone();
+    if providers_cfg.smtp.events.enabled && providers_cfg.smtp.events.url.is_none() {
+        providers_cfg.smtp.events.url = Some(format!("http://{api_addr}/v1/callbacks/email"));
+    }
+    let ledger = Ledger::new();
+    let providers = mock_providers::start(scenario.seed, providers_cfg.clone(), IpAddr::V4(Ipv4Addr::LOCALHOST), ledger.clone())
+        .await
+        .map_err(|e| infra(format!("fake providers: {e:#}")))?;
+    let endpoints = env::Endpoints {
+        database_url: db_url.clone(),
+        api_addr,
+        line: providers.line_addr,
+        smtp: providers.smtp_addr,
+        sms: providers.sms_addr,
+    };
+    res.providers = Some(providers);
+
+    // 3. The stack, through the contract.
+    let supervisor = Supervisor::new(&report_dir.join("logs"), ledger.clone())?;
+    res.supervisor = Some(supervisor.clone());
+    let env = env::contract_env(scenario, &providers_cfg, &endpoints);
+    let (api_argv, worker_argv, migrate_argv, cwd) = match (&scenario.stack.kind, &scenario.stack.external) {
+        (StackKind::External, Some(x)) => (x.api.clone(), x.worker.clone(), x.migrate.clone(), Some(x.cwd.clone())),
+        _ => {
+            let me = opts.self_exe.display().to_string();
+            let role = |r: &str| vec![me.clone(), "stack".into(), r.into()];
+            (role("api"), role("worker"), role("migrate"), None)
+        }
+    };
+    let attributor = crate::attribution::Attributor::new();
+    let world = world::World::new(
+        scenario.clone(),
+        ledger.clone(),
+        supervisor.clone(),
+        attributor.clone(),
+        WorkerCommand { argv: worker_argv, env: env.clone(), cwd: cwd.clone() },
+    );
+    res.world = Some(world.clone());
+
+    let spec = |role: &str, argv: Vec<String>| Spec {
+        role: role.into(),
+        slot: None,
+        worker_id: None,
+        argv,
+        env: env.clone(),
+        cwd: cwd.clone(),
+    };
+    let mig = supervisor
+        .spawn(spec("migrate", migrate_argv))
+        .await
+        .map_err(|e| infra(format!("stack migrate could not start: {e:#}")))?;
+    if !supervisor.wait_exit(mig, Duration::from_secs(120)).await {
+        return Err(infra("stack migrate did not finish within 120s"));
+    }
+    let rec = supervisor.record(mig).expect("migrate record");
+    if rec.exit_code != Some(0) {
+        return Err(infra(format!("stack migrate failed (exit {:?}, signal {:?}); see {}", rec.exit_code, rec.signal, report_dir.join("logs").join(&rec.log).display())));
+    }
+    let api_pid = supervisor
+        .spawn(spec("api", api_argv))
+        .await
+        .map_err(|e| infra(format!("stack api could not start: {e:#}")))?;
+    attributor.add_candidate(api_pid);
+    let api_base = format!("http://{api_addr}");
+    wait_healthy(&supervisor, api_pid, &api_base, Duration::from_secs(30)).await?;
+    world.event("api_ready", None, Some(api_pid), api_base.clone());
+    for slot in 1..=scenario.stack.workers {
+        world.start_worker(slot).await.map_err(|e| infra(format!("stack worker could not start: {e:#}")))?;
+    }
+    say(format!("[{:>5.1}s] stack up: api pid {api_pid}, {} workers", t0.elapsed().as_secs_f64(), scenario.stack.workers));
+
+    // 4. Load and chaos.
+    let people = recipients::generate(scenario.seed, scenario.load.recipients, scenario.load.tricky_names);
+    let plan = Plan::new(scenario, people.len());
+    let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
+    let acceptable = expected.iter().filter(|e| !e.bad).count() as u64;
+    let chaos = chaos::Chaos::new(world.clone(), chaos::DbHandle { url: db_url.clone(), admin_url: admin_url.clone(), database: database.clone() }, acceptable);
+    res.chaos = Some(chaos.clone());
+    ledger.add_hook(Arc::new(world::Observer { world: world.clone(), chaos: chaos.clone() }));
+    let load_start = Instant::now();
+    world.event("load_start", None, None, format!("{} recipients × {} channels in {} batches", people.len(), scenario.load.channels.len(), plan.batches.len()));
+    chaos.start(load_start);
+    let enqueue = load::enqueue(scenario, &api_base, &people, &plan)
+        .await
+        .map_err(|e| infra(format!("{e}")))?;
+    world.event("load_done", None, None, format!("{} batches enqueued", plan.batches.len()));
+
+    // 5. Quiescence.
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let batch_ids: Vec<String> = plan.batches.iter().map(|(id, _)| id.clone()).collect();
+    let callback_channels: Vec<Channel> = [
+        (Channel::Sms, providers_cfg.sms.callbacks.enabled),
+        (Channel::Email, providers_cfg.smtp.events.enabled),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on)
+    .map(|(c, _)| c)
+    .collect();
+    let mut tracker = settle::Tracker::new(&expected, scenario.expect.max_attempts);
+    let deadline = Instant::now() + scenario.expect.quiescence;
+    let settle_for = scenario.stack.lease + scenario.stack.heartbeat;
+    let mut status: Option<Vec<StatusDelivery>> = None;
+    let mut status_api = true;
+    let mut last_print = Instant::now();
+    let mut calm_since: Option<Instant> = None;
+    let quiescence = loop {
+        tracker.feed(&ledger.since(tracker.next_seq()));
+        if status_api {
+            match load::fetch_status(&client, &api_base, &batch_ids).await {
+                Ok(Some(rows)) => status = Some(rows),
+                Ok(None) => status_api = false,
+                Err(e) => tracing::warn!("status API: {e:#}"),
+            }
+        }
+        let open = tracker.open(&expected, status.as_deref().filter(|_| status_api), &callback_channels);
+        let pending = res.providers.as_ref().map(|p| p.pending_callbacks()).unwrap_or(0);
+        let calm = open.is_empty() && pending == 0 && !chaos.busy();
+        calm_since = if calm { calm_since.or(Some(Instant::now())) } else { None };
+        if opts.progress && last_print.elapsed() >= Duration::from_secs(2) {
+            last_print = Instant::now();
+            say(progress_line(t0, &tracker, &expected, &world, pending));
+        }
+        if calm_since.is_some_and(|t| t.elapsed() >= settle_for) {
+            break Quiescence { reached: true, at_ns: world.now_ns(), open, callbacks_pending: pending };
+        }
+        if Instant::now() >= deadline {
+            break Quiescence { reached: false, at_ns: world.now_ns(), open, callbacks_pending: pending };
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    world.event(if quiescence.reached { "quiescent" } else { "deadline" }, None, None, format!("{} open", quiescence.open.len()));
+    if status_api {
+        if let Ok(Some(rows)) = load::fetch_status(&client, &api_base, &batch_ids).await {
+            status = Some(rows);
+        }
+    } else {
+        status = None;
+    }
+    let unfired = chaos.unfired();
+    chaos.stop();
+
+    // 6. Stop the stack, then judge.
+    supervisor.shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1))).await;
+    res.supervisor = None;
+    let entries = ledger.snapshot();
+    let pids = world.pids();
+    let timeline = world.timeline();
+    let processes = supervisor.records();
+    let input = check::Input {
+        scenario,
+        expected: &expected,
+        ledger: &entries,
+        pids: &pids,
+        status: status.as_deref(),
+        timeline: &timeline,
+        processes: &processes,
+        enqueue_us: &enqueue,
+        quiescence: &quiescence,
+    };
+    let checks = check::run_all(&input);
+    let violated = checks.iter().any(|v| v.status == check::Status::Violated);
+    let exit_code = if violated { exit::VIOLATION } else { exit::OK };
+
+    // 7. Files.
+    let mut files = BTreeMap::new();
+    let ledger_path = report_dir.join("ledger.jsonl");
+    let tmp = ledger_path.with_extension("jsonl.tmp");
+    ledger.write_jsonl(std::io::BufWriter::new(std::fs::File::create(&tmp)?))?;
+    std::fs::rename(&tmp, &ledger_path)?;
+    files.insert("ledger".into(), "ledger.jsonl".into());
+    files.insert("logs".into(), "logs/".into());
+    if let Some(rows) = &status {
+        report::write_json_atomic(&report_dir.join("status.json"), rows)?;
+        files.insert("status".into(), "status.json".into());
+    }
+    let server_version = server_version(&db_url).await;
+    Ok(Report {
+        format: report::FORMAT,
+        tool: tool(),
+        scenario_name: scenario.name.clone(),
+        seed: scenario.seed,
+        scenario: serde_json::to_value(scenario)?,
+        started_at: String::new(),
+        duration_ms: 0,
+        exit_code,
+        verdict: if violated { "fail".into() } else { "pass".into() },
+        error: None,
+        database: report::DatabaseInfo { kind: if throwaway { "throwaway".into() } else { "server".into() }, server_version },
+        load: report::LoadSummary {
+            recipients: scenario.load.recipients,
+            channels: scenario.load.channels.iter().map(|c| c.as_str().to_string()).collect(),
+            batches: plan.batches.len() as u32,
+            expected_deliveries: expected.len() as u64,
+            bad_address_deliveries: expected.iter().filter(|e| e.bad).count() as u64,
+            enqueue_latency_ms: report::Percentiles::from_us(&enqueue),
+        },
+        ledger_summary: ledger_summary(&entries),
+        callbacks_sent: entries.iter().filter(|e| e.kind == EntryKind::Callback).count() as u64,
+        checks,
+        quiescence: Some(quiescence),
+        timeline,
+        processes,
+        chaos_unfired: unfired,
+        files,
+    })
+}
+
+async fn server_version(url: &str) -> Option<String> {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(url).await.ok()?;
+    sqlx::query_scalar::<_, String>("SHOW server_version").fetch_one(&mut c).await.ok()
+}
+
+async fn wait_healthy(sup: &Supervisor, pid: u32, base: &str, within: Duration) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(r) = client.get(format!("{base}/healthz")).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        if !sup.is_alive(pid) {
+            let rec = sup.record(pid);
+            return Err(infra(format!(
+                "stack api exited before becoming healthy (exit {:?}); see its log {}",
+                rec.as_ref().and_then(|r| r.exit_code),
+                rec.map(|r| r.log).unwrap_or_default()
+            )));
+        }
+        if Instant::now() >= deadline {
+            return Err(infra(format!("stack api never answered GET {base}/healthz within {}s", within.as_secs())));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn progress_line(t0: Instant, tracker: &settle::Tracker, expected: &[Expected], world: &world::World, pending: usize) -> String {
+    let done = tracker.done_by_channel(expected);
+    let mut parts = Vec::new();
+    for c in Channel::ALL {
+        if let Some((d, n)) = done.get(&c) {
+            parts.push(format!("{} {d}/{n}", c.as_str()));
+        }
+    }
+    format!(
+        "[{:>5.1}s] {} | accepted {} | faults {} | callbacks due {} | workers alive {}",
+        t0.elapsed().as_secs_f64(),
+        parts.join("  "),
+        world.accepted_total(),
+        world.faults_injected(),
+        pending,
+        world.live_workers().len()
+    )
+}

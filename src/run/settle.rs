@@ -1,0 +1,109 @@
+//! Quiescence: when has every expected delivery reached a final outcome?
+//!
+//! A delivery is final in the ledger when the provider accepted it, rejected it for good, or saw
+//! `max_attempts` transient failures. Where the stack has a status API, a delivery must also be
+//! settled there (`delivered`, `permanent_failure`, `failed`, `unknown`, or `submitted` on a channel
+//! without delivery reports), and an `unknown` there counts as final even without a ledger outcome.
+
+use std::collections::HashMap;
+
+use mock_providers::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+
+use crate::check::{Expected, StatusDelivery};
+use crate::scenario::Channel;
+
+#[derive(Default, Clone, Copy)]
+struct Seen {
+    accepted: u32,
+    permanent: u32,
+    transient: u32,
+}
+
+/// Folds the ledger incrementally and answers "what is still open?".
+pub struct Tracker {
+    index: HashMap<(Provider, String), usize>,
+    seen: Vec<Seen>,
+    next_seq: u64,
+    max_attempts: u32,
+}
+
+impl Tracker {
+    pub fn new(expected: &[Expected], max_attempts: u32) -> Tracker {
+        let index = expected
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((e.channel.provider(), e.address.clone()), i))
+            .collect();
+        Tracker { index, seen: vec![Seen::default(); expected.len()], next_seq: 0, max_attempts }
+    }
+
+    /// Folds in new ledger entries (`since` order).
+    pub fn feed(&mut self, entries: &[LedgerEntry]) {
+        for e in entries {
+            self.next_seq = self.next_seq.max(e.seq + 1);
+            if e.kind != EntryKind::Send {
+                continue;
+            }
+            let Some(&i) = self.index.get(&(e.provider, e.recipient.clone())) else { continue };
+            let s = &mut self.seen[i];
+            match e.outcome {
+                Outcome::Accepted => s.accepted += 1,
+                Outcome::Permanent => s.permanent += 1,
+                Outcome::Transient => s.transient += 1,
+                _ => {}
+            }
+        }
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    fn ledger_final(&self, i: usize) -> bool {
+        let s = self.seen[i];
+        s.accepted > 0 || s.permanent > 0 || s.transient >= self.max_attempts
+    }
+
+    /// Deliveries still open, as `recipient/channel`. `callbacks`: channels whose `submitted`
+    /// deliveries still wait for a delivery report.
+    pub fn open(
+        &self,
+        expected: &[Expected],
+        status: Option<&[StatusDelivery]>,
+        callbacks: &[Channel],
+    ) -> Vec<String> {
+        let by_key: Option<HashMap<(&str, Channel), &StatusDelivery>> =
+            status.map(|rows| rows.iter().map(|d| ((d.recipient.as_str(), d.channel), d)).collect());
+        let mut open = Vec::new();
+        for (i, e) in expected.iter().enumerate() {
+            let row = by_key.as_ref().and_then(|m| m.get(&(e.recipient.as_str(), e.channel)).copied());
+            let settled_in_stack = match (&by_key, row) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(_), Some(d)) => match d.state.as_str() {
+                    "delivered" | "permanent_failure" | "failed" | "unknown" => true,
+                    "submitted" => !callbacks.contains(&e.channel),
+                    _ => false,
+                },
+            };
+            let unknown = row.is_some_and(|d| d.state == "unknown");
+            if !(settled_in_stack && (self.ledger_final(i) || unknown)) {
+                open.push(format!("{}/{}", e.recipient, e.channel.as_str()));
+            }
+        }
+        open
+    }
+
+    /// Per channel: deliveries with a final ledger outcome.
+    pub fn done_by_channel(&self, expected: &[Expected]) -> HashMap<Channel, (usize, usize)> {
+        let mut m: HashMap<Channel, (usize, usize)> = HashMap::new();
+        for (i, e) in expected.iter().enumerate() {
+            let c = m.entry(e.channel).or_default();
+            c.1 += 1;
+            if self.ledger_final(i) {
+                c.0 += 1;
+            }
+        }
+        m
+    }
+}

@@ -1,0 +1,185 @@
+//! The shared state of one run: the stack's processes by worker slot, the ledger clock, the
+//! timeline, and per-process send counts. Chaos actions and ledger hooks act through it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mock_providers::ledger::{EntryKind, Hook, Ledger, LedgerEntry, Outcome, Provider};
+
+use crate::attribution::Attributor;
+use crate::check::TimelineEvent;
+use crate::scenario::Scenario;
+use crate::supervise::{Spec, Supervisor};
+
+/// How to start one worker.
+#[derive(Clone)]
+pub struct WorkerCommand {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+}
+
+pub struct World {
+    pub scenario: Scenario,
+    pub ledger: Ledger,
+    pub supervisor: Supervisor,
+    pub attributor: Attributor,
+    pub worker: WorkerCommand,
+    /// slot (1-based) → current pid.
+    slots: Mutex<BTreeMap<u32, u32>>,
+    restarts: Mutex<HashMap<u32, u32>>,
+    timeline: Mutex<Vec<TimelineEvent>>,
+    /// ledger seq → pid of the sender.
+    pids: Mutex<HashMap<u64, u32>>,
+    /// pid → sends attributed to it.
+    sends_by_pid: Mutex<HashMap<u32, u64>>,
+    accepted: [AtomicU64; 3],
+    accepted_total: AtomicU64,
+    faults: AtomicU64,
+    /// Notified on every accepted send (progress triggers wait on it).
+    pub progress: tokio::sync::Notify,
+}
+
+fn idx(p: Provider) -> usize {
+    match p {
+        Provider::Line => 0,
+        Provider::Smtp => 1,
+        Provider::Sms => 2,
+    }
+}
+
+impl World {
+    pub fn new(
+        scenario: Scenario,
+        ledger: Ledger,
+        supervisor: Supervisor,
+        attributor: Attributor,
+        worker: WorkerCommand,
+    ) -> Arc<World> {
+        Arc::new(World {
+            scenario,
+            ledger,
+            supervisor,
+            attributor,
+            worker,
+            slots: Mutex::default(),
+            restarts: Mutex::default(),
+            timeline: Mutex::default(),
+            pids: Mutex::default(),
+            sends_by_pid: Mutex::default(),
+            accepted: Default::default(),
+            accepted_total: AtomicU64::new(0),
+            faults: AtomicU64::new(0),
+            progress: tokio::sync::Notify::new(),
+        })
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.ledger.now_ns()
+    }
+
+    pub fn event(&self, kind: &str, slot: Option<u32>, pid: Option<u32>, detail: impl Into<String>) {
+        let ev = TimelineEvent { mono_ns: self.now_ns(), kind: kind.into(), slot, pid, detail: detail.into() };
+        tracing::info!(kind, ?slot, ?pid, detail = %ev.detail, "event");
+        self.timeline.lock().unwrap().push(ev);
+    }
+
+    pub fn timeline(&self) -> Vec<TimelineEvent> {
+        self.timeline.lock().unwrap().clone()
+    }
+
+    pub fn pids(&self) -> HashMap<u64, u32> {
+        self.pids.lock().unwrap().clone()
+    }
+
+    pub fn accepted_total(&self) -> u64 {
+        self.accepted_total.load(Ordering::Relaxed)
+    }
+
+    pub fn faults_injected(&self) -> u64 {
+        self.faults.load(Ordering::Relaxed)
+    }
+
+    /// Starts the worker for `slot` (a restart when the slot had one before).
+    pub async fn start_worker(&self, slot: u32) -> anyhow::Result<u32> {
+        let n = {
+            let mut r = self.restarts.lock().unwrap();
+            let n = r.entry(slot).or_insert(0);
+            let cur = *n;
+            *n += 1;
+            cur
+        };
+        let worker_id = if n == 0 { format!("w{slot}") } else { format!("w{slot}-r{n}") };
+        let mut env = self.worker.env.clone();
+        env.insert("TING_WORKER_ID".into(), worker_id.clone());
+        let pid = self
+            .supervisor
+            .spawn(Spec {
+                role: "worker".into(),
+                slot: Some(slot),
+                worker_id: Some(worker_id.clone()),
+                argv: self.worker.argv.clone(),
+                env,
+                cwd: self.worker.cwd.clone(),
+            })
+            .await?;
+        self.attributor.add_candidate(pid);
+        self.slots.lock().unwrap().insert(slot, pid);
+        self.event(if n == 0 { "spawn" } else { "restart" }, Some(slot), Some(pid), worker_id);
+        Ok(pid)
+    }
+
+    /// (slot, pid) of every worker slot whose process is alive.
+    pub fn live_workers(&self) -> Vec<(u32, u32)> {
+        self.slots
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, pid)| self.supervisor.is_alive(**pid))
+            .map(|(s, p)| (*s, *p))
+            .collect()
+    }
+
+    pub fn slot_of(&self, pid: u32) -> Option<u32> {
+        self.slots.lock().unwrap().iter().find(|(_, p)| **p == pid).map(|(s, _)| *s)
+    }
+
+    /// The live worker that has sent the most so far.
+    pub fn busiest(&self) -> Option<(u32, u32)> {
+        let sends = self.sends_by_pid.lock().unwrap().clone();
+        self.live_workers().into_iter().max_by_key(|(slot, pid)| (sends.get(pid).copied().unwrap_or(0), u32::MAX - slot))
+    }
+}
+
+/// The ledger hook: attributes each request to its sender and counts progress.
+pub struct Observer {
+    pub world: Arc<World>,
+    pub chaos: Arc<super::chaos::Chaos>,
+}
+
+impl Hook for Observer {
+    fn on_entry(&self, e: &LedgerEntry) {
+        let w = &self.world;
+        if e.kind == EntryKind::Send {
+            if let Some(pid) = e.peer.and_then(|p| w.attributor.resolve(p)) {
+                w.pids.lock().unwrap().insert(e.seq, pid);
+                *w.sends_by_pid.lock().unwrap().entry(pid).or_insert(0) += 1;
+            }
+            if e.fault.is_some() {
+                w.faults.fetch_add(1, Ordering::Relaxed);
+            }
+            if e.outcome == Outcome::Accepted {
+                let n = w.accepted[idx(e.provider)].fetch_add(1, Ordering::Relaxed) + 1;
+                w.accepted_total.fetch_add(1, Ordering::Relaxed);
+                self.chaos.note_accept(e, n);
+                w.progress.notify_waiters();
+            }
+        }
+    }
+
+    fn before_response<'a>(&'a self, e: &'a LedgerEntry) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(self.chaos.fire_on_accept(e))
+    }
+}

@@ -1,0 +1,268 @@
+//! `POST /v1/batches`: parse and validate the whole batch, render every recipient's payload once,
+//! and insert the batch and all its deliveries in one transaction with one multi-row INSERT.
+//!
+//! Nothing is written unless everything is valid; a repeated batch id answers 200 and creates
+//! nothing. This handler must never call a provider.
+
+use std::collections::HashSet;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::State as AxState;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{ApiError, AppState};
+use crate::channels::Channel;
+use crate::config::Flaw;
+use crate::render::{self, Renderer, TemplateIn};
+
+#[derive(Deserialize)]
+struct BatchIn {
+    batch_id: String,
+    template: TemplateIn,
+    channels: Vec<String>,
+    recipients: Vec<RecipientIn>,
+}
+
+#[derive(Deserialize)]
+struct RecipientIn {
+    id: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    line_user_id: Option<String>,
+    #[serde(default)]
+    email: Option<String>,
+    #[serde(default)]
+    phone: Option<String>,
+    #[serde(default)]
+    vars: serde_json::Map<String, Value>,
+}
+
+/// The validated, rendered rows of one batch (column arrays for `UNNEST`).
+#[derive(Default)]
+struct Rows {
+    key: Vec<String>,
+    recipient: Vec<String>,
+    channel: Vec<String>,
+    address: Vec<String>,
+    payload: Vec<Value>,
+    sha: Vec<String>,
+    correlation: Vec<String>,
+}
+
+pub(crate) async fn create(
+    AxState(st): AxState<AppState>,
+    body: Body,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let limit = st.cfg.max_body_bytes;
+    let bytes = to_bytes(body, limit).await.map_err(|_| {
+        ApiError::field(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body",
+            format!("body exceeds {limit} bytes"),
+        )
+    })?;
+    let batch: BatchIn = parse(&bytes)?;
+    let rows = validate(&st, &batch)?;
+    let n = rows.key.len() as i32;
+
+    let mut tx = st.pool.begin().await?;
+    let inserted: Option<(String,)> = sqlx::query_as(
+        "INSERT INTO batches (id, template_id, template_version, deliveries) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (id) DO NOTHING RETURNING id",
+    )
+    .bind(&batch.batch_id)
+    .bind(&batch.template.id)
+    .bind(batch.template.version)
+    .bind(n)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if inserted.is_none() {
+        tx.rollback().await?;
+        let (count,): (i32,) = sqlx::query_as("SELECT deliveries FROM batches WHERE id = $1")
+            .bind(&batch.batch_id)
+            .fetch_one(&st.pool)
+            .await?;
+        if st.cfg.flaws.has(Flaw::WholeBatchReplay) {
+            // Flaw: a repeated batch replays every delivery, delivered ones included.
+            sqlx::query(
+                "UPDATE deliveries SET state = 'pending', next_attempt_at = now(), lease_owner = NULL, \
+                 lease_expires_at = NULL WHERE batch_id = $1",
+            )
+            .bind(&batch.batch_id)
+            .execute(&st.pool)
+            .await?;
+        }
+        return Ok((
+            StatusCode::OK,
+            Json(json!({"batch_id": batch.batch_id, "deliveries": count})),
+        ));
+    }
+    sqlx::query(
+        "INSERT INTO deliveries (batch_id, template_version, key, recipient, channel, address, \
+         payload, payload_sha256, correlation_id) \
+         SELECT $1, $2, * FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], \
+         $8::text[], $9::text[])",
+    )
+    .bind(&batch.batch_id)
+    .bind(batch.template.version)
+    .bind(&rows.key)
+    .bind(&rows.recipient)
+    .bind(&rows.channel)
+    .bind(&rows.address)
+    .bind(&rows.payload)
+    .bind(&rows.sha)
+    .bind(&rows.correlation)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    tracing::info!(batch = %batch.batch_id, deliveries = n, "batch accepted");
+    if st.cfg.flaws.has(Flaw::InlineSend) {
+        // Flaw: send inside the request instead of leaving it to the workers.
+        if let Err(e) = crate::worker::send_inline(st.cfg.clone(), st.pool.clone()).await {
+            tracing::warn!(error = %format!("{e:#}"), "inline send failed");
+        }
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"batch_id": batch.batch_id, "deliveries": n})),
+    ))
+}
+
+/// JSON → `BatchIn`, naming the offending field on error.
+fn parse(bytes: &[u8]) -> Result<BatchIn, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.inner().to_string();
+        // "missing field `x`" is reported at the parent's path.
+        let field = match inner
+            .strip_prefix("missing field `")
+            .and_then(|r| r.split('`').next())
+        {
+            Some(f) if path == "." => f.to_string(),
+            Some(f) => format!("{path}.{f}"),
+            None if path == "." => "body".to_string(),
+            None => path,
+        };
+        ApiError::field(StatusCode::BAD_REQUEST, field, inner)
+    })
+}
+
+fn validate(st: &AppState, b: &BatchIn) -> Result<Rows, ApiError> {
+    if b.batch_id.trim().is_empty() || b.batch_id.len() > 200 {
+        return Err(ApiError::invalid("batch_id", "must be 1 to 200 characters"));
+    }
+    if b.template.id.trim().is_empty() {
+        return Err(ApiError::invalid("template.id", "must not be empty"));
+    }
+    let mut channels = Vec::new();
+    for (i, c) in b.channels.iter().enumerate() {
+        let ch = Channel::parse(c).ok_or_else(|| {
+            ApiError::invalid(format!("channels[{i}]"), format!("unknown channel {c:?}"))
+        })?;
+        if channels.contains(&ch) {
+            return Err(ApiError::invalid(
+                format!("channels[{i}]"),
+                format!("duplicate channel {c:?}"),
+            ));
+        }
+        channels.push(ch);
+    }
+    if channels.is_empty() {
+        return Err(ApiError::invalid(
+            "channels",
+            "at least one channel is required",
+        ));
+    }
+    if b.recipients.is_empty() {
+        return Err(ApiError::invalid(
+            "recipients",
+            "at least one recipient is required",
+        ));
+    }
+    if b.recipients.len() > st.cfg.max_recipients {
+        return Err(ApiError::field(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "recipients",
+            format!(
+                "{} recipients; at most {} per batch",
+                b.recipients.len(),
+                st.cfg.max_recipients
+            ),
+        ));
+    }
+    let unescaped = st.cfg.flaws.has(Flaw::UnescapedTemplate);
+    let renderer = Renderer::compile(&b.template, &channels, unescaped)
+        .map_err(|e| ApiError::invalid(e.field, e.message))?;
+
+    let mut rows = Rows::default();
+    let mut seen = HashSet::new();
+    for (i, r) in b.recipients.iter().enumerate() {
+        let at = |f: &str| format!("recipients[{i}].{f}");
+        if r.id.trim().is_empty() {
+            return Err(ApiError::invalid(at("id"), "must not be empty"));
+        }
+        if !seen.insert(r.id.as_str()) {
+            return Err(ApiError::invalid(
+                at("id"),
+                format!("duplicate recipient id {:?}", r.id),
+            ));
+        }
+        let mut ctx = r.vars.clone();
+        ctx.insert("id".into(), Value::String(r.id.clone()));
+        ctx.insert(
+            "name".into(),
+            Value::String(r.name.clone().unwrap_or_default()),
+        );
+        let ctx = Value::Object(ctx);
+        for &ch in &channels {
+            let address = address(r, ch).map_err(|(f, e)| ApiError::invalid(at(f), e))?;
+            let payload = renderer
+                .render(ch, &ctx, &at("vars"))
+                .map_err(|e| ApiError::invalid(e.field, e.message))?;
+            let key = render::delivery_key(&b.batch_id, &r.id, ch);
+            rows.sha.push(payload.sha256());
+            rows.payload
+                .push(serde_json::to_value(&payload).expect("payload serializes"));
+            rows.correlation.push(render::correlation_id(&key, ch));
+            rows.key.push(key);
+            rows.recipient.push(r.id.clone());
+            rows.channel.push(ch.as_str().to_string());
+            rows.address.push(address);
+        }
+    }
+    Ok(rows)
+}
+
+/// The recipient's address for `ch`, or `(field, why)`.
+fn address(r: &RecipientIn, ch: Channel) -> Result<String, (&'static str, String)> {
+    let (field, v) = match ch {
+        Channel::Line => ("line_user_id", &r.line_user_id),
+        Channel::Email => ("email", &r.email),
+        Channel::Sms => ("phone", &r.phone),
+    };
+    let v = v
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .ok_or((field, format!("required for channel {}", ch.as_str())))?;
+    let ok = match ch {
+        Channel::Line => v.len() <= 100 && v.chars().all(|c| c.is_ascii_alphanumeric()),
+        Channel::Email => v.parse::<lettre::Address>().is_ok(),
+        Channel::Sms => {
+            let digits = v.strip_prefix('+').unwrap_or("");
+            (8..=15).contains(&digits.len()) && digits.chars().all(|c| c.is_ascii_digit())
+        }
+    };
+    if !ok {
+        return Err((
+            field,
+            format!("{v:?} is not a valid {} address", ch.as_str()),
+        ));
+    }
+    Ok(v.to_string())
+}

@@ -1,0 +1,242 @@
+//! Provider callbacks: SMS status callbacks (Twilio-signed, form-encoded) and e-mail delivery
+//! events (HMAC-SHA256-signed JSON).
+//!
+//! A bad signature is 403 and changes nothing. A callback is deduplicated on its idempotency
+//! token (in the same transaction as its effect) and applied through the compare-and-set
+//! function, so duplicates, stale reports and reports after a terminal state are acknowledged
+//! (200) and change nothing. Unknown ids are logged. This module must never write a state
+//! directly.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State as AxState};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use sha2::Sha256;
+
+use super::{ApiError, AppState};
+use crate::channels::{class, sms};
+use crate::config::Flaw;
+use crate::state::{self, Fence, Source, State, Transition, Updates};
+
+#[derive(Deserialize)]
+pub(crate) struct SmsQuery {
+    d: Option<i64>,
+}
+
+pub(crate) async fn sms(
+    AxState(st): AxState<AppState>,
+    Query(q): Query<SmsQuery>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let params: Vec<(String, String)> = serde_urlencoded::from_bytes(&body)
+        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "body", e.to_string()))?;
+    let got = headers
+        .get("x-twilio-signature")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let pq = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/v1/callbacks/sms");
+    let host = headers.get("host").and_then(|v| v.to_str().ok());
+    let token = &st.cfg.sms_auth_token;
+    let signed = [host, Some(st.cfg.api_addr.as_str())]
+        .into_iter()
+        .flatten()
+        .any(|h| sms::verify_twilio(token, &format!("http://{h}{pq}"), &params, got));
+    if !signed && !st.cfg.flaws.has(Flaw::TrustForgedCallbacks) {
+        tracing::warn!(uri = %uri, "sms callback with a bad signature");
+        return Err(ApiError::status(StatusCode::FORBIDDEN, "bad signature"));
+    }
+    let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let sid = param("MessageSid")
+        .or_else(|| param("SmsSid"))
+        .unwrap_or_default();
+    let status = param("MessageStatus")
+        .or_else(|| param("SmsStatus"))
+        .unwrap_or_default();
+    let report = sms::report(
+        &status,
+        param("ErrorCode"),
+        param("ErrorMessage").as_deref(),
+    );
+
+    let mut tx = st.pool.begin().await?;
+    if let Some(tok) = headers
+        .get("i-twilio-idempotency-token")
+        .and_then(|v| v.to_str().ok())
+    {
+        if !first_receipt(&mut tx, "sms", tok).await? {
+            tracing::debug!(sid, tok, "duplicate sms callback");
+            return Ok(StatusCode::OK);
+        }
+    }
+    let row: Option<(i64,)> = sqlx::query_as(
+        "SELECT id FROM deliveries WHERE provider_message_id = $1 AND channel = 'sms' \
+         UNION ALL SELECT id FROM deliveries WHERE id = $2 AND channel = 'sms' \
+         AND (provider_message_id IS NULL OR provider_message_id = $1) LIMIT 1",
+    )
+    .bind(&sid)
+    .bind(q.d)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((id,)) = row else {
+        tracing::warn!(sid, status, "sms callback for an unknown message");
+        tx.commit().await?;
+        return Ok(StatusCode::OK);
+    };
+    let (to, error) = match report {
+        sms::Report::Delivered => (State::Delivered, None),
+        sms::Report::Failed(e) => (
+            State::PermanentFailure,
+            Some((class::PERMANENT.to_string(), e)),
+        ),
+        sms::Report::Pending => (State::Submitted, None),
+    };
+    if st.cfg.flaws.has(Flaw::NaiveCallbacks) {
+        // Flaw: believe every callback as it comes, even one that regresses a final state.
+        sqlx::query("UPDATE deliveries SET state = $2, provider_message_id = $3 WHERE id = $1")
+            .bind(id)
+            .bind(to.as_str())
+            .bind(&sid)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        return Ok(StatusCode::OK);
+    }
+    let from: &[State] = match to {
+        State::Submitted => &[State::Sending],
+        _ => &[State::Sending, State::Submitted],
+    };
+    let t = Transition {
+        delivery_id: id,
+        from,
+        to,
+        source: Source::Callback,
+        detail: Some(format!("sms status {status} for {sid}")),
+        fence: Fence::None,
+        set: Updates {
+            provider_message_id: Some(sid.clone()).filter(|s| !s.is_empty()),
+            error,
+            poll_in: Some(st.cfg.sms_poll_after),
+            ..Updates::default()
+        },
+    };
+    if state::transition(&mut tx, &t).await?.is_none() {
+        tracing::debug!(sid, status, "stale or duplicate sms callback ignored");
+    }
+    tx.commit().await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Deserialize)]
+struct EmailEvent {
+    id: String,
+    #[serde(rename = "type")]
+    kind: String,
+    message_id: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+pub(crate) async fn email(
+    AxState(st): AxState<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let got = headers
+        .get("x-ting-signature")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !verify_email(&st.cfg.smtp_events_secret, &body, got)
+        && !st.cfg.flaws.has(Flaw::TrustForgedCallbacks)
+    {
+        tracing::warn!("e-mail event with a bad signature");
+        return Err(ApiError::status(StatusCode::FORBIDDEN, "bad signature"));
+    }
+    let ev: EmailEvent = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "body", e.to_string()))?;
+    let mid = if ev.message_id.starts_with('<') {
+        ev.message_id.clone()
+    } else {
+        format!("<{}>", ev.message_id)
+    };
+    let mut tx = st.pool.begin().await?;
+    if !first_receipt(&mut tx, "email", &ev.id).await? {
+        return Ok(StatusCode::OK);
+    }
+    let row: Option<(i64,)> =
+        sqlx::query_as("SELECT id FROM deliveries WHERE correlation_id = $1 AND channel = 'email'")
+            .bind(&mid)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some((id,)) = row else {
+        tracing::warn!(message_id = %mid, "e-mail event for an unknown message");
+        tx.commit().await?;
+        return Ok(StatusCode::OK);
+    };
+    let (to, error) = match ev.kind.as_str() {
+        "delivered" => (State::Delivered, None),
+        "bounced" => (
+            State::PermanentFailure,
+            Some((
+                class::PERMANENT.to_string(),
+                ev.reason.clone().unwrap_or_else(|| "bounced".into()),
+            )),
+        ),
+        other => {
+            tracing::info!(kind = other, "e-mail event type ignored");
+            tx.commit().await?;
+            return Ok(StatusCode::OK);
+        }
+    };
+    let t = Transition {
+        delivery_id: id,
+        from: &[State::Sending, State::Submitted, State::Unknown],
+        to,
+        source: Source::Callback,
+        detail: Some(format!("e-mail event {} {}", ev.id, ev.kind)),
+        fence: Fence::None,
+        set: Updates {
+            error,
+            ..Updates::default()
+        },
+    };
+    if state::transition(&mut tx, &t).await?.is_none() {
+        tracing::debug!(event = %ev.id, "stale or duplicate e-mail event ignored");
+    }
+    tx.commit().await?;
+    Ok(StatusCode::OK)
+}
+
+/// `X-Ting-Signature: sha256=<hex HMAC-SHA256(secret, raw body)>`, checked in constant time.
+pub(crate) fn verify_email(secret: &str, body: &[u8], header: &str) -> bool {
+    let Some(hex_sig) = header.strip_prefix("sha256=") else {
+        return false;
+    };
+    let Ok(sig) = hex::decode(hex_sig.trim()) else {
+        return false;
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("hmac takes any key");
+    mac.update(body);
+    mac.verify_slice(&sig).is_ok()
+}
+
+/// Records a callback token; false if it was seen before.
+async fn first_receipt(
+    conn: &mut sqlx::PgConnection,
+    provider: &str,
+    token: &str,
+) -> Result<bool, sqlx::Error> {
+    let r = sqlx::query(
+        "INSERT INTO callback_receipts (provider, token) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+    )
+    .bind(provider)
+    .bind(token)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}

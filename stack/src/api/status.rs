@@ -1,0 +1,208 @@
+//! Read-only views: `GET /v1/batches/{id}` (counts by channel × state),
+//! `GET /v1/batches/{id}/deliveries` (per-recipient rows with their transitions, as the stack
+//! contract spells them), `/healthz` and `/metrics` (Prometheus text).
+//!
+//! This module must never write.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use axum::extract::{Path, State as AxState};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{json, Value};
+
+use super::{ApiError, AppState};
+
+pub(crate) async fn healthz(AxState(st): AxState<AppState>) -> StatusCode {
+    match sqlx::query("SELECT 1").execute(&st.pool).await {
+        Ok(_) => StatusCode::OK,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+async fn batch_row(st: &AppState, id: &str) -> Result<(String, i32, i32, DateTime<Utc>), ApiError> {
+    sqlx::query_as(
+        "SELECT template_id, template_version, deliveries, created_at FROM batches WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&st.pool)
+    .await?
+    .ok_or_else(|| {
+        ApiError::field(
+            StatusCode::NOT_FOUND,
+            "batch_id",
+            format!("no batch {id:?}"),
+        )
+    })
+}
+
+pub(crate) async fn batch(
+    AxState(st): AxState<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (template_id, version, n, created) = batch_row(&st, &id).await?;
+    let counts: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT channel, state, count(*) FROM deliveries WHERE batch_id = $1 GROUP BY channel, state",
+    )
+    .bind(&id)
+    .fetch_all(&st.pool)
+    .await?;
+    let mut by: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+    for (ch, state, c) in counts {
+        by.entry(ch).or_default().insert(state, c);
+    }
+    Ok(Json(json!({
+        "batch_id": id,
+        "template": {"id": template_id, "version": version},
+        "created_at": ts(created),
+        "deliveries": n,
+        "counts": by,
+    })))
+}
+
+#[derive(sqlx::FromRow)]
+struct DeliveryRow {
+    id: i64,
+    key: String,
+    recipient: String,
+    channel: String,
+    address: String,
+    state: String,
+    attempts: i32,
+    provider_message_id: Option<String>,
+    payload_sha256: String,
+    last_error: Option<String>,
+    last_error_class: Option<String>,
+}
+
+pub(crate) async fn deliveries(
+    AxState(st): AxState<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    batch_row(&st, &id).await?;
+    let rows: Vec<DeliveryRow> = sqlx::query_as(
+        "SELECT id, key, recipient, channel, address, state, attempts, provider_message_id, \
+         payload_sha256, last_error, last_error_class FROM deliveries WHERE batch_id = $1 ORDER BY id",
+    )
+    .bind(&id)
+    .fetch_all(&st.pool)
+    .await?;
+    type Ev = (i64, String, String, String, Option<String>, DateTime<Utc>);
+    let events: Vec<Ev> = sqlx::query_as(
+        "SELECT e.delivery_id, e.from_state, e.to_state, e.source, e.detail, e.at \
+         FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id \
+         WHERE d.batch_id = $1 ORDER BY e.delivery_id, e.id",
+    )
+    .bind(&id)
+    .fetch_all(&st.pool)
+    .await?;
+    let mut by_delivery: BTreeMap<i64, Vec<Value>> = BTreeMap::new();
+    for (did, from, to, source, detail, at) in events {
+        by_delivery.entry(did).or_default().push(json!({
+            "from": from, "to": to, "source": source, "at": ts(at), "detail": detail,
+        }));
+    }
+    let out: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            json!({
+                "key": r.key,
+                "recipient": r.recipient,
+                "channel": r.channel,
+                "address": r.address,
+                "state": r.state,
+                "attempts": r.attempts,
+                "provider_message_id": r.provider_message_id,
+                "payload_sha256": r.payload_sha256,
+                "last_error": r.last_error,
+                "last_error_class": r.last_error_class,
+                "transitions": by_delivery.remove(&r.id).unwrap_or_default(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"batch_id": id, "deliveries": out})))
+}
+
+fn ts(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+pub(crate) async fn metrics(AxState(st): AxState<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let mut out = String::new();
+    let by_state: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT channel, state, count(*) FROM deliveries GROUP BY channel, state ORDER BY 1, 2",
+    )
+    .fetch_all(&st.pool)
+    .await?;
+    out.push_str(
+        "# HELP ting_deliveries Deliveries by channel and state.\n# TYPE ting_deliveries gauge\n",
+    );
+    for (ch, s, n) in by_state {
+        let _ = writeln!(out, "ting_deliveries{{channel=\"{ch}\",state=\"{s}\"}} {n}");
+    }
+    let (oldest,): (Option<f64>,) = sqlx::query_as(
+        "SELECT EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8 FROM deliveries \
+         WHERE state IN ('pending', 'retryable') AND next_attempt_at <= now()",
+    )
+    .fetch_one(&st.pool)
+    .await?;
+    out.push_str(
+        "# HELP ting_oldest_ready_age_seconds Age of the oldest delivery due and unclaimed.\n",
+    );
+    let _ = writeln!(
+        out,
+        "# TYPE ting_oldest_ready_age_seconds gauge\nting_oldest_ready_age_seconds {}",
+        oldest.unwrap_or(0.0)
+    );
+    let (expired,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM delivery_events WHERE source = 'rescuer' AND from_state = 'sending'",
+    )
+    .fetch_one(&st.pool)
+    .await?;
+    out.push_str("# HELP ting_lease_expirations_total Leases recovered by the rescuer.\n");
+    let _ = writeln!(
+        out,
+        "# TYPE ting_lease_expirations_total counter\nting_lease_expirations_total {expired}"
+    );
+    let outcomes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT to_state, count(*) FROM delivery_events WHERE source = 'worker' AND from_state = 'sending' \
+         GROUP BY to_state ORDER BY 1",
+    )
+    .fetch_all(&st.pool)
+    .await?;
+    out.push_str(
+        "# HELP ting_attempt_outcomes_total Recorded attempt outcomes by resulting state.\n",
+    );
+    out.push_str("# TYPE ting_attempt_outcomes_total counter\n");
+    for (to, n) in outcomes {
+        let _ = writeln!(out, "ting_attempt_outcomes_total{{outcome=\"{to}\"}} {n}");
+    }
+    let (sum, count, current): (Option<f64>, i64, Option<f64>) = sqlx::query_as(
+        "SELECT (SELECT sum(EXTRACT(EPOCH FROM e.at - d.submitted_at))::float8 FROM delivery_events e \
+                 JOIN deliveries d ON d.id = e.delivery_id WHERE e.from_state = 'submitted'), \
+                (SELECT count(*) FROM delivery_events WHERE from_state = 'submitted'), \
+                (SELECT max(EXTRACT(EPOCH FROM now() - submitted_at))::float8 FROM deliveries \
+                 WHERE state = 'submitted')",
+    )
+    .fetch_one(&st.pool)
+    .await?;
+    out.push_str(
+        "# HELP ting_submitted_seconds Time from provider acceptance to the final report.\n",
+    );
+    out.push_str("# TYPE ting_submitted_seconds summary\n");
+    let _ = writeln!(
+        out,
+        "ting_submitted_seconds_sum {}\nting_submitted_seconds_count {count}",
+        sum.unwrap_or(0.0)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ting_submitted_oldest_seconds Longest time a delivery now in submitted has waited.\n\
+         # TYPE ting_submitted_oldest_seconds gauge\nting_submitted_oldest_seconds {}",
+        current.unwrap_or(0.0)
+    );
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
+}

@@ -1,0 +1,143 @@
+//! LINE Messaging API push (`POST {base}/v2/bot/message/push`) with a stable `X-Line-Retry-Key`
+//! per delivery, so a resend after a crash is safe: LINE answers 409 for a key it already
+//! accepted, and that counts as accepted.
+//!
+//! This module must never generate a fresh retry key: it is derived from the delivery key.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::{class, http_error, retry_after, Outcome};
+use crate::claim::Claimed;
+use crate::config::Config;
+
+#[derive(Clone)]
+pub struct LineClient {
+    http: reqwest::Client,
+    cfg: Arc<Config>,
+}
+
+impl LineClient {
+    pub fn new(http: reqwest::Client, cfg: Arc<Config>) -> LineClient {
+        LineClient { http, cfg }
+    }
+
+    pub async fn push(&self, d: &Claimed) -> Outcome {
+        let url = format!(
+            "{}/v2/bot/message/push",
+            self.cfg.line_api_base.trim_end_matches('/')
+        );
+        let body = json!({"to": d.address, "messages": [{"type": "text", "text": d.payload.text}]});
+        let resp = self
+            .http
+            .post(url)
+            .bearer_auth(&self.cfg.line_channel_token)
+            .header("X-Line-Retry-Key", &d.correlation_id)
+            .json(&body)
+            .send()
+            .await;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => return http_error(&e),
+        };
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let text = resp.text().await.unwrap_or_default();
+        classify(status, &text, retry_after(&headers), || {
+            sent_message_id(&text)
+                .or_else(|| header("x-line-accepted-request-id"))
+                .or_else(|| header("x-line-request-id"))
+        })
+    }
+}
+
+fn sent_message_id(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v["sentMessages"][0]["id"].as_str().map(str::to_string)
+}
+
+/// LINE's answer → outcome. 409 is only ever about our own (stable) retry key.
+pub fn classify(
+    status: u16,
+    body: &str,
+    retry_after: Option<std::time::Duration>,
+    provider_id: impl FnOnce() -> Option<String>,
+) -> Outcome {
+    let message = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| body.chars().take(300).collect());
+    match status {
+        200..=299 | 409 => Outcome::Accepted {
+            provider_id: provider_id(),
+            done: true,
+        },
+        429 if message.to_lowercase().contains("monthly limit") => Outcome::Permanent {
+            error: format!("429 {message}"),
+        },
+        429 => Outcome::Retry {
+            class: class::TRANSIENT,
+            error: format!("429 {message}"),
+            retry_after,
+        },
+        500..=599 => Outcome::Retry {
+            class: class::AMBIGUOUS,
+            error: format!("{status} {message}"),
+            retry_after,
+        },
+        _ => Outcome::Permanent {
+            error: format!("{status} {message}"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_table() {
+        let cases: &[(u16, &str, &str)] = &[
+            (200, r#"{"sentMessages":[{"id":"1"}]}"#, "accepted"),
+            (
+                409,
+                r#"{"message":"The retry key is already accepted"}"#,
+                "accepted",
+            ),
+            (429, r#"{"message":"Too many requests"}"#, "retry"),
+            (
+                429,
+                r#"{"message":"You have reached your monthly limit."}"#,
+                "permanent",
+            ),
+            (500, "", "retry"),
+            (503, "", "retry"),
+            (
+                400,
+                r#"{"message":"The property, 'to', in the request body is invalid"}"#,
+                "permanent",
+            ),
+            (401, "", "permanent"),
+        ];
+        for (status, body, want) in cases {
+            let got = match classify(*status, body, None, || sent_message_id(body)) {
+                Outcome::Accepted { .. } => "accepted",
+                Outcome::Retry { .. } => "retry",
+                Outcome::Permanent { .. } => "permanent",
+                Outcome::Unknown { .. } => "unknown",
+            };
+            assert_eq!(got, *want, "{status} {body}");
+        }
+        match classify(400, r#"{"message":"bad to"}"#, None, || None) {
+            Outcome::Permanent { error } => assert_eq!(error, "400 bad to"),
+            o => panic!("{o:?}"),
+        }
+    }
+}

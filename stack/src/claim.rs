@@ -1,0 +1,271 @@
+//! The claim path: take ready rows under a lease, record an attempt's start under that lease,
+//! release unstarted rows, and renew leases. Reused by `ting-chaos bench claim`.
+//!
+//! Every statement here is one round trip and no transaction spans a provider call. The
+//! attempt-start fence is what stops a worker that lost its lease (frozen by SIGSTOP, say) from
+//! sending. This module must never call a provider.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+
+use crate::channels::Channel;
+use crate::render::Payload;
+use crate::state::{self, Fence, Source, State, Transition, Updates};
+
+/// One claimed delivery, with everything a sender needs.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub id: i64,
+    pub key: String,
+    pub channel: Channel,
+    pub address: String,
+    pub payload: Payload,
+    pub payload_sha256: String,
+    pub correlation_id: String,
+    /// Attempts made before this claim.
+    pub attempts: i32,
+    pub lease_owner: String,
+    pub lease_token: i64,
+    pub created_at: DateTime<Utc>,
+    pub last_error_class: Option<String>,
+    pub attempt_started_at: Option<DateTime<Utc>>,
+    pub from_state: State,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: i64,
+    from_state: String,
+    key: String,
+    channel: String,
+    address: String,
+    payload: sqlx::types::Json<Payload>,
+    payload_sha256: String,
+    correlation_id: String,
+    attempts: i32,
+    lease_owner: Option<String>,
+    lease_token: i64,
+    created_at: DateTime<Utc>,
+    last_error_class: Option<String>,
+    attempt_started_at: Option<DateTime<Utc>>,
+}
+
+impl From<Row> for Claimed {
+    fn from(r: Row) -> Claimed {
+        Claimed {
+            id: r.id,
+            key: r.key,
+            channel: Channel::parse(&r.channel).unwrap_or(Channel::Line),
+            address: r.address,
+            payload: r.payload.0,
+            payload_sha256: r.payload_sha256,
+            correlation_id: r.correlation_id,
+            attempts: r.attempts,
+            lease_owner: r.lease_owner.unwrap_or_default(),
+            lease_token: r.lease_token,
+            created_at: r.created_at,
+            last_error_class: r.last_error_class,
+            attempt_started_at: r.attempt_started_at,
+            from_state: r.from_state.parse().unwrap_or(State::Pending),
+        }
+    }
+}
+
+const RETURNING: &str = "d.id, d.key, d.channel, d.address, d.payload, d.payload_sha256, \
+    d.correlation_id, d.attempts, d.lease_owner, d.lease_token, d.created_at, d.last_error_class, \
+    d.attempt_started_at";
+
+/// The claim: `$1` worker id, `$2` batch size, `$3` lease in milliseconds. The partial index
+/// `deliveries_ready` makes the inner select an index scan over ready rows only.
+pub const CLAIM_SQL: &str = r#"
+WITH upd AS (
+    UPDATE deliveries d
+    SET state = 'sending', lease_owner = $1, lease_token = d.lease_token + 1,
+        lease_expires_at = now() + $3 * interval '1 millisecond', updated_at = now()
+    FROM (
+        SELECT id, state FROM deliveries
+        WHERE state IN ('pending', 'retryable') AND next_attempt_at <= now()
+        ORDER BY next_attempt_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) picked
+    WHERE d.id = picked.id
+    RETURNING picked.state AS from_state, d.id, d.key, d.channel, d.address, d.payload,
+        d.payload_sha256, d.correlation_id, d.attempts, d.lease_owner, d.lease_token,
+        d.created_at, d.last_error_class, d.attempt_started_at
+), ev AS (
+    INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail)
+    SELECT id, from_state, 'sending', 'worker', $1 FROM upd
+)
+SELECT * FROM upd
+"#;
+
+/// [`CLAIM_SQL`] as a pgbench script: the same statement with the same parameters
+/// (`:worker`, `:batch`, `:lease`, sent as bind parameters under `pgbench -M prepared`), so the
+/// database's own ceiling is measured with the identical query and plan.
+pub fn pgbench_script() -> String {
+    let sql = CLAIM_SQL
+        .replace("$1", ":worker")
+        .replace("$2", ":batch")
+        .replace("$3", ":lease");
+    format!("{};\n", sql.trim())
+}
+
+/// The `pgbench` arguments that set the script's variables.
+pub fn pgbench_defines(worker_id: &str, batch: i64, lease: Duration) -> Vec<String> {
+    vec![
+        "-D".into(),
+        format!("worker={worker_id}"),
+        "-D".into(),
+        format!("batch={batch}"),
+        "-D".into(),
+        format!("lease={}", lease.as_millis()),
+    ]
+}
+
+/// Claims up to `batch` ready rows for `worker_id` with a lease of `lease`.
+pub async fn claim(
+    conn: &mut PgConnection,
+    worker_id: &str,
+    batch: i64,
+    lease: Duration,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let rows: Vec<Row> = sqlx::query_as(CLAIM_SQL)
+        .bind(worker_id)
+        .bind(batch)
+        .bind(lease.as_millis() as f64)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows.into_iter().map(Claimed::from).collect())
+}
+
+/// The `racy-claim` flaw: read ready rows, then take them without locking or re-checking.
+/// Two workers can claim the same row. Never used unless the flaw is switched on.
+pub async fn claim_racy(
+    conn: &mut PgConnection,
+    worker_id: &str,
+    batch: i64,
+    lease: Duration,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let ids: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT id, state FROM deliveries WHERE state IN ('pending','retryable') \
+         AND next_attempt_at <= now() ORDER BY next_attempt_at LIMIT $1",
+    )
+    .bind(batch)
+    .fetch_all(&mut *conn)
+    .await?;
+    let (ids, states): (Vec<i64>, Vec<String>) = ids.into_iter().unzip();
+    let sql = format!(
+        "WITH upd AS (UPDATE deliveries d SET state = 'sending', lease_owner = $1, \
+         lease_token = d.lease_token + 1, lease_expires_at = now() + $3 * interval '1 millisecond' \
+         FROM UNNEST($2::bigint[], $4::text[]) AS picked(id, state) WHERE d.id = picked.id \
+         RETURNING picked.state AS from_state, {RETURNING}), \
+         ev AS (INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
+         SELECT id, from_state, 'sending', 'worker', $1 FROM upd) SELECT * FROM upd"
+    );
+    let rows: Vec<Row> = sqlx::query_as(&sql)
+        .bind(worker_id)
+        .bind(&ids)
+        .bind(lease.as_millis() as f64)
+        .bind(&states)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows.into_iter().map(Claimed::from).collect())
+}
+
+/// Records the start of an attempt (attempts + 1) if `d` is still leased to its owner under
+/// its token with at least `margin` left. `None`: the lease is lost and the caller must not send.
+pub async fn start_attempt<'e>(
+    ex: impl PgExecutor<'e>,
+    d: &Claimed,
+    margin: Duration,
+) -> Result<Option<i32>, sqlx::Error> {
+    let row: Option<(i32,)> = sqlx::query_as(
+        "UPDATE deliveries SET attempts = attempts + 1, attempt_started_at = now(), \
+         attempt_lease_token = lease_token, updated_at = now() \
+         WHERE id = $1 AND state = 'sending' AND lease_owner = $2 AND lease_token = $3 \
+         AND lease_expires_at > now() + $4 * interval '1 millisecond' RETURNING attempts",
+    )
+    .bind(d.id)
+    .bind(&d.lease_owner)
+    .bind(d.lease_token)
+    .bind(margin.as_millis() as f64)
+    .fetch_optional(ex)
+    .await?;
+    Ok(row.map(|(a,)| a))
+}
+
+/// Gives an unstarted claim back at once, attempt count untouched.
+pub async fn release(
+    conn: &mut PgConnection,
+    d: &Claimed,
+    source: Source,
+    why: &str,
+) -> Result<bool, state::TransitionError> {
+    let to = if d.attempts == 0 {
+        State::Pending
+    } else {
+        State::Retryable
+    };
+    let t = Transition {
+        delivery_id: d.id,
+        from: &[State::Sending],
+        to,
+        source,
+        detail: Some(why.to_string()),
+        fence: Fence::Lease {
+            owner: d.lease_owner.clone(),
+            token: d.lease_token,
+        },
+        set: Updates {
+            retry_in: Some(Duration::ZERO),
+            ..Updates::default()
+        },
+    };
+    Ok(state::transition(conn, &t).await?.is_some())
+}
+
+/// Marks a claimed row finished (`to`), fenced on its lease. Used by the claim benchmark.
+pub async fn complete(
+    conn: &mut PgConnection,
+    d: &Claimed,
+    to: State,
+) -> Result<bool, state::TransitionError> {
+    let t = Transition {
+        delivery_id: d.id,
+        from: &[State::Sending],
+        to,
+        source: Source::Worker,
+        detail: None,
+        fence: Fence::Lease {
+            owner: d.lease_owner.clone(),
+            token: d.lease_token,
+        },
+        set: Updates::default(),
+    };
+    Ok(state::transition(conn, &t).await?.is_some())
+}
+
+/// Extends the unexpired leases `worker_id` holds and stamps its heartbeat. Returns the number of
+/// leases renewed. An expired lease is never revived: it belongs to the rescuer.
+pub async fn renew(
+    conn: &mut PgConnection,
+    worker_id: &str,
+    lease: Duration,
+) -> Result<u64, sqlx::Error> {
+    sqlx::query("UPDATE workers SET heartbeat_at = now() WHERE id = $1")
+        .bind(worker_id)
+        .execute(&mut *conn)
+        .await?;
+    let r = sqlx::query(
+        "UPDATE deliveries SET lease_expires_at = now() + $2 * interval '1 millisecond' \
+         WHERE state = 'sending' AND lease_owner = $1 AND lease_expires_at > now()",
+    )
+    .bind(worker_id)
+    .bind(lease.as_millis() as f64)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected())
+}

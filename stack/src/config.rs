@@ -1,0 +1,374 @@
+//! Configuration of the stack's processes, read once from the `TING_*` environment variables of
+//! the stack contract (`docs/stack-contract.md`) and validated here.
+//!
+//! Parse at the boundary: nothing downstream re-reads the environment or re-validates a value.
+//! This module must never read anything but the environment map it is given.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+
+/// An environment variable that is present but unusable. Missing variables take defaults.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{var}: {reason} (got {value:?})")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+/// What to do with an e-mail whose outcome cannot be known (`TING_EMAIL_UNKNOWN_POLICY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnknownPolicy {
+    /// Wait for a delivery event or a human (default).
+    Hold,
+    /// Resend with the same Message-ID once the horizon has passed.
+    Resend,
+}
+
+/// One classic mistake the reference stack can be told to make (`TING_STACK_FLAWS`), so the
+/// harness can prove its checkers catch it. All are off by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Flaw {
+    InlineSend,
+    DropOnFailure,
+    RetryStorm,
+    RetryPermanent,
+    RestartFromFirst,
+    NoRescue,
+    RacyClaim,
+    WholeBatchReplay,
+    RerenderOnRetry,
+    NaiveCallbacks,
+    TrustForgedCallbacks,
+    AbortOnSigterm,
+    ZombieSend,
+    ResendUncertain,
+    UnescapedTemplate,
+}
+
+impl Flaw {
+    pub const ALL: [(&'static str, Flaw); 15] = [
+        ("inline-send", Flaw::InlineSend),
+        ("drop-on-failure", Flaw::DropOnFailure),
+        ("retry-storm", Flaw::RetryStorm),
+        ("retry-permanent", Flaw::RetryPermanent),
+        ("restart-from-first", Flaw::RestartFromFirst),
+        ("no-rescue", Flaw::NoRescue),
+        ("racy-claim", Flaw::RacyClaim),
+        ("whole-batch-replay", Flaw::WholeBatchReplay),
+        ("rerender-on-retry", Flaw::RerenderOnRetry),
+        ("naive-callbacks", Flaw::NaiveCallbacks),
+        ("trust-forged-callbacks", Flaw::TrustForgedCallbacks),
+        ("abort-on-sigterm", Flaw::AbortOnSigterm),
+        ("zombie-send", Flaw::ZombieSend),
+        ("resend-uncertain", Flaw::ResendUncertain),
+        ("unescaped-template", Flaw::UnescapedTemplate),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Flaw::ALL
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
+    }
+}
+
+/// The set of flaws switched on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Flaws(Vec<Flaw>);
+
+impl Flaws {
+    pub fn has(&self, flaw: Flaw) -> bool {
+        self.0.contains(&flaw)
+    }
+    pub fn with(mut self, flaw: Flaw) -> Self {
+        if !self.has(flaw) {
+            self.0.push(flaw);
+        }
+        self
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromStr for Flaws {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut out = Flaws::default();
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let flaw = Flaw::ALL
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, f)| *f)
+                .ok_or_else(|| format!("unknown flaw {name:?}"))?;
+            out = out.with(flaw);
+        }
+        Ok(out)
+    }
+}
+
+/// Everything a stack process needs. Build it with [`Config::from_env`] or, in tests, start from
+/// [`Config::for_tests`] and override fields.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub database_url: String,
+    pub api_addr: String,
+    pub line_api_base: String,
+    pub line_channel_token: String,
+    pub smtp_addr: String,
+    pub smtp_events_secret: String,
+    pub email_from: String,
+    pub sms_api_base: String,
+    pub sms_account_sid: String,
+    pub sms_auth_token: String,
+    pub sms_from: String,
+    pub worker_id: String,
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    pub claim_batch: i64,
+    pub max_attempts: i32,
+    pub backoff: Backoff,
+    pub shutdown_grace: Duration,
+    pub email_unknown_policy: UnknownPolicy,
+    pub flaws: Flaws,
+    /// Sends in flight per worker (`TING_WORKER_CONCURRENCY`, default 32).
+    pub concurrency: usize,
+    /// Sends in flight per worker and channel (`TING_CHANNEL_CONCURRENCY`, default = concurrency).
+    pub channel_concurrency: usize,
+    /// Idle wait between empty claims (`TING_POLL_MS`, default 50 ms).
+    pub poll_interval: Duration,
+    /// A delivery older than this is not retried any more (`TING_MAX_AGE_MS`, default 1 h).
+    pub max_age: Duration,
+    /// Timeout of one provider request (`TING_PROVIDER_TIMEOUT_MS`, default 10 s).
+    pub provider_timeout: Duration,
+    /// SMS stuck in `submitted` this long get polled (`TING_SMS_POLL_AFTER_MS`, default 5 s).
+    pub sms_poll_after: Duration,
+    /// Polling and waiting for e-mail events stop after this (`TING_RECONCILE_HORIZON_MS`, 10 min).
+    pub reconcile_horizon: Duration,
+    /// Largest `POST /v1/batches` body (`TING_MAX_BODY_BYTES`, default 16 MiB).
+    pub max_body_bytes: usize,
+    /// Most recipients in one batch (`TING_MAX_RECIPIENTS`, default 10 000).
+    pub max_recipients: usize,
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_map(&std::env::vars().collect())
+    }
+
+    /// Reads the given variables (tests pass a map instead of mutating the process environment).
+    pub fn from_map(env: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let s = |k: &str, d: &str| env.get(k).cloned().unwrap_or_else(|| d.to_string());
+        let ms = |k: &'static str, d: u64| -> Result<Duration, ConfigError> {
+            Ok(Duration::from_millis(num::<u64>(env, k, d)?))
+        };
+        let api_addr = s("TING_API_ADDR", "127.0.0.1:8080");
+        let cfg = Config {
+            database_url: s(
+                "TING_DATABASE_URL",
+                "postgres://postgres@127.0.0.1:5432/ting",
+            ),
+            line_api_base: s("TING_LINE_API_BASE", "http://127.0.0.1:9001"),
+            line_channel_token: s("TING_LINE_CHANNEL_TOKEN", "ting-line-token"),
+            smtp_addr: s("TING_SMTP_ADDR", "127.0.0.1:2525"),
+            smtp_events_secret: s("TING_SMTP_EVENTS_SECRET", "ting-smtp-events-secret"),
+            email_from: s("TING_EMAIL_FROM", "ting@example.test"),
+            sms_api_base: s("TING_SMS_API_BASE", "http://127.0.0.1:9003"),
+            sms_account_sid: s("TING_SMS_ACCOUNT_SID", "AC00000000000000000000000000000000"),
+            sms_auth_token: s("TING_SMS_AUTH_TOKEN", "ting-sms-auth-token"),
+            sms_from: s("TING_SMS_FROM", "+15550001000"),
+            worker_id: s("TING_WORKER_ID", &format!("w-{}", std::process::id())),
+            lease: ms("TING_LEASE_MS", 30_000)?,
+            heartbeat: ms("TING_HEARTBEAT_MS", 5_000)?,
+            claim_batch: num(env, "TING_CLAIM_BATCH", 16)?,
+            max_attempts: num(env, "TING_MAX_ATTEMPTS", 5)?,
+            backoff: Backoff {
+                base: ms("TING_BACKOFF_BASE_MS", 1_000)?,
+                factor: num(env, "TING_BACKOFF_FACTOR", 2.0)?,
+                max: ms("TING_BACKOFF_MAX_MS", 60_000)?,
+                jitter: num(env, "TING_BACKOFF_JITTER", 0.2)?,
+            },
+            shutdown_grace: ms("TING_SHUTDOWN_GRACE_MS", 10_000)?,
+            email_unknown_policy: match s("TING_EMAIL_UNKNOWN_POLICY", "hold").as_str() {
+                "hold" => UnknownPolicy::Hold,
+                "resend" => UnknownPolicy::Resend,
+                other => return Err(invalid("TING_EMAIL_UNKNOWN_POLICY", other, "hold|resend")),
+            },
+            flaws: s("TING_STACK_FLAWS", "")
+                .parse()
+                .map_err(|e: String| invalid("TING_STACK_FLAWS", &s("TING_STACK_FLAWS", ""), &e))?,
+            concurrency: num(env, "TING_WORKER_CONCURRENCY", 32)?,
+            channel_concurrency: num(env, "TING_CHANNEL_CONCURRENCY", 0)?,
+            poll_interval: ms("TING_POLL_MS", 50)?,
+            max_age: ms("TING_MAX_AGE_MS", 3_600_000)?,
+            provider_timeout: ms("TING_PROVIDER_TIMEOUT_MS", 10_000)?,
+            sms_poll_after: ms("TING_SMS_POLL_AFTER_MS", 5_000)?,
+            reconcile_horizon: ms("TING_RECONCILE_HORIZON_MS", 600_000)?,
+            max_body_bytes: num(env, "TING_MAX_BODY_BYTES", 16 << 20)?,
+            max_recipients: num(env, "TING_MAX_RECIPIENTS", 10_000)?,
+            api_addr,
+        };
+        cfg.validated()
+    }
+
+    fn validated(mut self) -> Result<Config, ConfigError> {
+        let pos = |var: &'static str, ok: bool, v: String| {
+            if ok {
+                Ok(())
+            } else {
+                Err(invalid(var, &v, "must be positive"))
+            }
+        };
+        pos(
+            "TING_LEASE_MS",
+            !self.lease.is_zero(),
+            format!("{:?}", self.lease),
+        )?;
+        pos(
+            "TING_HEARTBEAT_MS",
+            !self.heartbeat.is_zero(),
+            format!("{:?}", self.heartbeat),
+        )?;
+        pos(
+            "TING_CLAIM_BATCH",
+            self.claim_batch > 0,
+            self.claim_batch.to_string(),
+        )?;
+        pos(
+            "TING_MAX_ATTEMPTS",
+            self.max_attempts > 0,
+            self.max_attempts.to_string(),
+        )?;
+        pos(
+            "TING_WORKER_CONCURRENCY",
+            self.concurrency > 0,
+            self.concurrency.to_string(),
+        )?;
+        if self.heartbeat >= self.lease {
+            return Err(invalid(
+                "TING_HEARTBEAT_MS",
+                &self.heartbeat.as_millis().to_string(),
+                "must be shorter than TING_LEASE_MS",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.backoff.jitter) || self.backoff.factor < 1.0 {
+            return Err(invalid(
+                "TING_BACKOFF_JITTER",
+                &format!("{}/{}", self.backoff.jitter, self.backoff.factor),
+                "jitter must be in [0,1] and factor >= 1",
+            ));
+        }
+        if self.channel_concurrency == 0 || self.channel_concurrency > self.concurrency {
+            self.channel_concurrency = self.concurrency;
+        }
+        Ok(self)
+    }
+
+    /// A config with short timings for in-process tests; point the URLs at your fakes.
+    pub fn for_tests(database_url: &str) -> Config {
+        let mut env = HashMap::new();
+        env.insert("TING_DATABASE_URL".into(), database_url.into());
+        env.insert("TING_LEASE_MS".into(), "2000".into());
+        env.insert("TING_HEARTBEAT_MS".into(), "200".into());
+        env.insert("TING_BACKOFF_BASE_MS".into(), "10".into());
+        env.insert("TING_BACKOFF_MAX_MS".into(), "50".into());
+        env.insert("TING_POLL_MS".into(), "10".into());
+        env.insert("TING_PROVIDER_TIMEOUT_MS".into(), "2000".into());
+        env.insert("TING_SHUTDOWN_GRACE_MS".into(), "5000".into());
+        Config::from_map(&env).expect("test config is valid")
+    }
+
+    /// The URL given to the SMS provider for status callbacks.
+    pub fn sms_status_callback(&self) -> String {
+        format!("http://{}/v1/callbacks/sms", self.api_addr)
+    }
+}
+
+fn num<T: FromStr>(
+    env: &HashMap<String, String>,
+    var: &'static str,
+    default: T,
+) -> Result<T, ConfigError> {
+    match env.get(var) {
+        None => Ok(default),
+        Some(v) if v.trim().is_empty() => Ok(default),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| invalid(var, v, "not a number")),
+    }
+}
+
+fn invalid(var: &'static str, value: &str, reason: &str) -> ConfigError {
+    ConfigError::Invalid {
+        var,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let cfg = Config::from_map(&HashMap::new()).unwrap();
+        assert_eq!(cfg.email_unknown_policy, UnknownPolicy::Hold);
+        assert!(cfg.flaws.is_empty());
+        assert_eq!(cfg.channel_concurrency, cfg.concurrency);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("TING_LEASE_MS", "abc")], "TING_LEASE_MS"),
+            (&[("TING_LEASE_MS", "0")], "TING_LEASE_MS"),
+            (
+                &[("TING_LEASE_MS", "100"), ("TING_HEARTBEAT_MS", "100")],
+                "TING_HEARTBEAT_MS",
+            ),
+            (&[("TING_CLAIM_BATCH", "0")], "TING_CLAIM_BATCH"),
+            (
+                &[("TING_EMAIL_UNKNOWN_POLICY", "drop")],
+                "TING_EMAIL_UNKNOWN_POLICY",
+            ),
+            (
+                &[("TING_STACK_FLAWS", "racy-claim,nope")],
+                "TING_STACK_FLAWS",
+            ),
+            (&[("TING_BACKOFF_JITTER", "1.5")], "TING_BACKOFF_JITTER"),
+        ];
+        for (pairs, var) in cases {
+            let err = Config::from_map(&env(pairs)).unwrap_err().to_string();
+            assert!(err.starts_with(var), "{pairs:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn flaws_parse() {
+        let cfg =
+            Config::from_map(&env(&[("TING_STACK_FLAWS", " racy-claim, zombie-send ,")])).unwrap();
+        assert!(cfg.flaws.has(Flaw::RacyClaim));
+        assert!(cfg.flaws.has(Flaw::ZombieSend));
+        assert!(!cfg.flaws.has(Flaw::NoRescue));
+        for (name, flaw) in Flaw::ALL {
+            assert_eq!(flaw.name(), name);
+        }
+    }
+}

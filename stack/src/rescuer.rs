@@ -1,0 +1,257 @@
+//! The rescuer (in every worker) and the SMS status poller.
+//!
+//! Rescue: rows whose lease expired are recovered within one lease plus one rescuer interval.
+//! Never-started claims go back to ready without counting an attempt; started-but-unconfirmed
+//! attempts are reconciled per channel: LINE → resend with the same retry key (409 = it had
+//! landed); SMS → back to ready marked ambiguous, so the next attempt lists the provider's
+//! messages and adopts a sid before it would resend; e-mail → `unknown`, resolved by a delivery
+//! event, or after the horizon by `TING_EMAIL_UNKNOWN_POLICY`. One rescuer at a time runs the
+//! database part, under a transaction-scoped advisory lock; every change is a fenced
+//! compare-and-set, so even two rescuers could not both move a row.
+//!
+//! This module must never call a provider inside a transaction, and never send: it only moves
+//! rows so that a worker does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+use crate::channels::{class, sms, Channel};
+use crate::config::{Config, UnknownPolicy};
+use crate::state::{self, Fence, Source, State, Transition, Updates};
+
+/// Advisory lock key of the rescuer ("ting" in ASCII).
+const RESCUE_LOCK: i64 = 0x7469_6e67;
+
+/// What one rescue pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rescued {
+    pub released: u64,
+    pub resend: u64,
+    pub unknown: u64,
+    pub policy: u64,
+    /// False when another rescuer held the lock.
+    pub ran: bool,
+}
+
+/// Rescue and poll until `stopping` turns true.
+pub async fn run(
+    cfg: Arc<Config>,
+    pool: PgPool,
+    sms: sms::SmsClient,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let every = cfg.heartbeat.min(cfg.lease / 2);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = async { let _ = stopping.wait_for(|s| *s).await; } => return,
+        }
+        match rescue_once(&pool, &cfg).await {
+            Ok(r) if r.released + r.resend + r.unknown + r.policy > 0 => {
+                tracing::info!(?r, "rescued")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "rescue failed"),
+        }
+        if let Err(e) = poll_sms_once(&pool, &cfg, &sms).await {
+            tracing::warn!(error = %format!("{e:#}"), "sms poll failed");
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct Expired {
+    id: i64,
+    channel: String,
+    attempts: i32,
+    lease_owner: Option<String>,
+    lease_token: i64,
+    started: bool,
+}
+
+/// One rescue pass over expired leases and e-mails held past the horizon.
+pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued> {
+    let mut out = Rescued::default();
+    let mut tx = pool.begin().await?;
+    let (locked,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(RESCUE_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !locked {
+        return Ok(out);
+    }
+    out.ran = true;
+    let expired: Vec<Expired> = sqlx::query_as(
+        "SELECT id, channel, attempts, lease_owner, lease_token, \
+         (attempt_started_at IS NOT NULL AND attempt_lease_token = lease_token) AS started \
+         FROM deliveries WHERE state = 'sending' AND lease_expires_at < now() \
+         ORDER BY lease_expires_at LIMIT 1000",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    for e in expired {
+        let owner = e.lease_owner.clone().unwrap_or_default();
+        let channel = Channel::parse(&e.channel).unwrap_or(Channel::Line);
+        let (to, set, detail) = if !e.started {
+            out.released += 1;
+            let to = if e.attempts == 0 {
+                State::Pending
+            } else {
+                State::Retryable
+            };
+            let set = Updates {
+                retry_in: Some(Duration::ZERO),
+                ..Updates::default()
+            };
+            (
+                to,
+                set,
+                format!("lease of {owner} expired before the attempt started"),
+            )
+        } else if channel == Channel::Email {
+            out.unknown += 1;
+            let err = Some((
+                class::AMBIGUOUS.to_string(),
+                format!("lease of {owner} expired mid-attempt"),
+            ));
+            let set = Updates {
+                error: err,
+                ..Updates::default()
+            };
+            (
+                State::Unknown,
+                set,
+                format!("lease of {owner} expired mid-attempt; outcome unknown"),
+            )
+        } else {
+            out.resend += 1;
+            let how = match channel {
+                Channel::Line => "resend with the same retry key",
+                _ => "look up the provider's messages before any resend",
+            };
+            let set = Updates {
+                retry_in: Some(Duration::ZERO),
+                error: Some((
+                    class::AMBIGUOUS.to_string(),
+                    format!("lease of {owner} expired mid-attempt"),
+                )),
+                ..Updates::default()
+            };
+            (
+                State::Retryable,
+                set,
+                format!("lease of {owner} expired mid-attempt; {how}"),
+            )
+        };
+        let t = Transition {
+            delivery_id: e.id,
+            from: &[State::Sending],
+            to,
+            source: Source::Rescuer,
+            detail: Some(detail),
+            fence: Fence::Lease {
+                owner,
+                token: e.lease_token,
+            },
+            set,
+        };
+        state::transition(&mut tx, &t).await?;
+    }
+    if cfg.email_unknown_policy == UnknownPolicy::Resend {
+        let held: Vec<(i64, i32)> = sqlx::query_as(
+            "SELECT id, attempts FROM deliveries WHERE state = 'unknown' \
+             AND updated_at < now() - $1 * interval '1 millisecond' LIMIT 1000",
+        )
+        .bind(cfg.reconcile_horizon.as_millis() as f64)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (id, attempts) in held {
+            out.policy += 1;
+            let (to, detail) = if attempts >= cfg.max_attempts {
+                (
+                    State::Failed,
+                    "no delivery event within the horizon; attempts exhausted",
+                )
+            } else {
+                (
+                    State::Retryable,
+                    "no delivery event within the horizon; resend with the same Message-ID",
+                )
+            };
+            let t = Transition {
+                delivery_id: id,
+                from: &[State::Unknown],
+                to,
+                source: Source::Rescuer,
+                detail: Some(detail.into()),
+                fence: Fence::None,
+                set: Updates {
+                    retry_in: Some(Duration::ZERO),
+                    ..Updates::default()
+                },
+            };
+            state::transition(&mut tx, &t).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// Polls SMS deliveries that stayed in `submitted` past `TING_SMS_POLL_AFTER_MS`, with jitter,
+/// until the reconciliation horizon. Rows are taken with `SKIP LOCKED` so workers share the work.
+pub async fn poll_sms_once(
+    pool: &PgPool,
+    cfg: &Config,
+    client: &sms::SmsClient,
+) -> anyhow::Result<usize> {
+    let due: Vec<(i64, String)> = sqlx::query_as(
+        "UPDATE deliveries d SET next_poll_at = now() + $1 * (0.5 + random()) * interval '1 millisecond' \
+         FROM (SELECT id FROM deliveries WHERE state = 'submitted' AND channel = 'sms' \
+               AND next_poll_at <= now() AND provider_message_id IS NOT NULL \
+               AND submitted_at > now() - $2 * interval '1 millisecond' \
+               ORDER BY next_poll_at LIMIT 50 FOR UPDATE SKIP LOCKED) due \
+         WHERE d.id = due.id RETURNING d.id, d.provider_message_id",
+    )
+    .bind(cfg.sms_poll_after.as_millis() as f64)
+    .bind(cfg.reconcile_horizon.as_millis() as f64)
+    .fetch_all(pool)
+    .await?;
+    let n = due.len();
+    for (id, sid) in due {
+        let msg = match client.fetch(&sid).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(sid, error = %format!("{e:#}"), "poll failed");
+                continue;
+            }
+        };
+        let (to, error) = match msg.report() {
+            sms::Report::Delivered => (State::Delivered, None),
+            sms::Report::Failed(e) => (
+                State::PermanentFailure,
+                Some((class::PERMANENT.to_string(), e)),
+            ),
+            sms::Report::Pending => continue,
+        };
+        let t = Transition {
+            delivery_id: id,
+            from: &[State::Submitted],
+            to,
+            source: Source::Poll,
+            detail: Some(format!("polled {sid}: {}", msg.status)),
+            fence: Fence::None,
+            set: Updates {
+                error,
+                ..Updates::default()
+            },
+        };
+        let mut conn = pool.acquire().await?;
+        state::transition(&mut conn, &t).await?;
+    }
+    Ok(n)
+}

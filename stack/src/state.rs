@@ -1,0 +1,330 @@
+//! The delivery state machine and THE compare-and-set function every path goes through.
+//!
+//! `STATE_MACHINE.md` draws the diagram; [`legal`] is its single source of truth. Worker outcomes,
+//! callbacks, polls and the rescuer all call [`transition`], which refuses an edge [`legal`]
+//! does not list (so nothing ever leaves a terminal state) and applies the change only if the row
+//! is still in one of the expected states (and, when fenced, still under the caller's lease). The
+//! claim (`claim.rs`) is the one bulk form of the `pending|retryable → sending` edge and appends
+//! its events the same way. This module must never call a provider or hold a lock past one
+//! statement.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::PgConnection;
+
+/// A delivery's state, spelled as in the stack contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum State {
+    Pending,
+    Sending,
+    Retryable,
+    Submitted,
+    Delivered,
+    PermanentFailure,
+    Failed,
+    Unknown,
+}
+
+impl State {
+    pub const ALL: [State; 8] = [
+        State::Pending,
+        State::Sending,
+        State::Retryable,
+        State::Submitted,
+        State::Delivered,
+        State::PermanentFailure,
+        State::Failed,
+        State::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Sending => "sending",
+            State::Retryable => "retryable",
+            State::Submitted => "submitted",
+            State::Delivered => "delivered",
+            State::PermanentFailure => "permanent_failure",
+            State::Failed => "failed",
+            State::Unknown => "unknown",
+        }
+    }
+
+    /// Nothing leaves a terminal state.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            State::Delivered | State::PermanentFailure | State::Failed
+        )
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for State {
+    type Err = String;
+    fn from_str(s: &str) -> Result<State, String> {
+        State::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown state {s:?}"))
+    }
+}
+
+/// Who takes an edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Worker,
+    Callback,
+    Poll,
+    Rescuer,
+    Api,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Worker => "worker",
+            Source::Callback => "callback",
+            Source::Poll => "poll",
+            Source::Rescuer => "rescuer",
+            Source::Api => "api",
+        }
+    }
+}
+
+/// The edges of the state machine and who may take each. See `STATE_MACHINE.md` for why.
+pub fn legal(from: State, to: State, source: Source) -> bool {
+    use Source::*;
+    use State::*;
+    match (from, to) {
+        (Pending | Retryable, Sending) => source == Worker,
+        (Sending, Pending) => matches!(source, Worker | Rescuer),
+        (Sending, Retryable) => matches!(source, Worker | Rescuer),
+        (Sending, Submitted) => matches!(source, Worker | Rescuer | Callback),
+        (Sending, Delivered | PermanentFailure) => matches!(source, Worker | Callback),
+        (Sending, Failed) => matches!(source, Worker | Rescuer),
+        (Sending, Unknown) => matches!(source, Worker | Rescuer),
+        (Submitted, Delivered | PermanentFailure) => matches!(source, Callback | Poll),
+        (Unknown, Delivered | PermanentFailure | Submitted) => source == Callback,
+        (Unknown, Retryable | Failed) => source == Rescuer,
+        _ => false,
+    }
+}
+
+/// Optional column updates that ride along with a transition.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Updates {
+    /// Next attempt no earlier than now + this (retryable / released rows).
+    pub retry_in: Option<Duration>,
+    pub provider_message_id: Option<String>,
+    /// `(class, provider's own text)`, e.g. `("permanent", "550 5.1.1 mailbox unknown")`.
+    pub error: Option<(String, String)>,
+    /// First status poll no earlier than now + this (rows entering `submitted`).
+    pub poll_in: Option<Duration>,
+}
+
+/// Whose lease the change is conditional on.
+#[derive(Clone, Debug)]
+pub enum Fence {
+    None,
+    /// The row must still be leased to `owner` under `token` (a rescue bumps the token).
+    Lease {
+        owner: String,
+        token: i64,
+    },
+}
+
+/// One requested change of state.
+#[derive(Clone, Debug)]
+pub struct Transition<'a> {
+    pub delivery_id: i64,
+    pub from: &'a [State],
+    pub to: State,
+    pub source: Source,
+    pub detail: Option<String>,
+    pub fence: Fence,
+    pub set: Updates,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError {
+    #[error("illegal transition {from} -> {to} by {by:?}")]
+    Illegal { from: State, to: State, by: Source },
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+const CAS_SQL: &str = r#"
+WITH old AS (
+    SELECT id, state FROM deliveries WHERE id = $1 AND state = ANY($2) FOR UPDATE
+), upd AS (
+    UPDATE deliveries d SET
+        state = $3,
+        updated_at = now(),
+        next_attempt_at = COALESCE(now() + $4 * interval '1 millisecond', d.next_attempt_at),
+        provider_message_id = COALESCE($5, d.provider_message_id),
+        last_error_class = CASE WHEN $6::text IS NULL THEN d.last_error_class ELSE $6 END,
+        last_error = CASE WHEN $6::text IS NULL THEN d.last_error ELSE $7 END,
+        submitted_at = CASE WHEN $3 = 'submitted' THEN now() ELSE d.submitted_at END,
+        next_poll_at = CASE WHEN $3 = 'submitted'
+                            THEN now() + COALESCE($8, 0) * interval '1 millisecond'
+                            ELSE d.next_poll_at END,
+        lease_owner = CASE WHEN $3 = 'sending' THEN d.lease_owner ELSE NULL END,
+        lease_expires_at = CASE WHEN $3 = 'sending' THEN d.lease_expires_at ELSE NULL END
+    FROM old
+    WHERE d.id = old.id
+      AND ($9::text IS NULL OR (d.lease_owner = $9 AND d.lease_token = $10))
+    RETURNING old.state AS from_state
+), ev AS (
+    INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail)
+    SELECT $1, from_state, $3, $11, $12 FROM upd
+)
+SELECT from_state FROM upd
+"#;
+
+/// Applies `t` if the row is in one of `t.from` (and the fence holds); appends the event in the
+/// same statement. Returns the state it left, or `None` when the compare-and-set lost (the row
+/// moved on, or the lease was lost): the caller treats that as "someone else decided".
+pub async fn transition(
+    conn: &mut PgConnection,
+    t: &Transition<'_>,
+) -> Result<Option<State>, TransitionError> {
+    for &from in t.from {
+        if !legal(from, t.to, t.source) {
+            return Err(TransitionError::Illegal {
+                from,
+                to: t.to,
+                by: t.source,
+            });
+        }
+    }
+    let from: Vec<&str> = t.from.iter().map(|s| s.as_str()).collect();
+    let (owner, token) = match &t.fence {
+        Fence::None => (None, 0),
+        Fence::Lease { owner, token } => (Some(owner.as_str()), *token),
+    };
+    let (class, text) = match &t.set.error {
+        Some((c, e)) => (Some(c.as_str()), Some(e.as_str())),
+        None => (None, None),
+    };
+    let row: Option<(String,)> = sqlx::query_as(CAS_SQL)
+        .bind(t.delivery_id)
+        .bind(&from)
+        .bind(t.to.as_str())
+        .bind(t.set.retry_in.map(|d| d.as_millis() as f64))
+        .bind(t.set.provider_message_id.as_deref())
+        .bind(class)
+        .bind(text)
+        .bind(t.set.poll_in.map(|d| d.as_millis() as f64))
+        .bind(owner)
+        .bind(token)
+        .bind(t.source.as_str())
+        .bind(t.detail.as_deref())
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|(s,)| s.parse().unwrap_or(State::Unknown)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Source::*;
+    use super::State::*;
+    use super::*;
+
+    /// A named event and the edge it asks for.
+    fn event(name: &str) -> (State, Source) {
+        match name {
+            "claim" => (Sending, Worker),
+            "release" => (Pending, Worker),
+            "line_accepted" => (Delivered, Worker),
+            "accepted" => (Submitted, Worker),
+            "transient" => (Retryable, Worker),
+            "permanent" => (PermanentFailure, Worker),
+            "exhausted" => (Failed, Worker),
+            "ambiguous_email" => (Unknown, Worker),
+            "cb_delivered" => (Delivered, Callback),
+            "cb_failed" => (PermanentFailure, Callback),
+            "cb_sent" => (Submitted, Callback),
+            "poll_delivered" => (Delivered, Poll),
+            "rescue_unstarted" => (Pending, Rescuer),
+            "rescue_resend" => (Retryable, Rescuer),
+            "rescue_adopt" => (Submitted, Rescuer),
+            "rescue_unknown" => (Unknown, Rescuer),
+            "policy_resend" => (Retryable, Rescuer),
+            "api_anything" => (Delivered, Api),
+            _ => panic!("no event {name}"),
+        }
+    }
+
+    #[test]
+    fn state_event_table() {
+        // (state, event, Some(next) | None = rejected)
+        let cases: &[(State, &str, Option<State>)] = &[
+            (Pending, "claim", Some(Sending)),
+            (Retryable, "claim", Some(Sending)),
+            (Submitted, "claim", None),
+            (Sending, "claim", None),
+            (Sending, "release", Some(Pending)),
+            (Sending, "line_accepted", Some(Delivered)),
+            (Sending, "accepted", Some(Submitted)),
+            (Sending, "transient", Some(Retryable)),
+            (Sending, "permanent", Some(PermanentFailure)),
+            (Sending, "exhausted", Some(Failed)),
+            (Sending, "ambiguous_email", Some(Unknown)),
+            (Pending, "accepted", None),
+            (Retryable, "permanent", None),
+            (Submitted, "cb_delivered", Some(Delivered)),
+            (Submitted, "cb_failed", Some(PermanentFailure)),
+            (Submitted, "poll_delivered", Some(Delivered)),
+            (Sending, "cb_delivered", Some(Delivered)),
+            (Unknown, "cb_delivered", Some(Delivered)),
+            (Unknown, "policy_resend", Some(Retryable)),
+            (Unknown, "transient", None),
+            (Sending, "rescue_unstarted", Some(Pending)),
+            (Sending, "rescue_resend", Some(Retryable)),
+            (Sending, "rescue_adopt", Some(Submitted)),
+            (Sending, "rescue_unknown", Some(Unknown)),
+            (Pending, "rescue_resend", None),
+            (Submitted, "rescue_resend", None),
+            // Stale and duplicate reports never regress a terminal state.
+            (Delivered, "cb_sent", None),
+            (Delivered, "cb_failed", None),
+            (PermanentFailure, "cb_delivered", None),
+            (Failed, "claim", None),
+            (Delivered, "claim", None),
+            (Delivered, "rescue_resend", None),
+            (Failed, "policy_resend", None),
+            (Delivered, "api_anything", None),
+        ];
+        for &(state, name, want) in cases {
+            let (to, source) = event(name);
+            let got = legal(state, to, source).then_some(to);
+            assert_eq!(got, want, "{state} + {name}");
+        }
+    }
+
+    #[test]
+    fn no_edge_leaves_a_terminal_state() {
+        for from in State::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for to in State::ALL {
+                for src in [Worker, Callback, Poll, Rescuer, Api] {
+                    assert!(!legal(from, to, src), "{from} -> {to} by {src:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in State::ALL {
+            assert_eq!(s.as_str().parse::<State>().unwrap(), s);
+        }
+    }
+}

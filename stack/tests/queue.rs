@@ -1,0 +1,427 @@
+//! The queue on real PostgreSQL: concurrent claims, the lease fence, and the compare-and-set
+//! function under mixed outcomes, duplicate and stale reports.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use stack::channels::{class, Outcome};
+use stack::claim::{self, Claimed};
+use stack::state::{transition, Fence, Source, State, Transition, Updates};
+
+/// Inserts one batch of `n` LINE deliveries directly (no rendering needed here).
+async fn seed(pool: &PgPool, batch: &str, n: i64) {
+    sqlx::query("INSERT INTO batches (id, template_id, template_version, deliveries) VALUES ($1, 't', 1, $2)")
+        .bind(batch)
+        .bind(n as i32)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
+         payload_sha256, correlation_id) \
+         SELECT $1, $1 || ':r' || g || ':line', 'r' || g, 'line', 'U' || g, 1, \
+         jsonb_build_object('text', 'hello ' || g), md5(g::text), $1 || '-' || g \
+         FROM generate_series(1, $2) g",
+    )
+    .bind(batch)
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_concurrent_claimers_never_claim_a_row_twice() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 20_000).await;
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            let mut ids = Vec::new();
+            loop {
+                let rows = claim::claim(&mut conn, &format!("w{w}"), 37, Duration::from_secs(60))
+                    .await
+                    .unwrap();
+                if rows.is_empty() {
+                    return ids;
+                }
+                ids.extend(rows.iter().map(|r| r.id));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    let mut busy = 0;
+    for t in tasks {
+        let ids = t.await.unwrap();
+        busy += usize::from(!ids.is_empty());
+        all.extend(ids);
+    }
+    let unique: HashSet<i64> = all.iter().copied().collect();
+    assert_eq!(all.len(), 20_000, "every row claimed exactly once");
+    assert_eq!(unique.len(), 20_000, "no row claimed twice");
+    assert!(busy >= 2, "claims were actually concurrent");
+    let (events,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM delivery_events WHERE to_state = 'sending'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(events, 20_000, "one event per claim");
+    pool.close().await;
+}
+
+/// The checker above can fail: the racy claim (a flaw) hands one row to two claimers.
+#[tokio::test]
+async fn racy_claim_hands_out_a_row_twice() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 10).await;
+    let mut a = pool.acquire().await.unwrap();
+    let mut b = pool.acquire().await.unwrap();
+    let first = claim::claim_racy(&mut a, "w1", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    // A second claimer that read the same ready rows before the first one wrote: replay its read.
+    sqlx::query("UPDATE deliveries SET state = 'pending'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let second = claim::claim_racy(&mut b, "w2", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let overlap = first
+        .iter()
+        .filter(|r| second.iter().any(|s| s.id == r.id))
+        .count();
+    assert_eq!(overlap, 10);
+    drop((a, b));
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn lost_lease_blocks_the_attempt_start() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 2).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 2, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2);
+    // With the lease still running, the start is recorded.
+    assert_eq!(
+        claim::start_attempt(&pool, &rows[0], Duration::ZERO)
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    // Like a worker frozen by SIGSTOP: wait (on the database's clock) until the lease is over.
+    common::wait_for("lease expiry", Duration::from_secs(5), || async {
+        let (expired,): (bool,) =
+            sqlx::query_as("SELECT bool_and(lease_expires_at < now()) FROM deliveries")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        expired
+    })
+    .await;
+    assert_eq!(
+        claim::start_attempt(&pool, &rows[1], Duration::ZERO)
+            .await
+            .unwrap(),
+        None
+    );
+    // A renewal does not revive an expired lease.
+    assert_eq!(
+        claim::renew(&mut conn, "w1", Duration::from_secs(60))
+            .await
+            .unwrap(),
+        0
+    );
+    // A stale token is refused even with time left.
+    let mut stale = rows[1].clone();
+    stale.lease_token -= 1;
+    sqlx::query("UPDATE deliveries SET lease_expires_at = now() + interval '1 minute'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim::start_attempt(&pool, &stale, Duration::ZERO)
+            .await
+            .unwrap(),
+        None
+    );
+    drop(conn);
+    pool.close().await;
+}
+
+fn fenced<'a>(d: &Claimed, to: State, set: Updates) -> Transition<'a> {
+    Transition {
+        delivery_id: d.id,
+        from: &[State::Sending],
+        to,
+        source: Source::Worker,
+        detail: None,
+        fence: Fence::Lease {
+            owner: d.lease_owner.clone(),
+            token: d.lease_token,
+        },
+        set,
+    }
+}
+
+async fn state_of(pool: &PgPool, id: i64) -> (String, String, i32, i64) {
+    sqlx::query_as(
+        "SELECT state, payload_sha256, attempts, (SELECT count(*) FROM delivery_events WHERE delivery_id = $1) \
+         FROM deliveries WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn mixed_outcomes_only_the_transient_one_is_eligible_again() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 3).await;
+    let cfg = stack::Config::for_tests(&db.url);
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 3, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let outcomes = [
+        Outcome::Accepted {
+            provider_id: Some("m1".into()),
+            done: true,
+        },
+        Outcome::Retry {
+            class: class::TRANSIENT,
+            error: "503 try later".into(),
+            retry_after: None,
+        },
+        Outcome::Permanent {
+            error: "400 bad user".into(),
+        },
+    ];
+    let mut hashes = Vec::new();
+    for (d, o) in rows.iter().zip(&outcomes) {
+        let attempts = claim::start_attempt(&pool, d, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let mut dec = stack::worker::decide(&cfg, d, attempts, o, 0.5);
+        dec.set.retry_in = dec.set.retry_in.map(|_| Duration::ZERO);
+        assert!(transition(&mut conn, &fenced(d, dec.to, dec.set))
+            .await
+            .unwrap()
+            .is_some());
+        hashes.push(state_of(&pool, d.id).await.1);
+    }
+    let again = claim::claim(&mut conn, "w2", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "only the transient one is claimable");
+    assert_eq!(again[0].id, rows[1].id);
+    assert_eq!(
+        again[0].payload_sha256, hashes[1],
+        "same payload hash on the retry"
+    );
+    assert_eq!(again[0].attempts, 1);
+    assert_eq!(state_of(&pool, rows[0].id).await.0, "delivered");
+    assert_eq!(state_of(&pool, rows[2].id).await.0, "permanent_failure");
+    let (err,): (Option<String>,) =
+        sqlx::query_as("SELECT last_error FROM deliveries WHERE id = $1")
+            .bind(rows[2].id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        err.as_deref(),
+        Some("400 bad user"),
+        "the provider's own text is kept"
+    );
+    drop(conn);
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn duplicate_and_stale_reports_change_nothing() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 1).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let d = claim::claim(&mut conn, "w1", 1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .remove(0);
+    let submitted = fenced(&d, State::Submitted, Updates::default());
+    assert_eq!(
+        transition(&mut conn, &submitted).await.unwrap(),
+        Some(State::Sending)
+    );
+    let cb = |to| Transition {
+        delivery_id: d.id,
+        from: &[State::Sending, State::Submitted],
+        to,
+        source: Source::Callback,
+        detail: None,
+        fence: Fence::None,
+        set: Updates::default(),
+    };
+    let events_before = state_of(&pool, d.id).await.3;
+    assert_eq!(
+        transition(&mut conn, &cb(State::Delivered)).await.unwrap(),
+        Some(State::Submitted)
+    );
+    // The same callback again: acknowledged by the caller, no second transition.
+    assert_eq!(
+        transition(&mut conn, &cb(State::Delivered)).await.unwrap(),
+        None
+    );
+    // A stale failure report after the terminal state: no regression.
+    assert_eq!(
+        transition(&mut conn, &cb(State::PermanentFailure))
+            .await
+            .unwrap(),
+        None
+    );
+    let (state, _, _, events) = state_of(&pool, d.id).await;
+    assert_eq!(state, "delivered");
+    assert_eq!(events, events_before + 1, "exactly one transition recorded");
+    // And an illegal edge is refused before touching the database.
+    let bad = Transition {
+        from: &[State::Delivered],
+        to: State::Pending,
+        ..cb(State::Pending)
+    };
+    assert!(transition(&mut conn, &bad).await.is_err());
+    // The worker's own late outcome loses the compare-and-set too.
+    assert_eq!(
+        transition(&mut conn, &fenced(&d, State::Retryable, Updates::default()))
+            .await
+            .unwrap(),
+        None
+    );
+    drop(conn);
+    pool.close().await;
+}
+
+/// Inserts one delivery per channel for recipient `r` of batch `b` (batch row included).
+async fn seed_channels(pool: &PgPool) {
+    seed(pool, "b", 0).await;
+    sqlx::query(
+        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
+         payload_sha256, correlation_id) \
+         SELECT 'b', 'b:r' || g || ':' || c, 'r' || g, c, 'a' || g, 1, '{\"text\": \"hi\"}'::jsonb, 'h', \
+         c || g FROM generate_series(1, 2) g, unnest(ARRAY['line', 'email', 'sms']) c",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn rescuer_reconciles_expired_leases_per_channel() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed_channels(&pool).await;
+    let mut cfg = stack::Config::for_tests(&db.url);
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "dead", 10, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 6);
+    // Recipient r1's attempts started (outcome lost); r2's never did.
+    for d in rows.iter().filter(|d| d.key.contains(":r1:")) {
+        claim::start_attempt(&pool, d, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // Another rescuer holding the lock: this one stands aside.
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1953066599)")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    assert!(!stack::rescuer::rescue_once(&pool, &cfg).await.unwrap().ran);
+    other.rollback().await.unwrap();
+    // Nothing is rescued before the lease is over.
+    assert_eq!(
+        stack::rescuer::rescue_once(&pool, &cfg)
+            .await
+            .unwrap()
+            .released,
+        0
+    );
+    common::wait_for("lease expiry", Duration::from_secs(5), || async {
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM deliveries WHERE lease_expires_at < now()")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        n == 6
+    })
+    .await;
+    let r = stack::rescuer::rescue_once(&pool, &cfg).await.unwrap();
+    assert_eq!((r.released, r.resend, r.unknown), (3, 2, 1));
+    let got: Vec<(String, String, i32, Option<String>)> = sqlx::query_as(
+        "SELECT key, state, attempts, last_error_class FROM deliveries ORDER BY key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let want = [
+        ("b:r1:email", "unknown", 1, Some("ambiguous")),
+        ("b:r1:line", "retryable", 1, Some("ambiguous")),
+        ("b:r1:sms", "retryable", 1, Some("ambiguous")),
+        ("b:r2:email", "pending", 0, None),
+        ("b:r2:line", "pending", 0, None),
+        ("b:r2:sms", "pending", 0, None),
+    ];
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!((g.0.as_str(), g.1.as_str(), g.2, g.3.as_deref()), w);
+    }
+    // The dead worker's late outcome loses.
+    let late = rows.iter().find(|d| d.key == "b:r1:line").unwrap();
+    assert!(transition(
+        &mut conn,
+        &fenced(late, State::Delivered, Updates::default())
+    )
+    .await
+    .unwrap()
+    .is_none());
+    // E-mail policy: hold keeps it; resend (after the horizon) hands it back.
+    assert_eq!(
+        stack::rescuer::rescue_once(&pool, &cfg)
+            .await
+            .unwrap()
+            .policy,
+        0
+    );
+    cfg.email_unknown_policy = stack::config::UnknownPolicy::Resend;
+    cfg.reconcile_horizon = Duration::ZERO;
+    common::wait_for("policy resend", Duration::from_secs(5), || async {
+        stack::rescuer::rescue_once(&pool, &cfg)
+            .await
+            .unwrap()
+            .policy
+            == 1
+    })
+    .await;
+    let (state,): (String,) =
+        sqlx::query_as("SELECT state FROM deliveries WHERE key = 'b:r1:email'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "retryable");
+    drop(conn);
+    pool.close().await;
+}
