@@ -26,12 +26,13 @@ mod testkit;
 use std::collections::HashMap;
 
 use mock_providers::ledger::LedgerEntry;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::scenario::{Channel, Scenario};
 
 /// One delivery the load asked for: a (recipient, channel) pair.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Expected {
     /// Recipient id as enqueued (`r000001`).
     pub recipient: String,
@@ -47,7 +48,7 @@ pub struct Expected {
 }
 
 /// A delivery row from the stack's status API (`GET /v1/batches/{id}/deliveries`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct StatusDelivery {
     pub key: String,
     pub recipient: String,
@@ -67,7 +68,7 @@ pub struct StatusDelivery {
     pub transitions: Vec<StatusTransition>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct StatusTransition {
     pub from: Option<String>,
     pub to: String,
@@ -79,7 +80,7 @@ pub struct StatusTransition {
 }
 
 /// Something the harness did or saw, on the ledger's monotonic clock.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct TimelineEvent {
     pub mono_ns: u64,
     /// `sigkill`, `sigterm`, `sigstop`, `sigcont`, `restart`, `spawn`, `exit`, `db_restart`,
@@ -92,7 +93,7 @@ pub struct TimelineEvent {
 }
 
 /// A stack process the harness started, and how it ended.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ProcessRecord {
     /// `migrate`, `api` or `worker`.
     pub role: String,
@@ -114,7 +115,7 @@ pub struct ProcessRecord {
 }
 
 /// Whether the run settled before its deadline.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Quiescence {
     pub reached: bool,
     pub at_ns: u64,
@@ -140,7 +141,7 @@ pub struct Input<'a> {
     pub quiescence: &'a Quiescence,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Holds,
@@ -149,7 +150,7 @@ pub enum Status {
 }
 
 /// A checker's answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Verdict {
     /// Stable name: `exactly_once`, `no_loss`, `retry_discipline`, `immutable_payload`,
     /// `callbacks`, `graceful_shutdown`, `recovery`, `responsiveness`, `quiescence`.

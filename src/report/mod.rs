@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::check::{ProcessRecord, Quiescence, Status, TimelineEvent, Verdict};
@@ -13,7 +14,7 @@ use crate::check::{ProcessRecord, Quiescence, Status, TimelineEvent, Verdict};
 /// Version of the report format; bump on incompatible changes (and the schema with it).
 pub const FORMAT: u32 = 1;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Report {
     pub format: u32,
     pub tool: Tool,
@@ -43,20 +44,20 @@ pub struct Report {
     pub files: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Tool {
     pub name: String,
     pub version: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct DatabaseInfo {
     /// `throwaway` or `server`.
     pub kind: String,
     pub server_version: Option<String>,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 pub struct LoadSummary {
     pub recipients: u32,
     pub channels: Vec<String>,
@@ -67,7 +68,7 @@ pub struct LoadSummary {
     pub enqueue_latency_ms: Percentiles,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Percentiles {
     pub count: u64,
     pub p50: f64,
@@ -97,6 +98,11 @@ impl Report {
     pub fn violated(&self) -> impl Iterator<Item = &Verdict> {
         self.checks.iter().filter(|v| v.status == Status::Violated)
     }
+}
+
+/// The JSON Schema of `report.json` (committed as `docs/report.schema.json`).
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(Report)).expect("schema serializes")
 }
 
 /// Writes `value` as pretty JSON to `path` atomically.

@@ -73,7 +73,10 @@ pub(crate) async fn pool(url: &str, max: u32) -> anyhow::Result<sqlx::PgPool> {
 /// [`api::run`] and [`worker::run`].
 pub async fn sigterm() {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}

@@ -98,11 +98,9 @@ async fn template_is_published_once_copied_later_and_bypassable() {
         "third came from the damaged template"
     );
     third.stop().await.unwrap();
-    assert_eq!(
-        templates_in(base.path()).len(),
-        1,
-        "{:?}",
-        templates_in(base.path())
+    assert!(
+        templates_in(base.path()).is_empty(),
+        "damaged template still there"
     );
     let fourth = Cluster::start(ClusterOptions::default()).await.unwrap();
     let fifth = Cluster::start(ClusterOptions::default()).await.unwrap();
