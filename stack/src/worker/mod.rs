@@ -30,6 +30,8 @@ pub(crate) struct Worker {
     pub pool: PgPool,
     pub providers: Providers,
     pub stopping: watch::Receiver<bool>,
+    /// Sends in flight per worker (`concurrency`) and per channel (`channel_concurrency`).
+    pub slots: Arc<Semaphore>,
     pub channel_slots: HashMap<Channel, Arc<Semaphore>>,
     /// When the last successful lease renewal started; leases run at least `lease` from it.
     pub renewed_at: Mutex<Option<Instant>>,
@@ -67,6 +69,7 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let w = Arc::new(Worker {
         providers: Providers::new(&cfg)?,
+        slots: Arc::new(Semaphore::new(cfg.concurrency)),
         channel_slots: Channel::ALL
             .into_iter()
             .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_concurrency))))
@@ -205,6 +208,7 @@ pub async fn send_inline(cfg: Arc<Config>, pool: PgPool) -> anyhow::Result<()> {
     let (_keep, stopping) = watch::channel(false);
     let w = Arc::new(Worker {
         providers: Providers::new(&cfg)?,
+        slots: Arc::new(Semaphore::new(1)),
         channel_slots: Channel::ALL
             .into_iter()
             .map(|c| (c, Arc::new(Semaphore::new(1))))

@@ -126,9 +126,17 @@ pub(crate) async fn send_one(w: Arc<Worker>, d: Claimed, claimed_at: Instant) {
 
 async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result<()> {
     let mut stopping = w.stopping.clone();
+    // The channel's slot first, then the worker's: a send waiting for a busy channel never
+    // holds one of the worker's slots.
     let slot = w.channel_slots[&d.channel].clone();
+    let all = w.slots.clone();
+    let slots = async move {
+        let c = slot.acquire_owned().await?;
+        let g = all.acquire_owned().await?;
+        Ok::<_, tokio::sync::AcquireError>((c, g))
+    };
     let permit = tokio::select! {
-        p = slot.acquire_owned() => p.context("channel slots closed")?,
+        p = slots => p.context("send slots closed")?,
         _ = async { let _ = stopping.wait_for(|s| *s).await; } => return give_back(w, d, "released on shutdown before start").await,
     };
     let stop_now = *w.stopping.borrow();
