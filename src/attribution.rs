@@ -24,7 +24,10 @@ impl Attributor {
 
     /// Adds a process whose sockets may carry provider requests.
     pub fn add_candidate(&self, pid: u32) {
-        self.candidates.write().expect("attributor poisoned").push(pid);
+        self.candidates
+            .write()
+            .expect("attributor poisoned")
+            .push(pid);
     }
 
     /// The pid owning the socket whose local address is `peer`, if it is still open and owned by a
@@ -37,10 +40,15 @@ impl Attributor {
         let want = format!("socket:[{inode}]");
         let candidates = self.candidates.read().expect("attributor poisoned").clone();
         for pid in candidates.iter().rev() {
-            let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+            let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+                continue;
+            };
             for fd in dir.flatten() {
                 if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()) {
-                    self.cache.lock().expect("attributor poisoned").insert(inode, *pid);
+                    self.cache
+                        .lock()
+                        .expect("attributor poisoned")
+                        .insert(inode, *pid);
                     return Some(*pid);
                 }
             }
@@ -54,7 +62,14 @@ fn socket_inode(addr: SocketAddr) -> Option<u64> {
     let (file, local) = match addr.ip() {
         IpAddr::V4(ip) => {
             let o = ip.octets();
-            let hex = format!("{:02X}{:02X}{:02X}{:02X}:{:04X}", o[3], o[2], o[1], o[0], addr.port());
+            let hex = format!(
+                "{:02X}{:02X}{:02X}{:02X}:{:04X}",
+                o[3],
+                o[2],
+                o[1],
+                o[0],
+                addr.port()
+            );
             ("/proc/net/tcp", hex)
         }
         IpAddr::V6(ip) => {

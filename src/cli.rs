@@ -37,7 +37,10 @@ pub async fn run(path: &Path, opts: RunOptions, json: bool) -> i32 {
         Some(r) if json => println!("{}", serde_json::to_string_pretty(r).unwrap_or_default()),
         Some(r) => {
             eprint!("{}", crate::report::summary_text(r));
-            eprintln!("  report: {}", outcome.report_dir.join("report.json").display());
+            eprintln!(
+                "  report: {}",
+                outcome.report_dir.join("report.json").display()
+            );
         }
         None => {}
     }
@@ -64,9 +67,15 @@ pub async fn mocks(config: Option<&Path>, seed: u64, bind: IpAddr) -> i32 {
             return exit::INFRA;
         }
     };
-    println!("LINE  http://{}  (push: POST /v2/bot/message/push; control: /_mock/*)", providers.line_addr);
+    println!(
+        "LINE  http://{}  (push: POST /v2/bot/message/push; control: /_mock/*)",
+        providers.line_addr
+    );
     println!("SMS   http://{}  (Twilio: POST /2010-04-01/Accounts/{{sid}}/Messages.json; control: /_mock/*)", providers.sms_addr);
-    println!("SMTP  smtp://{}  (control: http://{}/_mock/*)", providers.smtp_addr, providers.smtp_control_addr);
+    println!(
+        "SMTP  smtp://{}  (control: http://{}/_mock/*)",
+        providers.smtp_addr, providers.smtp_control_addr
+    );
     println!("seed {seed}; Ctrl-C to stop");
     interrupted().await;
     providers.shutdown().await;
@@ -81,7 +90,9 @@ fn load_providers(path: &Path) -> Result<(u64, mock_providers::config::Providers
         return Ok((s.seed, s.providers));
     }
     let file = path.display().to_string();
-    toml::from_str(&text).map(|c| (0, c)).map_err(|e| scenario::error::from_toml(&file, &text, &e).to_string())
+    toml::from_str(&text)
+        .map(|c| (0, c))
+        .map_err(|e| scenario::error::from_toml(&file, &text, &e).to_string())
 }
 
 /// `ting-chaos db up`: a throwaway cluster until Ctrl-C.
@@ -94,10 +105,44 @@ pub async fn db_up() -> i32 {
         }
     };
     println!("{}", cluster.admin_url());
-    eprintln!("throwaway PostgreSQL ready in {:?} (data in {}); Ctrl-C to stop", cluster.ready_in(), cluster.data_dir().display());
+    eprintln!(
+        "throwaway PostgreSQL ready in {:?} (data in {}); Ctrl-C to stop",
+        cluster.ready_in(),
+        cluster.data_dir().display()
+    );
     interrupted().await;
     if let Err(e) = cluster.stop().await {
         eprintln!("warning: {e}");
     }
     exit::OK
+}
+
+/// Reads `--baseline FILE` and `--tolerance` into what the run compares against.
+pub fn load_baseline(
+    path: Option<&Path>,
+    tolerance: &str,
+) -> Result<Option<(crate::report::Report, f64)>, String> {
+    let Some(path) = path else { return Ok(None) };
+    let tol =
+        crate::report::gate::parse_tolerance(tolerance).map_err(|e| format!("--tolerance: {e}"))?;
+    let data = std::fs::read(path).map_err(|e| format!("--baseline {}: {e}", path.display()))?;
+    let report = serde_json::from_slice(&data)
+        .map_err(|e| format!("--baseline {}: not a report.json: {e}", path.display()))?;
+    Ok(Some((report, tol)))
+}
+
+/// `ting-chaos report DIR`: re-render HTML, JUnit and Markdown from `DIR/report.json`.
+pub fn report(dir: &Path) -> i32 {
+    match crate::report::rerender(dir) {
+        Ok(files) => {
+            for f in files {
+                println!("{}", f.display());
+            }
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            exit::USAGE
+        }
+    }
 }

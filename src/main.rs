@@ -12,7 +12,11 @@ use clap::{Parser, Subcommand};
 use ting_chaos::{exit, scenario};
 
 #[derive(Parser)]
-#[command(name = "ting-chaos", version, about = "Load and chaos tests for notification delivery stacks")]
+#[command(
+    name = "ting-chaos",
+    version,
+    about = "Load and chaos tests for notification delivery stacks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,7 +45,15 @@ enum Command {
         /// Print the report JSON on stdout instead of the summary.
         #[arg(long)]
         json: bool,
+        /// A previous run's report.json: fail when throughput or latency regress beyond --tolerance.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Allowed regression against --baseline, e.g. "15%".
+        #[arg(long, default_value = "10%")]
+        tolerance: String,
     },
+    /// Re-render report.html, junit.xml and summary.md from a saved report directory.
+    Report { dir: PathBuf },
     /// Check scenario files; exit 0 when all are valid, 2 otherwise.
     Validate {
         #[arg(required = true)]
@@ -100,11 +112,32 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Validate { files } => validate(&files),
         Command::Schema => {
-            println!("{}", serde_json::to_string_pretty(&scenario::json_schema()).expect("schema"));
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&scenario::json_schema()).expect("schema")
+            );
             exit::OK
         }
-        Command::Run { scenario, seed, workers, database_url, report_dir, keep, json } => {
+        Command::Run {
+            scenario,
+            seed,
+            workers,
+            database_url,
+            report_dir,
+            keep,
+            json,
+            baseline,
+            tolerance,
+        } => {
+            let baseline = match ting_chaos::cli::load_baseline(baseline.as_deref(), &tolerance) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(exit::USAGE as u8);
+                }
+            };
             let opts = ting_chaos::run::RunOptions {
+                baseline,
                 seed,
                 workers,
                 database_url,
@@ -115,20 +148,32 @@ fn main() -> ExitCode {
             };
             runtime().block_on(ting_chaos::cli::run(&scenario, opts, json))
         }
-        Command::Mocks { config, seed, bind } => runtime().block_on(ting_chaos::cli::mocks(config.as_deref(), seed, bind)),
-        Command::Db { command: DbCommand::Up } => runtime().block_on(ting_chaos::cli::db_up()),
+        Command::Mocks { config, seed, bind } => {
+            runtime().block_on(ting_chaos::cli::mocks(config.as_deref(), seed, bind))
+        }
+        Command::Db {
+            command: DbCommand::Up,
+        } => runtime().block_on(ting_chaos::cli::db_up()),
+        Command::Report { dir } => ting_chaos::cli::report(&dir),
         Command::Stack { .. } => unreachable!("dispatched above"),
     };
     ExitCode::from(code as u8)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TING_LOG").unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("TING_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn validate(files: &[PathBuf]) -> i32 {

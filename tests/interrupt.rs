@@ -13,8 +13,12 @@ use common::*;
 fn descendants(root: u32) -> Vec<u32> {
     let mut parent = std::collections::HashMap::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
         // Field 4 (ppid) comes after the parenthesised command name.
         let after = &stat[stat.rfind(')').unwrap() + 2..];
         let ppid: u32 = after.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -76,8 +80,15 @@ quiescence = "5m"
         assert!(Instant::now() < deadline, "stack never came up");
     }
     let family = descendants(harness);
-    assert!(family.len() >= 5, "postgres, api and 3 workers expected, got {family:?}");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(harness as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    assert!(
+        family.len() >= 5,
+        "postgres, api and 3 workers expected, got {family:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(harness as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
     std::thread::spawn(move || for _ in lines {});
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
@@ -87,7 +98,10 @@ quiescence = "5m"
         if survivors.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "orphans survived Ctrl-C: {survivors:?}");
+        assert!(
+            Instant::now() < deadline,
+            "orphans survived Ctrl-C: {survivors:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

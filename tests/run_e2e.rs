@@ -69,15 +69,39 @@ fn correct_stack_passes_and_report_matches_schema() {
     let report = case.report();
     assert_valid_report(&report);
     assert_eq!(report["verdict"], "pass");
-    for name in ["exactly_once", "no_loss", "retry_discipline", "immutable_payload", "callbacks", "graceful_shutdown", "recovery"] {
-        assert_eq!(verdict(&report, name)["status"], "holds", "{name}: {}", verdict(&report, name));
+    for name in [
+        "exactly_once",
+        "no_loss",
+        "retry_discipline",
+        "immutable_payload",
+        "callbacks",
+        "graceful_shutdown",
+        "recovery",
+    ] {
+        assert_eq!(
+            verdict(&report, name)["status"],
+            "holds",
+            "{name}: {}",
+            verdict(&report, name)
+        );
     }
-    let kinds: Vec<&str> = report["timeline"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
-    assert!(kinds.contains(&"sigkill") && kinds.contains(&"restart"), "chaos did not happen: {kinds:?}");
+    let kinds: Vec<&str> = report["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"sigkill") && kinds.contains(&"restart"),
+        "chaos did not happen: {kinds:?}"
+    );
     assert!(report["chaos_unfired"].as_array().unwrap().is_empty());
     let dir = case.report_dir();
     assert!(dir.join("ledger.jsonl").exists());
-    assert!(dir.join("logs").read_dir().unwrap().count() >= 4, "one log per process");
+    assert!(
+        dir.join("logs").read_dir().unwrap().count() >= 4,
+        "one log per process"
+    );
 }
 
 #[test]
@@ -126,7 +150,10 @@ quiescence = "60s"
     let v = verdict(&report, "exactly_once");
     assert_eq!(v["status"], "violated", "{v}");
     let ex = &v["counterexamples"][0];
-    assert!(ex["sends"].as_array().unwrap().len() >= 2, "counterexample lists each send: {ex}");
+    assert!(
+        ex["sends"].as_array().unwrap().len() >= 2,
+        "counterexample lists each send: {ex}"
+    );
     assert!(text(&out).contains("VIOLATED"), "{}", text(&out));
 }
 
@@ -147,7 +174,11 @@ channels = ["sms"]
     );
     let out = case.run(&[]);
     assert_eq!(code(&out), 3, "{}", text(&out));
-    assert!(text(&out).contains("/nonexistent/ting-stack"), "{}", text(&out));
+    assert!(
+        text(&out).contains("/nonexistent/ting-stack"),
+        "{}",
+        text(&out)
+    );
     let report = case.report();
     assert_valid_report(&report);
     assert_eq!(report["verdict"], "error");
@@ -155,7 +186,10 @@ channels = ["sms"]
 
 #[test]
 fn bad_scenario_is_a_usage_error() {
-    let case = Case::new("bad", "name = \"x\"\n[load]\nrecipients = 1\nchannels = [\"fax\"]\n");
+    let case = Case::new(
+        "bad",
+        "name = \"x\"\n[load]\nrecipients = 1\nchannels = [\"fax\"]\n",
+    );
     let out = case.run(&[]);
     assert_eq!(code(&out), 2, "{}", text(&out));
     assert!(text(&out).contains("bad.toml:4:"), "{}", text(&out));

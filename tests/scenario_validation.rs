@@ -77,9 +77,19 @@ fn bad_scenarios_name_key_line_and_column() {
         let shown = err.to_string();
         assert_eq!(err.key.as_deref(), Some(*key), "case {to:?}: {shown}");
         assert_eq!((err.line, err.col), (*line, *col), "case {to:?}: {shown}");
-        assert!(shown.contains(fragment), "case {to:?}: {shown:?} lacks {fragment:?}");
-        assert!(shown.contains(&format!("case.toml:{line}:{col}")), "{shown}");
-        assert_eq!(err.suggestion.as_deref(), *suggestion, "case {to:?}: {shown}");
+        assert!(
+            shown.contains(fragment),
+            "case {to:?}: {shown:?} lacks {fragment:?}"
+        );
+        assert!(
+            shown.contains(&format!("case.toml:{line}:{col}")),
+            "{shown}"
+        );
+        assert_eq!(
+            err.suggestion.as_deref(),
+            *suggestion,
+            "case {to:?}: {shown}"
+        );
     }
 }
 

@@ -4,14 +4,13 @@
 //! Rules per process the harness sent SIGTERM: **not_clean_exit** (no exit, a non-zero code, a
 //! signal, or the harness had to SIGKILL it after the grace period), **over_grace** (exited later
 //! than `sigterm + shutdown_grace`) and **sent_after_sigterm** (a send attempt attributed to its
-//! pid arrived at a provider more than [`IN_FLIGHT_ALLOWANCE`] after SIGTERM). The allowance covers
-//! requests already on the wire when the signal landed (a connection being set up, an SMTP
-//! transaction between RCPT and DATA): 200 ms is far above loopback latency, and far below any
-//! backoff gap, so a worker that keeps claiming new work after SIGTERM still shows up. Attempts are
+//! pid arrived at a provider more than `expect.in_flight_allowance` (default 1 s) after SIGTERM).
+//! The allowance covers sends the worker had started when the signal landed (waiting for a
+//! connection from its pool, an SMTP transaction between RCPT and DATA) on a loaded machine; it is
+//! far below the grace period, so a worker that keeps claiming new work after SIGTERM still shows
+//! up. Attempts are
 //! attributed by ledger seq → pid, and only within the process's lifetime, so a reused pid does not
 //! blame the wrong process. Must never judge from the process's own log.
-
-use std::time::Duration;
 
 use mock_providers::ledger::EntryKind;
 use serde_json::{json, Value};
@@ -20,9 +19,6 @@ use super::common::{attempt_json, figures, gap_ms, ms, not_checked, Findings};
 use super::{Input, ProcessRecord, Verdict};
 
 pub const NAME: &str = "graceful_shutdown";
-
-/// Sends may still arrive this long after SIGTERM: they were already on their way.
-pub const IN_FLIGHT_ALLOWANCE: Duration = Duration::from_millis(200);
 
 pub fn check(input: &Input) -> Verdict {
     let termed: Vec<&ProcessRecord> = input
@@ -72,7 +68,8 @@ pub fn check(input: &Input) -> Verdict {
             ));
         }
 
-        let limit = term + IN_FLIGHT_ALLOWANCE.as_nanos() as u64;
+        let allowance = input.scenario.expect.in_flight_allowance;
+        let limit = term + allowance.as_nanos() as u64;
         let alive = p.started_ns..=p.exited_ns.unwrap_or(u64::MAX);
         let late: Vec<Value> = input
             .ledger
@@ -94,7 +91,7 @@ pub fn check(input: &Input) -> Verdict {
                 p,
                 "sent_after_sigterm",
                 json!({
-                    "allowance_ms": IN_FLIGHT_ALLOWANCE.as_millis() as u64,
+                    "allowance_ms": input.scenario.expect.in_flight_allowance.as_millis() as u64,
                     "count": late.len(),
                     "sends": late.into_iter().take(20).collect::<Vec<_>>(),
                 }),
@@ -115,7 +112,7 @@ pub fn check(input: &Input) -> Verdict {
         "clean": clean,
         "sends_after_sigterm": late_sends,
         "grace_ms": grace.as_millis() as u64,
-        "allowance_ms": IN_FLIGHT_ALLOWANCE.as_millis() as u64,
+        "allowance_ms": input.scenario.expect.in_flight_allowance.as_millis() as u64,
     }));
     findings.verdict(NAME, summary, figs)
 }
@@ -144,6 +141,7 @@ mod tests {
     /// Worker 7 gets SIGTERM at 1000 ms and exits 0 at 1500 ms (grace 2 s); worker 8 runs on.
     fn world() -> World {
         let mut w = World::new();
+        w.scenario.expect.in_flight_allowance = std::time::Duration::from_millis(200);
         w.worker(7, 0, Some(1_500)).sigterm_ns = Some(ns(1_000));
         w.worker(8, 0, None);
         let a = w.expect("r1", Line);

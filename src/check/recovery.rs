@@ -1,10 +1,14 @@
 //! `recovery`: after a worker is SIGKILLed or SIGSTOPped, the work it held moves on in time, and
 //! a frozen worker that wakes up does not send what someone else already delivered.
 //!
-//! For each `sigkill`/`sigstop` timeline event (pid P at time T), the deliveries P attempted in
-//! `[T − lease, T]` that had no final answer by T (no `Accepted`, repeat or `Permanent`, and not yet
-//! exhausted) may have been in flight, so P's lease is all that holds them. Each must see a next
-//! attempt or a final answer by the **deadline** `max(T + lease, A) + recovery_slack`, where A is
+//! For each `sigkill`/`sigstop` timeline event (pid P at time T), the deliveries P had in flight
+//! at T — a request that arrived before T and was answered after `T − IN_FLIGHT_WINDOW` (an answer
+//! just before the kill may not have been recorded by P) — with no final answer by T (no
+//! `Accepted`, repeat or `Permanent`, and not yet exhausted) are held by P's lease alone. Each must
+//! see progress by the **deadline** `max(T + lease, A) + recovery_slack`: a next attempt, a final
+//! answer to the in-flight request, or — where the stack has a status API — a transition out of
+//! `sending` (the lease was recovered; a rescued row may then wait its turn behind a backlog, which
+//! is the queue's business, judged by `no_loss`, not a failure to recover). A is
 //! the first moment at or after T that some worker can act: another worker alive and not stopped,
 //! a replacement started later, or P itself after its SIGCONT. So a stop shorter than the lease is
 //! judged like a kill (P, or a rescuer once the lease lapses, must move by `T + lease + slack`),
@@ -28,6 +32,38 @@ use super::common::{
 use super::{Expected, Input, TimelineEvent, Verdict};
 
 pub const NAME: &str = "recovery";
+
+/// An answer this close before the kill may not have been recorded by the victim.
+const IN_FLIGHT_WINDOW_NS: u64 = 100_000_000;
+
+/// Ledger-clock nanoseconds → wall-clock milliseconds offset, from any ledger entry.
+fn wall_offset_ms(input: &Input) -> Option<i64> {
+    let e = input.ledger.first()?;
+    let wall = chrono::DateTime::parse_from_rfc3339(&e.wall)
+        .ok()?
+        .timestamp_millis();
+    Some(wall - (e.mono_ns / 1_000_000) as i64)
+}
+
+/// When the stack says the delivery left `sending` after `t` (ledger clock), if it does.
+fn left_sending_after(
+    input: &Input,
+    offset: Option<i64>,
+    e: Option<&&Expected>,
+    t: u64,
+) -> Option<u64> {
+    let (offset, e, rows) = (offset?, e?, input.status?);
+    let row = rows
+        .iter()
+        .find(|d| d.recipient == e.recipient && d.channel == e.channel)?;
+    row.transitions.iter().find_map(|tr| {
+        let at = chrono::DateTime::parse_from_rfc3339(tr.at.as_deref()?)
+            .ok()?
+            .timestamp_millis();
+        let mono = ((at - offset).max(0) as u64) * 1_000_000;
+        (tr.from.as_deref() == Some("sending") && mono > t).then_some(mono)
+    })
+}
 
 /// Periods `[stop, cont)` during which `pid` was stopped (`None`: never continued).
 fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
@@ -102,6 +138,7 @@ pub fn check(input: &Input) -> Verdict {
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
     let (mut at_risk, mut zombies, mut worst_ns) = (0u64, 0u64, 0u64);
+    let offset = wall_offset_ms(input);
 
     for ev in events {
         let (t, pid) = (ev.mono_ns, ev.pid.unwrap_or_default());
@@ -116,7 +153,7 @@ pub fn check(input: &Input) -> Verdict {
             .filter(|e| e.kind == EntryKind::Send)
             .filter(|e| {
                 e.received_ns <= t
-                    && e.received_ns + lease >= t
+                    && e.mono_ns + IN_FLIGHT_WINDOW_NS > t
                     && input.pids.get(&e.seq) == Some(&pid)
             })
             .map(|e| (e.provider, e.recipient.as_str()))
@@ -158,12 +195,17 @@ pub fn check(input: &Input) -> Verdict {
                     }
                 })
                 .min();
+            let e = expected.get(&(provider, address));
+            let rescued = left_sending_after(input, offset, e, t);
+            let progress = match (progress, rescued) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             if let Some(p) = progress.filter(|p| *p <= deadline) {
                 worst_ns = worst_ns.max(p - t);
                 continue;
             }
             let last = all.iter().rfind(|s| s.received_ns <= t);
-            let e = expected.get(&(provider, address));
             findings.push(json!({
                 "rule": "no_progress",
                 "recipient": e.map(|e| e.recipient.as_str()),

@@ -24,7 +24,10 @@ impl Plan {
             .map(|k| {
                 let start = (k * per).min(n);
                 let end = ((k + 1) * per).min(n);
-                (format!("{}-{}-b{}", scenario.name, scenario.seed, k + 1), start..end)
+                (
+                    format!("{}-{}-b{}", scenario.name, scenario.seed, k + 1),
+                    start..end,
+                )
             })
             .filter(|(_, r)| !r.is_empty())
             .collect();
@@ -55,8 +58,12 @@ pub async fn enqueue(
     recipients: &[Recipient],
     plan: &Plan,
 ) -> Result<hdrhistogram::Histogram<u64>, EnqueueError> {
-    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client");
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)
+        .expect("histogram bounds");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("http client");
     let gap = match scenario.load.pacing {
         Pacing::Batches(_) => Duration::ZERO,
         Pacing::Rate { per_second, .. } => Duration::from_secs_f64(1.0 / per_second),
@@ -76,7 +83,10 @@ pub async fn enqueue(
             "recipients": &recipients[range.clone()],
         });
         let sent = Instant::now();
-        let fail = |detail: String| EnqueueError { batch_id: batch_id.clone(), detail };
+        let fail = |detail: String| EnqueueError {
+            batch_id: batch_id.clone(),
+            detail,
+        };
         let resp = client
             .post(format!("{api_base}/v1/batches"))
             .json(&body)
@@ -87,7 +97,10 @@ pub async fn enqueue(
         let text = resp.text().await.unwrap_or_default();
         let _ = hist.record((sent.elapsed().as_micros() as u64).max(1));
         if !(status.as_u16() == 202 || status.as_u16() == 200) {
-            return Err(fail(format!("HTTP {status}: {}", text.chars().take(500).collect::<String>())));
+            return Err(fail(format!(
+                "HTTP {status}: {}",
+                text.chars().take(500).collect::<String>()
+            )));
         }
     }
     Ok(hist)

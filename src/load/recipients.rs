@@ -51,7 +51,13 @@ const TRICKY: &[&str] = &[
     "Ngọc Ánh 🚀 <u>VIP</u>",
 ];
 
-const ITEMS: &[&str] = &["Coffee beans 1kg", "Tea set", "Rice cooker", "Umbrella", "Notebook ×3"];
+const ITEMS: &[&str] = &[
+    "Coffee beans 1kg",
+    "Tea set",
+    "Rice cooker",
+    "Umbrella",
+    "Notebook ×3",
+];
 
 /// Builds `n` recipients from `seed`: the same seed gives the same people.
 pub fn generate(seed: u64, n: u32, tricky_share: f64) -> Vec<Recipient> {
@@ -68,8 +74,14 @@ pub fn generate(seed: u64, n: u32, tricky_share: f64) -> Vec<Recipient> {
             let digest = Sha256::digest(format!("{seed}:{id}"));
             let mut vars = serde_json::Map::new();
             vars.insert("order_id".into(), format!("A-{}", 100_000 + i).into());
-            vars.insert("item".into(), ITEMS.choose(&mut rng).unwrap().to_string().into());
-            vars.insert("total".into(), format!("¥{}", rng.gen_range(500..50_000)).into());
+            vars.insert(
+                "item".into(),
+                ITEMS.choose(&mut rng).unwrap().to_string().into(),
+            );
+            vars.insert(
+                "total".into(),
+                format!("¥{}", rng.gen_range(500..50_000)).into(),
+            );
             Recipient {
                 line_user_id: format!("U{}", &hex::encode(digest)[..32]),
                 email: format!("{id}@example.test"),
@@ -121,13 +133,19 @@ mod tests {
         let a = generate(1, 500, 0.2);
         let b = generate(1, 500, 0.2);
         assert_eq!(
-            a.iter().map(|r| (&r.name, &r.line_user_id)).collect::<Vec<_>>(),
-            b.iter().map(|r| (&r.name, &r.line_user_id)).collect::<Vec<_>>()
+            a.iter()
+                .map(|r| (&r.name, &r.line_user_id))
+                .collect::<Vec<_>>(),
+            b.iter()
+                .map(|r| (&r.name, &r.line_user_id))
+                .collect::<Vec<_>>()
         );
         let ids: std::collections::HashSet<_> = a.iter().map(|r| &r.line_user_id).collect();
         assert_eq!(ids.len(), 500);
         let tricky = a.iter().filter(|r| r.tricky).count();
         assert!((50..150).contains(&tricky), "tricky {tricky}");
-        assert!(a.iter().all(|r| r.line_user_id.len() == 33 && r.line_user_id.starts_with('U')));
+        assert!(a
+            .iter()
+            .all(|r| r.line_user_id.len() == 33 && r.line_user_id.starts_with('U')));
     }
 }

@@ -11,6 +11,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::{ProcessRecord, Quiescence, Status, TimelineEvent, Verdict};
 
+mod charts;
+pub mod gate;
+pub mod html;
+mod html_parts;
+pub mod junit;
+pub mod markdown;
+mod render;
+mod stats;
+
+pub use render::{read_ledger, rerender, write_all, write_rendered};
+pub use stats::{metrics, sends_by_pid, Metrics};
+
 /// Version of the report format; bump on incompatible changes (and the schema with it).
 pub const FORMAT: u32 = 1;
 
@@ -42,6 +54,17 @@ pub struct Report {
     pub chaos_unfired: Vec<usize>,
     /// Files beside this report.
     pub files: BTreeMap<String, String>,
+    /// Performance gates that failed (thresholds in `[expect]`, or `--baseline` comparisons).
+    #[serde(default)]
+    pub regressions: Vec<String>,
+    /// pid → send attempts the providers saw from that process (`report::sends_by_pid`); label the
+    /// pids with `processes`. Empty in reports written before it existed.
+    #[serde(default)]
+    pub sends_by_pid: BTreeMap<u32, u64>,
+    /// Performance figures the regression gate compares (`report::metrics`). All zero in reports
+    /// written before it existed.
+    #[serde(default)]
+    pub metrics: Metrics,
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -139,7 +162,10 @@ pub fn summary_text(r: &Report) -> String {
                 out.push_str(&format!("               e.g. {c}\n"));
             }
             if v.total_counterexamples > 3 {
-                out.push_str(&format!("               … {} in all (see report.json)\n", v.total_counterexamples));
+                out.push_str(&format!(
+                    "               … {} in all (see report.json)\n",
+                    v.total_counterexamples
+                ));
             }
         }
     }

@@ -72,7 +72,12 @@ impl Chaos {
         let step = self.armed.lock().unwrap().remove(&e.seq);
         if let Some(i) = step {
             let sender = self.world.pids().get(&e.seq).copied();
-            let why = format!("on_accept: {} #{} to {}", e.provider.as_str(), e.seq, e.recipient);
+            let why = format!(
+                "on_accept: {} #{} to {}",
+                e.provider.as_str(),
+                e.seq,
+                e.recipient
+            );
             self.execute(i, sender, &why).await;
         }
     }
@@ -86,7 +91,8 @@ impl Chaos {
                 match trigger {
                     Trigger::At(d) => {
                         tokio::time::sleep_until((load_start + d).into()).await;
-                        me.execute(i, None, &format!("at {}", humantime::format_duration(d))).await;
+                        me.execute(i, None, &format!("at {}", humantime::format_duration(d)))
+                            .await;
                     }
                     Trigger::Progress(p) => {
                         let goal = (p * me.acceptable as f64).ceil() as u64;
@@ -95,7 +101,8 @@ impl Chaos {
                             if me.world.accepted_total() >= goal {
                                 break;
                             }
-                            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+                            let _ =
+                                tokio::time::timeout(Duration::from_millis(100), notified).await;
                         }
                         let why = format!("progress {:.0}% ({goal} accepted)", p * 100.0);
                         me.execute(i, None, &why).await;
@@ -125,7 +132,9 @@ impl Chaos {
 
     /// Steps that never fired (reported; a schedule that did not happen proves nothing).
     pub fn unfired(&self) -> Vec<usize> {
-        (0..self.steps.len()).filter(|i| !self.fired[*i].load(Ordering::SeqCst)).collect()
+        (0..self.steps.len())
+            .filter(|i| !self.fired[*i].load(Ordering::SeqCst))
+            .collect()
     }
 
     fn targets(&self, target: &Target, sender: Option<u32>) -> Vec<(u32, u32)> {
@@ -134,7 +143,11 @@ impl Chaos {
             Target::Worker(slot) => live.into_iter().filter(|(s, _)| s == slot).collect(),
             Target::All => live,
             Target::Busiest => self.world.busiest().into_iter().collect(),
-            Target::Random => live.choose(&mut *self.rng.lock().unwrap()).copied().into_iter().collect(),
+            Target::Random => live
+                .choose(&mut *self.rng.lock().unwrap())
+                .copied()
+                .into_iter()
+                .collect(),
             Target::Sender => sender
                 .and_then(|pid| self.world.slot_of(pid).map(|s| (s, pid)))
                 .into_iter()
@@ -157,19 +170,34 @@ impl Chaos {
                         Ok(()) => w.event("db_restarted", None, c.postmaster_pid(), ""),
                         Err(e) => w.event("db_restart_failed", None, None, e.to_string()),
                     },
-                    None => w.event("db_restart_skipped", None, None, "not a throwaway cluster (DATABASE_URL given)"),
+                    None => w.event(
+                        "db_restart_skipped",
+                        None,
+                        None,
+                        "not a throwaway cluster (DATABASE_URL given)",
+                    ),
                 }
                 return;
             }
             ChaosAction::DbTerminate => {
                 let n = terminate_backends(&self.db.admin_url, &self.db.url).await;
-                w.event("db_terminate", None, None, format!("{why}; {}", n.unwrap_or_else(|e| e)));
+                w.event(
+                    "db_terminate",
+                    None,
+                    None,
+                    format!("{why}; {}", n.unwrap_or_else(|e| e)),
+                );
                 return;
             }
             ChaosAction::DbIdleTx => {
                 let url = self.db.url.clone();
                 let hold = step.duration.unwrap_or_default();
-                w.event("db_idle_tx", None, None, format!("{why}; holding for {}", humantime::format_duration(hold)));
+                w.event(
+                    "db_idle_tx",
+                    None,
+                    None,
+                    format!("{why}; holding for {}", humantime::format_duration(hold)),
+                );
                 let world = w.clone();
                 self.tasks.lock().unwrap().push(tokio::spawn(async move {
                     let detail = idle_in_transaction(&url, hold).await.unwrap_or_else(|e| e);
@@ -181,7 +209,12 @@ impl Chaos {
         }
         let targets = self.targets(&step.target, sender);
         if targets.is_empty() {
-            w.event("chaos_no_target", None, None, format!("{why}: no live worker matches {:?}", step.target));
+            w.event(
+                "chaos_no_target",
+                None,
+                None,
+                format!("{why}: no live worker matches {:?}", step.target),
+            );
             return;
         }
         for (slot, pid) in targets {
@@ -201,18 +234,40 @@ impl Chaos {
                 sup.wait_exit(pid, Duration::from_secs(2)).await;
             }
             ChaosAction::Sigterm | ChaosAction::Restart => {
-                w.event(if step.action == ChaosAction::Restart { "restart_begin" } else { "sigterm" }, Some(slot), Some(pid), why);
+                w.event(
+                    if step.action == ChaosAction::Restart {
+                        "restart_begin"
+                    } else {
+                        "sigterm"
+                    },
+                    Some(slot),
+                    Some(pid),
+                    why,
+                );
                 let _ = sup.signal(pid, Signal::SIGTERM);
                 let restart_now = step.action == ChaosAction::Restart;
                 let restart_after = step.restart_after.or(restart_now.then_some(Duration::ZERO));
                 let world = w.clone();
                 self.tasks.lock().unwrap().push(tokio::spawn(async move {
                     if !world.supervisor.wait_exit(pid, grace).await {
-                        world.event("grace_exceeded", Some(slot), Some(pid), format!("still running {} after SIGTERM; SIGKILL", humantime::format_duration(grace)));
+                        world.event(
+                            "grace_exceeded",
+                            Some(slot),
+                            Some(pid),
+                            format!(
+                                "still running {} after SIGTERM; SIGKILL",
+                                humantime::format_duration(grace)
+                            ),
+                        );
                         world.supervisor.terminate(pid, Duration::ZERO).await;
                     } else {
                         let rec = world.supervisor.record(pid);
-                        world.event("exit", Some(slot), Some(pid), format!("{:?}", rec.map(|r| (r.exit_code, r.signal))));
+                        world.event(
+                            "exit",
+                            Some(slot),
+                            Some(pid),
+                            format!("{:?}", rec.map(|r| (r.exit_code, r.signal))),
+                        );
                     }
                     if let Some(d) = restart_after {
                         tokio::time::sleep(d).await;
@@ -231,7 +286,12 @@ impl Chaos {
                 self.tasks.lock().unwrap().push(tokio::spawn(async move {
                     tokio::time::sleep(d).await;
                     let _ = world.supervisor.signal(pid, Signal::SIGCONT);
-                    world.event("sigcont", Some(slot), Some(pid), format!("after {}", humantime::format_duration(d)));
+                    world.event(
+                        "sigcont",
+                        Some(slot),
+                        Some(pid),
+                        format!("after {}", humantime::format_duration(d)),
+                    );
                 }));
                 return;
             }
@@ -251,8 +311,17 @@ impl Chaos {
 
 /// `pg_terminate_backend` of every session on the stack's database.
 async fn terminate_backends(admin_url: &str, db_url: &str) -> Result<String, String> {
-    let db = db_url.rsplit('/').next().unwrap_or_default().split('?').next().unwrap_or_default().to_string();
-    let mut conn = sqlx::PgConnection::connect(admin_url).await.map_err(|e| e.to_string())?;
+    let db = db_url
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .split('?')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let mut conn = sqlx::PgConnection::connect(admin_url)
+        .await
+        .map_err(|e| e.to_string())?;
     let n: i64 = sqlx::query_scalar(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
     )
@@ -265,7 +334,9 @@ async fn terminate_backends(admin_url: &str, db_url: &str) -> Result<String, Str
 
 /// Opens a transaction that locks a few rows of every table of the stack, and sits idle in it.
 async fn idle_in_transaction(url: &str, hold: Duration) -> Result<String, String> {
-    let mut conn = sqlx::PgConnection::connect(url).await.map_err(|e| e.to_string())?;
+    let mut conn = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) FROM information_schema.tables \
          WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('pg_catalog', 'information_schema')",
@@ -283,5 +354,8 @@ async fn idle_in_transaction(url: &str, hold: Duration) -> Result<String, String
     }
     tokio::time::sleep(hold).await;
     tx.rollback().await.map_err(|e| e.to_string())?;
-    Ok(format!("held {locked} row locks on {} tables", tables.len()))
+    Ok(format!(
+        "held {locked} row locks on {} tables",
+        tables.len()
+    ))
 }

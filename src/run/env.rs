@@ -38,11 +38,20 @@ pub fn contract_env(s: &Scenario, p: &ProvidersConfig, e: &Endpoints) -> BTreeMa
     set("TING_HEARTBEAT_MS", st.heartbeat.as_millis().to_string());
     set("TING_CLAIM_BATCH", st.claim_batch.to_string());
     set("TING_MAX_ATTEMPTS", st.max_attempts.to_string());
-    set("TING_BACKOFF_BASE_MS", st.backoff.base.as_millis().to_string());
+    set(
+        "TING_BACKOFF_BASE_MS",
+        st.backoff.base.as_millis().to_string(),
+    );
     set("TING_BACKOFF_FACTOR", st.backoff.factor.to_string());
-    set("TING_BACKOFF_MAX_MS", st.backoff.max.as_millis().to_string());
+    set(
+        "TING_BACKOFF_MAX_MS",
+        st.backoff.max.as_millis().to_string(),
+    );
     set("TING_BACKOFF_JITTER", st.backoff.jitter.to_string());
-    set("TING_SHUTDOWN_GRACE_MS", st.shutdown_grace.as_millis().to_string());
+    set(
+        "TING_SHUTDOWN_GRACE_MS",
+        st.shutdown_grace.as_millis().to_string(),
+    );
     set("TING_EMAIL_UNKNOWN_POLICY", st.email_unknown_policy.clone());
     if !st.flaws.is_empty() {
         set("TING_STACK_FLAWS", st.flaws.join(","));
@@ -53,6 +62,7 @@ pub fn contract_env(s: &Scenario, p: &ProvidersConfig, e: &Endpoints) -> BTreeMa
         }
     }
     // The stack logs plainly into its log files unless the scenario says otherwise.
-    env.entry("RUST_LOG".into()).or_insert_with(|| "info".into());
+    env.entry("RUST_LOG".into())
+        .or_insert_with(|| "info".into());
     env
 }

@@ -30,7 +30,7 @@ use crate::supervise::{Spec, Supervisor};
 pub use world::WorkerCommand;
 
 /// Flags of `ting-chaos run` that override the scenario.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct RunOptions {
     pub seed: Option<u64>,
     pub workers: Option<u32>,
@@ -41,6 +41,8 @@ pub struct RunOptions {
     pub self_exe: PathBuf,
     /// Print progress lines (stderr).
     pub progress: bool,
+    /// A previous run's report and the tolerance (share) for throughput/latency regressions.
+    pub baseline: Option<(Report, f64)>,
 }
 
 /// How a run ended.
@@ -85,7 +87,10 @@ pub async fn run(
     res.teardown(&scenario).await;
     let (exit_code, report) = match result {
         None => {
-            eprintln!("interrupted: stack stopped, database cleaned up; logs in {}", report_dir.display());
+            eprintln!(
+                "interrupted: stack stopped, database cleaned up; logs in {}",
+                report_dir.display()
+            );
             (130, None)
         }
         Some(Ok(mut r)) => {
@@ -110,7 +115,11 @@ pub async fn run(
             }
         }
     }
-    Outcome { exit_code, report_dir, report }
+    Outcome {
+        exit_code,
+        report_dir,
+        report,
+    }
 }
 
 /// What must be torn down, filled in as the run starts things.
@@ -130,7 +139,8 @@ impl Resources {
             c.stop();
         }
         if let Some(s) = self.supervisor.take() {
-            s.shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1))).await;
+            s.shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1)))
+                .await;
         }
         if let Some(p) = self.providers.take() {
             p.shutdown().await;
@@ -162,9 +172,14 @@ impl Resources {
             exit_code: exit::INFRA,
             verdict: "error".into(),
             error: Some(error.into()),
-            database: report::DatabaseInfo { kind: db_kind(s), server_version: None },
+            database: report::DatabaseInfo {
+                kind: db_kind(s),
+                server_version: None,
+            },
             load: Default::default(),
-            ledger_summary: world.map(|w| ledger_summary(&w.ledger.snapshot())).unwrap_or_default(),
+            ledger_summary: world
+                .map(|w| ledger_summary(&w.ledger.snapshot()))
+                .unwrap_or_default(),
             callbacks_sent: 0,
             checks: Vec::new(),
             quiescence: None,
@@ -172,24 +187,42 @@ impl Resources {
             processes: world.map(|w| w.supervisor.records()).unwrap_or_default(),
             chaos_unfired: Vec::new(),
             files: BTreeMap::new(),
+            regressions: Vec::new(),
+            sends_by_pid: Default::default(),
+            metrics: Default::default(),
         }
     }
 }
 
 fn tool() -> report::Tool {
-    report::Tool { name: "ting-chaos".into(), version: env!("CARGO_PKG_VERSION").into() }
+    report::Tool {
+        name: "ting-chaos".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    }
 }
 
 fn db_kind(s: &Scenario) -> String {
-    if s.database.url.is_some() { "server".into() } else { "throwaway".into() }
+    if s.database.url.is_some() {
+        "server".into()
+    } else {
+        "throwaway".into()
+    }
 }
 
 /// Counts of send attempts by provider and outcome.
-fn ledger_summary(entries: &[mock_providers::ledger::LedgerEntry]) -> BTreeMap<String, BTreeMap<String, u64>> {
+fn ledger_summary(
+    entries: &[mock_providers::ledger::LedgerEntry],
+) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut m: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for e in entries.iter().filter(|e| e.kind == EntryKind::Send) {
-        let outcome = serde_json::to_value(e.outcome).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
-        *m.entry(e.provider.as_str().into()).or_default().entry(outcome).or_default() += 1;
+        let outcome = serde_json::to_value(e.outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        *m.entry(e.provider.as_str().into())
+            .or_default()
+            .entry(outcome)
+            .or_default() += 1;
     }
     m
 }
@@ -205,7 +238,8 @@ async fn execute(
     report_dir: &Path,
     res: &mut Resources,
 ) -> anyhow::Result<Report> {
-    std::fs::create_dir_all(report_dir).with_context(|| format!("create {}", report_dir.display()))?;
+    std::fs::create_dir_all(report_dir)
+        .with_context(|| format!("create {}", report_dir.display()))?;
     let say = |msg: String| {
         if opts.progress {
             eprintln!("{msg}");
@@ -233,7 +267,15 @@ async fn execute(
     let throwaway = database.cluster().is_some();
     let database = Arc::new(tokio::sync::Mutex::new(Some(database)));
     res.database = Some(database.clone());
-    say(format!("[{:>5.1}s] database ready ({})", t0.elapsed().as_secs_f64(), if throwaway { "throwaway cluster" } else { "server" }));
+    say(format!(
+        "[{:>5.1}s] database ready ({})",
+        t0.elapsed().as_secs_f64(),
+        if throwaway {
+            "throwaway cluster"
+        } else {
+            "server"
+        }
+    ));
 
     // 2. Providers, in-process.
     let api_addr = free_port()?;
@@ -242,9 +284,14 @@ async fn execute(
         providers_cfg.smtp.events.url = Some(format!("http://{api_addr}/v1/callbacks/email"));
     }
     let ledger = Ledger::new();
-    let providers = mock_providers::start(scenario.seed, providers_cfg.clone(), IpAddr::V4(Ipv4Addr::LOCALHOST), ledger.clone())
-        .await
-        .map_err(|e| infra(format!("fake providers: {e:#}")))?;
+    let providers = mock_providers::start(
+        scenario.seed,
+        providers_cfg.clone(),
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ledger.clone(),
+    )
+    .await
+    .map_err(|e| infra(format!("fake providers: {e:#}")))?;
     let endpoints = env::Endpoints {
         database_url: db_url.clone(),
         api_addr,
@@ -258,21 +305,31 @@ async fn execute(
     let supervisor = Supervisor::new(&report_dir.join("logs"), ledger.clone())?;
     res.supervisor = Some(supervisor.clone());
     let env = env::contract_env(scenario, &providers_cfg, &endpoints);
-    let (api_argv, worker_argv, migrate_argv, cwd) = match (&scenario.stack.kind, &scenario.stack.external) {
-        (StackKind::External, Some(x)) => (x.api.clone(), x.worker.clone(), x.migrate.clone(), Some(x.cwd.clone())),
-        _ => {
-            let me = opts.self_exe.display().to_string();
-            let role = |r: &str| vec![me.clone(), "stack".into(), r.into()];
-            (role("api"), role("worker"), role("migrate"), None)
-        }
-    };
+    let (api_argv, worker_argv, migrate_argv, cwd) =
+        match (&scenario.stack.kind, &scenario.stack.external) {
+            (StackKind::External, Some(x)) => (
+                x.api.clone(),
+                x.worker.clone(),
+                x.migrate.clone(),
+                Some(x.cwd.clone()),
+            ),
+            _ => {
+                let me = opts.self_exe.display().to_string();
+                let role = |r: &str| vec![me.clone(), "stack".into(), r.into()];
+                (role("api"), role("worker"), role("migrate"), None)
+            }
+        };
     let attributor = crate::attribution::Attributor::new();
     let world = world::World::new(
         scenario.clone(),
         ledger.clone(),
         supervisor.clone(),
         attributor.clone(),
-        WorkerCommand { argv: worker_argv, env: env.clone(), cwd: cwd.clone() },
+        WorkerCommand {
+            argv: worker_argv,
+            env: env.clone(),
+            cwd: cwd.clone(),
+        },
     );
     res.world = Some(world.clone());
 
@@ -293,7 +350,12 @@ async fn execute(
     }
     let rec = supervisor.record(mig).expect("migrate record");
     if rec.exit_code != Some(0) {
-        return Err(infra(format!("stack migrate failed (exit {:?}, signal {:?}); see {}", rec.exit_code, rec.signal, report_dir.join("logs").join(&rec.log).display())));
+        return Err(infra(format!(
+            "stack migrate failed (exit {:?}, signal {:?}); see {}",
+            rec.exit_code,
+            rec.signal,
+            report_dir.join("logs").join(&rec.log).display()
+        )));
     }
     let api_pid = supervisor
         .spawn(spec("api", api_argv))
@@ -304,28 +366,67 @@ async fn execute(
     wait_healthy(&supervisor, api_pid, &api_base, Duration::from_secs(30)).await?;
     world.event("api_ready", None, Some(api_pid), api_base.clone());
     for slot in 1..=scenario.stack.workers {
-        world.start_worker(slot).await.map_err(|e| infra(format!("stack worker could not start: {e:#}")))?;
+        world
+            .start_worker(slot)
+            .await
+            .map_err(|e| infra(format!("stack worker could not start: {e:#}")))?;
     }
-    say(format!("[{:>5.1}s] stack up: api pid {api_pid}, {} workers", t0.elapsed().as_secs_f64(), scenario.stack.workers));
+    say(format!(
+        "[{:>5.1}s] stack up: api pid {api_pid}, {} workers",
+        t0.elapsed().as_secs_f64(),
+        scenario.stack.workers
+    ));
 
     // 4. Load and chaos.
-    let people = recipients::generate(scenario.seed, scenario.load.recipients, scenario.load.tricky_names);
+    let people = recipients::generate(
+        scenario.seed,
+        scenario.load.recipients,
+        scenario.load.tricky_names,
+    );
     let plan = Plan::new(scenario, people.len());
     let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
     let acceptable = expected.iter().filter(|e| !e.bad).count() as u64;
-    let chaos = chaos::Chaos::new(world.clone(), chaos::DbHandle { url: db_url.clone(), admin_url: admin_url.clone(), database: database.clone() }, acceptable);
+    let chaos = chaos::Chaos::new(
+        world.clone(),
+        chaos::DbHandle {
+            url: db_url.clone(),
+            admin_url: admin_url.clone(),
+            database: database.clone(),
+        },
+        acceptable,
+    );
     res.chaos = Some(chaos.clone());
-    ledger.add_hook(Arc::new(world::Observer { world: world.clone(), chaos: chaos.clone() }));
+    ledger.add_hook(Arc::new(world::Observer {
+        world: world.clone(),
+        chaos: chaos.clone(),
+    }));
     let load_start = Instant::now();
-    world.event("load_start", None, None, format!("{} recipients × {} channels in {} batches", people.len(), scenario.load.channels.len(), plan.batches.len()));
+    world.event(
+        "load_start",
+        None,
+        None,
+        format!(
+            "{} recipients × {} channels in {} batches",
+            people.len(),
+            scenario.load.channels.len(),
+            plan.batches.len()
+        ),
+    );
     chaos.start(load_start);
     let enqueue = load::enqueue(scenario, &api_base, &people, &plan)
         .await
         .map_err(|e| infra(format!("{e}")))?;
-    world.event("load_done", None, None, format!("{} batches enqueued", plan.batches.len()));
+    world.event(
+        "load_done",
+        None,
+        None,
+        format!("{} batches enqueued", plan.batches.len()),
+    );
 
     // 5. Quiescence.
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()?;
     let batch_ids: Vec<String> = plan.batches.iter().map(|(id, _)| id.clone()).collect();
     let callback_channels: Vec<Channel> = [
         (Channel::Sms, providers_cfg.sms.callbacks.enabled),
@@ -351,23 +452,54 @@ async fn execute(
                 Err(e) => tracing::warn!("status API: {e:#}"),
             }
         }
-        let open = tracker.open(&expected, status.as_deref().filter(|_| status_api), &callback_channels);
-        let pending = res.providers.as_ref().map(|p| p.pending_callbacks()).unwrap_or(0);
+        let open = tracker.open(
+            &expected,
+            status.as_deref().filter(|_| status_api),
+            &callback_channels,
+        );
+        let pending = res
+            .providers
+            .as_ref()
+            .map(|p| p.pending_callbacks())
+            .unwrap_or(0);
         let calm = open.is_empty() && pending == 0 && !chaos.busy();
-        calm_since = if calm { calm_since.or(Some(Instant::now())) } else { None };
+        calm_since = if calm {
+            calm_since.or(Some(Instant::now()))
+        } else {
+            None
+        };
         if opts.progress && last_print.elapsed() >= Duration::from_secs(2) {
             last_print = Instant::now();
             say(progress_line(t0, &tracker, &expected, &world, pending));
         }
         if calm_since.is_some_and(|t| t.elapsed() >= settle_for) {
-            break Quiescence { reached: true, at_ns: world.now_ns(), open, callbacks_pending: pending };
+            break Quiescence {
+                reached: true,
+                at_ns: world.now_ns(),
+                open,
+                callbacks_pending: pending,
+            };
         }
         if Instant::now() >= deadline {
-            break Quiescence { reached: false, at_ns: world.now_ns(), open, callbacks_pending: pending };
+            break Quiescence {
+                reached: false,
+                at_ns: world.now_ns(),
+                open,
+                callbacks_pending: pending,
+            };
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    world.event(if quiescence.reached { "quiescent" } else { "deadline" }, None, None, format!("{} open", quiescence.open.len()));
+    world.event(
+        if quiescence.reached {
+            "quiescent"
+        } else {
+            "deadline"
+        },
+        None,
+        None,
+        format!("{} open", quiescence.open.len()),
+    );
     if status_api {
         if let Ok(Some(rows)) = load::fetch_status(&client, &api_base, &batch_ids).await {
             status = Some(rows);
@@ -379,7 +511,9 @@ async fn execute(
     chaos.stop();
 
     // 6. Stop the stack, then judge.
-    supervisor.shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1))).await;
+    supervisor
+        .shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1)))
+        .await;
     res.supervisor = None;
     let entries = ledger.snapshot();
     let pids = world.pids();
@@ -413,7 +547,7 @@ async fn execute(
         files.insert("status".into(), "status.json".into());
     }
     let server_version = server_version(&db_url).await;
-    Ok(Report {
+    let mut report = Report {
         format: report::FORMAT,
         tool: tool(),
         scenario_name: scenario.name.clone(),
@@ -422,36 +556,113 @@ async fn execute(
         started_at: String::new(),
         duration_ms: 0,
         exit_code,
-        verdict: if violated { "fail".into() } else { "pass".into() },
+        verdict: if violated {
+            "fail".into()
+        } else {
+            "pass".into()
+        },
         error: None,
-        database: report::DatabaseInfo { kind: if throwaway { "throwaway".into() } else { "server".into() }, server_version },
+        database: report::DatabaseInfo {
+            kind: if throwaway {
+                "throwaway".into()
+            } else {
+                "server".into()
+            },
+            server_version,
+        },
         load: report::LoadSummary {
             recipients: scenario.load.recipients,
-            channels: scenario.load.channels.iter().map(|c| c.as_str().to_string()).collect(),
+            channels: scenario
+                .load
+                .channels
+                .iter()
+                .map(|c| c.as_str().to_string())
+                .collect(),
             batches: plan.batches.len() as u32,
             expected_deliveries: expected.len() as u64,
             bad_address_deliveries: expected.iter().filter(|e| e.bad).count() as u64,
             enqueue_latency_ms: report::Percentiles::from_us(&enqueue),
         },
         ledger_summary: ledger_summary(&entries),
-        callbacks_sent: entries.iter().filter(|e| e.kind == EntryKind::Callback).count() as u64,
+        callbacks_sent: entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::Callback)
+            .count() as u64,
         checks,
         quiescence: Some(quiescence),
         timeline,
         processes,
         chaos_unfired: unfired,
         files,
-    })
+        regressions: Vec::new(),
+        sends_by_pid: report::sends_by_pid(&entries, &pids),
+        metrics: Default::default(),
+    };
+    report.metrics = report::metrics(&report, &entries);
+    // Performance gates: absolute thresholds from [expect], then a baseline report if given.
+    let mut regressions: Vec<String> =
+        report::gate::check_thresholds(&report.metrics, &scenario.expect.thresholds)
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+    if let Some((base, tol)) = &opts.baseline {
+        regressions.extend(
+            report::gate::compare(base, &report, *tol)
+                .iter()
+                .map(|r| r.to_string()),
+        );
+    }
+    if !regressions.is_empty() {
+        report.regressions = regressions;
+        report.exit_code = exit::VIOLATION;
+        report.verdict = "fail".into();
+    }
+    match report::write_rendered(report_dir, &report, &entries, step_summary().as_deref()) {
+        Ok(written) => {
+            for w in written {
+                let name = w
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                let key = name
+                    .split('.')
+                    .next()
+                    .unwrap_or_default()
+                    .replace("report", "html");
+                report.files.insert(key, name);
+            }
+        }
+        Err(e) => eprintln!("warning: could not render HTML/JUnit/Markdown: {e:#}"),
+    }
+    Ok(report)
+}
+
+/// `$GITHUB_STEP_SUMMARY`, where CI wants a Markdown summary appended.
+fn step_summary() -> Option<PathBuf> {
+    std::env::var_os("GITHUB_STEP_SUMMARY")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 async fn server_version(url: &str) -> Option<String> {
     use sqlx::Connection;
     let mut c = sqlx::PgConnection::connect(url).await.ok()?;
-    sqlx::query_scalar::<_, String>("SHOW server_version").fetch_one(&mut c).await.ok()
+    sqlx::query_scalar::<_, String>("SHOW server_version")
+        .fetch_one(&mut c)
+        .await
+        .ok()
 }
 
-async fn wait_healthy(sup: &Supervisor, pid: u32, base: &str, within: Duration) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+async fn wait_healthy(
+    sup: &Supervisor,
+    pid: u32,
+    base: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
     let deadline = Instant::now() + within;
     loop {
         if let Ok(r) = client.get(format!("{base}/healthz")).send().await {
@@ -468,13 +679,22 @@ async fn wait_healthy(sup: &Supervisor, pid: u32, base: &str, within: Duration) 
             )));
         }
         if Instant::now() >= deadline {
-            return Err(infra(format!("stack api never answered GET {base}/healthz within {}s", within.as_secs())));
+            return Err(infra(format!(
+                "stack api never answered GET {base}/healthz within {}s",
+                within.as_secs()
+            )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-fn progress_line(t0: Instant, tracker: &settle::Tracker, expected: &[Expected], world: &world::World, pending: usize) -> String {
+fn progress_line(
+    t0: Instant,
+    tracker: &settle::Tracker,
+    expected: &[Expected],
+    world: &world::World,
+    pending: usize,
+) -> String {
     let done = tracker.done_by_channel(expected);
     let mut parts = Vec::new();
     for c in Channel::ALL {

@@ -34,7 +34,12 @@ impl Tracker {
             .enumerate()
             .map(|(i, e)| ((e.channel.provider(), e.address.clone()), i))
             .collect();
-        Tracker { index, seen: vec![Seen::default(); expected.len()], next_seq: 0, max_attempts }
+        Tracker {
+            index,
+            seen: vec![Seen::default(); expected.len()],
+            next_seq: 0,
+            max_attempts,
+        }
     }
 
     /// Folds in new ledger entries (`since` order).
@@ -44,7 +49,9 @@ impl Tracker {
             if e.kind != EntryKind::Send {
                 continue;
             }
-            let Some(&i) = self.index.get(&(e.provider, e.recipient.clone())) else { continue };
+            let Some(&i) = self.index.get(&(e.provider, e.recipient.clone())) else {
+                continue;
+            };
             let s = &mut self.seen[i];
             match e.outcome {
                 Outcome::Accepted => s.accepted += 1,
@@ -72,11 +79,16 @@ impl Tracker {
         status: Option<&[StatusDelivery]>,
         callbacks: &[Channel],
     ) -> Vec<String> {
-        let by_key: Option<HashMap<(&str, Channel), &StatusDelivery>> =
-            status.map(|rows| rows.iter().map(|d| ((d.recipient.as_str(), d.channel), d)).collect());
+        let by_key: Option<HashMap<(&str, Channel), &StatusDelivery>> = status.map(|rows| {
+            rows.iter()
+                .map(|d| ((d.recipient.as_str(), d.channel), d))
+                .collect()
+        });
         let mut open = Vec::new();
         for (i, e) in expected.iter().enumerate() {
-            let row = by_key.as_ref().and_then(|m| m.get(&(e.recipient.as_str(), e.channel)).copied());
+            let row = by_key
+                .as_ref()
+                .and_then(|m| m.get(&(e.recipient.as_str(), e.channel)).copied());
             let settled_in_stack = match (&by_key, row) {
                 (None, _) => true,
                 (Some(_), None) => false,

@@ -80,8 +80,20 @@ impl World {
         self.ledger.now_ns()
     }
 
-    pub fn event(&self, kind: &str, slot: Option<u32>, pid: Option<u32>, detail: impl Into<String>) {
-        let ev = TimelineEvent { mono_ns: self.now_ns(), kind: kind.into(), slot, pid, detail: detail.into() };
+    pub fn event(
+        &self,
+        kind: &str,
+        slot: Option<u32>,
+        pid: Option<u32>,
+        detail: impl Into<String>,
+    ) {
+        let ev = TimelineEvent {
+            mono_ns: self.now_ns(),
+            kind: kind.into(),
+            slot,
+            pid,
+            detail: detail.into(),
+        };
         tracing::info!(kind, ?slot, ?pid, detail = %ev.detail, "event");
         self.timeline.lock().unwrap().push(ev);
     }
@@ -111,7 +123,11 @@ impl World {
             *n += 1;
             cur
         };
-        let worker_id = if n == 0 { format!("w{slot}") } else { format!("w{slot}-r{n}") };
+        let worker_id = if n == 0 {
+            format!("w{slot}")
+        } else {
+            format!("w{slot}-r{n}")
+        };
         let mut env = self.worker.env.clone();
         env.insert("TING_WORKER_ID".into(), worker_id.clone());
         let pid = self
@@ -127,7 +143,12 @@ impl World {
             .await?;
         self.attributor.add_candidate(pid);
         self.slots.lock().unwrap().insert(slot, pid);
-        self.event(if n == 0 { "spawn" } else { "restart" }, Some(slot), Some(pid), worker_id);
+        self.event(
+            if n == 0 { "spawn" } else { "restart" },
+            Some(slot),
+            Some(pid),
+            worker_id,
+        );
         Ok(pid)
     }
 
@@ -143,13 +164,20 @@ impl World {
     }
 
     pub fn slot_of(&self, pid: u32) -> Option<u32> {
-        self.slots.lock().unwrap().iter().find(|(_, p)| **p == pid).map(|(s, _)| *s)
+        self.slots
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, p)| **p == pid)
+            .map(|(s, _)| *s)
     }
 
     /// The live worker that has sent the most so far.
     pub fn busiest(&self) -> Option<(u32, u32)> {
         let sends = self.sends_by_pid.lock().unwrap().clone();
-        self.live_workers().into_iter().max_by_key(|(slot, pid)| (sends.get(pid).copied().unwrap_or(0), u32::MAX - slot))
+        self.live_workers()
+            .into_iter()
+            .max_by_key(|(slot, pid)| (sends.get(pid).copied().unwrap_or(0), u32::MAX - slot))
     }
 }
 

@@ -19,7 +19,11 @@ pub struct ScenarioError {
 impl fmt::Display for ScenarioError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.line > 0 {
-            write!(f, "{} at {}:{}:{}", self.message, self.file, self.line, self.col)?;
+            write!(
+                f,
+                "{} at {}:{}:{}",
+                self.message, self.file, self.line, self.col
+            )?;
         } else {
             write!(f, "{}: {}", self.file, self.message)?;
         }
@@ -104,13 +108,21 @@ pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
 /// "unknown field `x`, expected one of `a`, `b`" to name the table and suggest the nearest key.
 pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError {
     let offset = err.span().map(|s| s.start).unwrap_or(0);
-    let (line, col) = if err.span().is_some() { line_col(text, offset) } else { (0, 0) };
+    let (line, col) = if err.span().is_some() {
+        line_col(text, offset)
+    } else {
+        (0, 0)
+    };
     let msg = err.message().trim().to_string();
     if let Some(rest) = msg.strip_prefix("unknown field `") {
         if let Some((key, tail)) = rest.split_once('`') {
             let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
             let table = table_at(text, offset);
-            let place = if table.is_empty() { "at the top level".to_string() } else { format!("in [{table}]") };
+            let place = if table.is_empty() {
+                "at the top level".to_string()
+            } else {
+                format!("in [{table}]")
+            };
             return ScenarioError {
                 file: file.into(),
                 line,
@@ -135,15 +147,26 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
                 file: file.into(),
                 line,
                 col,
-                message: format!("unknown value `{word}`{place}; expected one of {}", list(&expected)),
+                message: format!(
+                    "unknown value `{word}`{place}; expected one of {}",
+                    list(&expected)
+                ),
                 key,
                 suggestion: nearest(word, expected.iter().copied()),
             };
         }
     }
-    if let Some(k) = msg.strip_prefix("missing field `").and_then(|r| r.split_once('`')).map(|(k, _)| k) {
+    if let Some(k) = msg
+        .strip_prefix("missing field `")
+        .and_then(|r| r.split_once('`'))
+        .map(|(k, _)| k)
+    {
         let table = table_at(text, offset);
-        let place = if table.is_empty() { "at the top level".to_string() } else { format!("in [{table}]") };
+        let place = if table.is_empty() {
+            "at the top level".to_string()
+        } else {
+            format!("in [{table}]")
+        };
         return ScenarioError {
             file: file.into(),
             line,
@@ -158,12 +181,23 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
     let message = match &key {
         Some(k) => {
             let table = table_at(text, offset);
-            let place = if table.is_empty() { String::new() } else { format!(" in [{table}]") };
+            let place = if table.is_empty() {
+                String::new()
+            } else {
+                format!(" in [{table}]")
+            };
             format!("bad value for `{k}`{place}: {msg}")
         }
         None => msg,
     };
-    ScenarioError { file: file.into(), line, col, message, key, suggestion: None }
+    ScenarioError {
+        file: file.into(),
+        line,
+        col,
+        message,
+        key,
+        suggestion: None,
+    }
 }
 
 /// The key assigned on the line containing `offset` (`key = …`), if any.
@@ -177,5 +211,9 @@ fn key_on_line(text: &str, offset: usize) -> Option<String> {
 }
 
 pub fn list(items: &[&str]) -> String {
-    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+    items
+        .iter()
+        .map(|s| format!("`{s}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -133,9 +133,10 @@ impl Pacing {
     pub fn batch_count(&self) -> u32 {
         match self {
             Pacing::Batches(n) => *n,
-            Pacing::Rate { per_second, duration } => {
-                ((per_second * duration.as_secs_f64()).round() as u32).max(1)
-            }
+            Pacing::Rate {
+                per_second,
+                duration,
+            } => ((per_second * duration.as_secs_f64()).round() as u32).max(1),
         }
     }
 }
@@ -191,6 +192,9 @@ pub struct Expect {
     pub max_unknown: u32,
     #[serde(with = "ms")]
     pub recovery_slack: Duration,
+    #[serde(with = "ms")]
+    pub in_flight_allowance: Duration,
+    pub thresholds: Vec<crate::report::gate::Threshold>,
 }
 
 /// Reads and validates a scenario file.
@@ -208,7 +212,10 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
 
 /// Validates scenario `text` as if read from `path`.
 pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
-    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let raw: raw::RawScenario =
         toml::from_str(text).map_err(|e| error::from_toml(&file, text, &e))?;
     validate::validate(raw, path, &file, text)

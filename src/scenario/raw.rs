@@ -138,7 +138,9 @@ impl Default for RawBackoff {
 }
 
 /// A channel a delivery goes out on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize, JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Channel {
     Line,
@@ -318,6 +320,13 @@ pub struct RawExpect {
     pub max_unknown: u32,
     /// Slack on top of the lease for recovery after a kill or stop.
     pub recovery_slack: HumanDuration,
+    /// How long after SIGTERM a send may still arrive from the terminated worker (it was already
+    /// on its way: waiting for a connection, mid-transaction).
+    pub in_flight_allowance: HumanDuration,
+    /// Performance gates, k6-style: `"deliveries_per_s >= 400"`, `"enqueue_p99 <= 50ms"`,
+    /// `"e2e_p99 <= 3s"`.
+    #[schemars(with = "Vec<String>")]
+    pub thresholds: Vec<crate::report::gate::Threshold>,
 }
 
 impl Default for RawExpect {
@@ -337,6 +346,8 @@ impl Default for RawExpect {
             quiescence: HumanDuration::from_millis(60_000),
             max_unknown: 0,
             recovery_slack: HumanDuration::from_millis(5_000),
+            in_flight_allowance: HumanDuration::from_millis(1_000),
+            thresholds: Vec::new(),
         }
     }
 }

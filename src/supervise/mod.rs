@@ -48,8 +48,13 @@ pub struct Supervisor {
 impl Supervisor {
     /// `clock`: the ledger whose monotonic clock every record uses.
     pub fn new(log_dir: &Path, clock: Ledger) -> anyhow::Result<Supervisor> {
-        std::fs::create_dir_all(log_dir).with_context(|| format!("create {}", log_dir.display()))?;
-        Ok(Supervisor { log_dir: log_dir.to_path_buf(), clock, procs: Arc::default() })
+        std::fs::create_dir_all(log_dir)
+            .with_context(|| format!("create {}", log_dir.display()))?;
+        Ok(Supervisor {
+            log_dir: log_dir.to_path_buf(),
+            clock,
+            procs: Arc::default(),
+        })
     }
 
     /// Starts `spec` and returns its pid. A task reaps it and records its exit.
@@ -101,7 +106,10 @@ impl Supervisor {
             let status = child.wait().await;
             let now = me.clock.now_ns();
             let mut procs = me.procs.lock().unwrap();
-            if let Some(p) = procs.iter_mut().find(|p| p.record.pid == pid && p.record.exited_ns.is_none()) {
+            if let Some(p) = procs
+                .iter_mut()
+                .find(|p| p.record.pid == pid && p.record.exited_ns.is_none())
+            {
                 p.record.exited_ns = Some(now);
                 if let Ok(st) = status {
                     use std::os::unix::process::ExitStatusExt;
@@ -119,7 +127,13 @@ impl Supervisor {
     pub fn signal(&self, pid: u32, sig: Signal) -> anyhow::Result<()> {
         if sig == Signal::SIGTERM {
             let now = self.clock.now_ns();
-            if let Some(p) = self.procs.lock().unwrap().iter_mut().find(|p| p.record.pid == pid) {
+            if let Some(p) = self
+                .procs
+                .lock()
+                .unwrap()
+                .iter_mut()
+                .find(|p| p.record.pid == pid)
+            {
                 p.record.sigterm_ns.get_or_insert(now);
             }
         }
@@ -131,9 +145,17 @@ impl Supervisor {
 
     /// Waits up to `timeout` for `pid` to exit; true when it did.
     pub async fn wait_exit(&self, pid: u32, timeout: Duration) -> bool {
-        let rx = self.procs.lock().unwrap().iter().find(|p| p.record.pid == pid).map(|p| p.exited.clone());
+        let rx = self
+            .procs
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p.record.pid == pid)
+            .map(|p| p.exited.clone());
         let Some(mut rx) = rx else { return true };
-        let done = tokio::time::timeout(timeout, rx.wait_for(|done| *done)).await.is_ok();
+        let done = tokio::time::timeout(timeout, rx.wait_for(|done| *done))
+            .await
+            .is_ok();
         done
     }
 
@@ -144,7 +166,13 @@ impl Supervisor {
         if self.wait_exit(pid, grace).await {
             return true;
         }
-        if let Some(p) = self.procs.lock().unwrap().iter_mut().find(|p| p.record.pid == pid) {
+        if let Some(p) = self
+            .procs
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .find(|p| p.record.pid == pid)
+        {
             p.record.killed_after_grace = true;
         }
         let _ = self.signal(pid, Signal::SIGKILL);
@@ -153,7 +181,11 @@ impl Supervisor {
     }
 
     pub fn is_alive(&self, pid: u32) -> bool {
-        self.procs.lock().unwrap().iter().any(|p| p.record.pid == pid && p.record.exited_ns.is_none())
+        self.procs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|p| p.record.pid == pid && p.record.exited_ns.is_none())
     }
 
     /// Live processes of `role`, in start order: (slot, pid).
@@ -168,11 +200,21 @@ impl Supervisor {
     }
 
     pub fn record(&self, pid: u32) -> Option<ProcessRecord> {
-        self.procs.lock().unwrap().iter().find(|p| p.record.pid == pid).map(|p| p.record.clone())
+        self.procs
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p.record.pid == pid)
+            .map(|p| p.record.clone())
     }
 
     pub fn records(&self) -> Vec<ProcessRecord> {
-        self.procs.lock().unwrap().iter().map(|p| p.record.clone()).collect()
+        self.procs
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|p| p.record.clone())
+            .collect()
     }
 
     /// Stops everything still running: SIGTERM to all, then SIGKILL after `grace`. Teardown
@@ -200,7 +242,13 @@ impl Supervisor {
 
     /// Kills everything at once (Ctrl-C path). Synchronous so it can run from any context.
     pub fn kill_all(&self) {
-        for p in self.procs.lock().unwrap().iter().filter(|p| p.record.exited_ns.is_none()) {
+        for p in self
+            .procs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.record.exited_ns.is_none())
+        {
             let _ = signal::killpg(Pid::from_raw(p.record.pid as i32), Signal::SIGKILL);
         }
     }

@@ -10,7 +10,10 @@ use std::sync::OnceLock;
 
 use tokio::sync::oneshot;
 
-type Job = (tokio::process::Command, oneshot::Sender<std::io::Result<tokio::process::Child>>);
+type Job = (
+    tokio::process::Command,
+    oneshot::Sender<std::io::Result<tokio::process::Child>>,
+);
 
 static SPAWNER: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
 
@@ -45,7 +48,14 @@ fn set_pdeathsig(cmd: &mut tokio::process::Command) {
     // (prctl, getppid, kill/_exit are all async-signal-safe).
     unsafe {
         cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             // The parent may have died before prctl took effect: then we were re-parented.

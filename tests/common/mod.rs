@@ -30,7 +30,11 @@ impl Case {
     /// `ting-chaos run` on this scenario; the run's own database unless DATABASE_URL is set.
     pub fn run(&self, extra: &[&str]) -> Output {
         let mut cmd = Command::new(bin());
-        cmd.arg("run").arg(&self.scenario).arg("--report-dir").arg(self.reports()).args(extra);
+        cmd.arg("run")
+            .arg(&self.scenario)
+            .arg("--report-dir")
+            .arg(self.reports())
+            .args(extra);
         cmd.output().expect("run ting-chaos")
     }
 
@@ -55,7 +59,11 @@ pub fn code(out: &Output) -> i32 {
 }
 
 pub fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// The verdict of checker `name` in a report.
@@ -74,9 +82,18 @@ pub fn repo() -> &'static Path {
 
 /// Validates `report` against the committed `docs/report.schema.json`.
 pub fn assert_valid_report(report: &serde_json::Value) {
-    let schema: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo().join("docs/report.schema.json")).expect("schema")).unwrap();
+    let schema: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo().join("docs/report.schema.json")).expect("schema"),
+    )
+    .unwrap();
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
-    let errors: Vec<String> = validator.iter_errors(report).map(|e| format!("{} at {}", e, e.instance_path)).collect();
-    assert!(errors.is_empty(), "report does not match docs/report.schema.json:\n{}", errors.join("\n"));
+    let errors: Vec<String> = validator
+        .iter_errors(report)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "report does not match docs/report.schema.json:\n{}",
+        errors.join("\n")
+    );
 }

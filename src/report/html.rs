@@ -1,0 +1,478 @@
+//! `report.html`: one self-contained page a person reads to understand a run in seconds — the
+//! verdict first, then each checker with its counterexamples, then the charts that explain them.
+//!
+//! The page must work offline and stay inert: inline CSS and inline SVG only, no scripts, no
+//! external fonts or images, and every string from the report escaped (see `html_parts`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use mock_providers::ledger::LedgerEntry;
+use serde_json::Value;
+
+use super::charts::{self, Marker};
+use super::html_parts::{counterexample, esc, kv_table, table};
+use super::stats::{self, percentile, Metrics};
+use super::Report;
+use crate::check::{Status, Verdict};
+
+const CSS: &str = include_str!("report.css");
+
+/// Timeline events that are bookkeeping rather than something worth a line on the chart.
+const QUIET_EVENTS: [&str; 3] = ["spawn", "api_ready", "exit"];
+
+/// Renders the whole page. `ledger` may be empty (the charts then say so).
+pub fn render_html(report: &Report, ledger: &[LedgerEntry]) -> String {
+    let metrics = if ledger.is_empty() {
+        report.metrics.clone()
+    } else {
+        stats::metrics(report, ledger)
+    };
+    let mut page = String::with_capacity(256 * 1024);
+    let verdict = report.verdict.to_uppercase();
+    let _ = write!(
+        page,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{} · {} · ting-chaos</title><style>{CSS}</style></head><body>",
+        esc(&verdict),
+        esc(&report.scenario_name)
+    );
+    header(&mut page, report);
+    page.push_str("<main>");
+    cards(&mut page, report, &metrics, ledger);
+    checks(&mut page, &report.checks);
+    timeline(&mut page, report, ledger);
+    latency(&mut page, report, ledger);
+    outcomes(&mut page, report, ledger);
+    workers(&mut page, report);
+    page.push_str("</main>");
+    let _ = writeln!(
+        page,
+        "<footer>{} {} · database: {} {} · files: {}</footer></body></html>",
+        esc(&report.tool.name),
+        esc(&report.tool.version),
+        esc(&report.database.kind),
+        esc(report.database.server_version.as_deref().unwrap_or("")),
+        esc(&report
+            .files
+            .values()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", "))
+    );
+    page
+}
+
+fn header(page: &mut String, r: &Report) {
+    let class = match r.verdict.as_str() {
+        "pass" => "pass",
+        "fail" => "fail",
+        _ => "error",
+    };
+    let violated: Vec<&str> = r.violated().map(|v| v.checker.as_str()).collect();
+    let line = if violated.is_empty() {
+        let held = r
+            .checks
+            .iter()
+            .filter(|v| v.status == Status::Holds)
+            .count();
+        format!(
+            "{held} of {} invariants hold, none violated",
+            r.checks.len()
+        )
+    } else {
+        format!(
+            "{} of {} invariants violated: {}",
+            violated.len(),
+            r.checks.len(),
+            violated.join(", ")
+        )
+    };
+    let _ = write!(
+        page,
+        "<header class=\"verdict {class}\"><div class=\"big\">{}</div><div><h1>{}</h1>\
+         <p>seed {} · started {} · {:.1} s · exit code {}</p><p>{}</p></div></header>",
+        esc(&r.verdict.to_uppercase()),
+        esc(&r.scenario_name),
+        r.seed,
+        esc(if r.started_at.is_empty() {
+            "—"
+        } else {
+            &r.started_at
+        }),
+        r.duration_ms as f64 / 1000.0,
+        r.exit_code,
+        esc(&line)
+    );
+}
+
+fn ms(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1} s", v / 1000.0)
+    } else {
+        format!("{v:.1} ms")
+    }
+}
+
+fn cards(page: &mut String, r: &Report, m: &Metrics, ledger: &[LedgerEntry]) {
+    if let Some(e) = &r.error {
+        let _ = write!(page, "<section><div class=\"error-box\"><b>The run could not complete:</b> {}</div></section>", esc(e));
+    }
+    let accepted: u64 = r
+        .ledger_summary
+        .values()
+        .filter_map(|o| o.get("accepted"))
+        .sum();
+    let faults = ledger.iter().filter(|e| e.fault.is_some()).count();
+    let cards = [
+        (
+            "deliveries expected",
+            r.load.expected_deliveries.to_string(),
+        ),
+        ("accepted sends", accepted.to_string()),
+        ("deliveries / s", format!("{:.1}", m.deliveries_per_s)),
+        ("enqueue p99", ms(m.enqueue_p99_ms)),
+        ("end-to-end p50", ms(m.e2e_p50_ms)),
+        ("end-to-end p99", ms(m.e2e_p99_ms)),
+        ("faults injected", faults.to_string()),
+        ("callbacks sent", r.callbacks_sent.to_string()),
+    ];
+    page.push_str("<section class=\"cards\">");
+    for (k, v) in cards {
+        let _ = write!(
+            page,
+            "<div class=\"card\"><div class=\"v\">{}</div><div class=\"k\">{}</div></div>",
+            esc(&v),
+            esc(k)
+        );
+    }
+    page.push_str("</section>");
+}
+
+fn checks(page: &mut String, verdicts: &[Verdict]) {
+    page.push_str("<section id=\"checks\"><h2>Checkers</h2>");
+    if verdicts.is_empty() {
+        page.push_str("<p class=\"note\">No checker ran.</p>");
+    }
+    for v in verdicts {
+        let (class, label) = match v.status {
+            Status::Holds => ("holds", "HOLDS"),
+            Status::Violated => ("violated", "VIOLATED"),
+            Status::NotChecked => ("not_checked", "NOT CHECKED"),
+        };
+        let open = if v.status == Status::Violated {
+            " open"
+        } else {
+            ""
+        };
+        let _ = write!(
+            page,
+            "<details class=\"check {class}\"{open}><summary><span class=\"pill {class}\">{label}</span>\
+             <span class=\"checker\">{}</span>{}</summary><div class=\"body\">",
+            esc(&v.checker),
+            esc(&v.summary)
+        );
+        if !v.counterexamples.is_empty() {
+            let _ = write!(
+                page,
+                "<h3>Counterexamples ({} shown of {})</h3>",
+                v.counterexamples.len(),
+                v.total_counterexamples.max(v.counterexamples.len())
+            );
+            for cx in &v.counterexamples {
+                page.push_str(&counterexample(cx));
+            }
+        }
+        if !v.figures.is_empty() {
+            let _ = write!(
+                page,
+                "<details class=\"figures\"><summary>Figures</summary>{}</details>",
+                kv_table(&v.figures)
+            );
+        }
+        page.push_str("</div></details>");
+    }
+    page.push_str("</section>");
+}
+
+fn chart_or_note(page: &mut String, svg: Result<String, String>) {
+    match svg {
+        Ok(svg) => {
+            let _ = write!(page, "<div class=\"chart\">{svg}</div>");
+        }
+        Err(e) => {
+            let _ = write!(page, "<p class=\"note\">{}</p>", esc(&e));
+        }
+    }
+}
+
+fn secs(ns: u64) -> String {
+    format!("{:.3}", ns as f64 / 1e9)
+}
+
+fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
+    page.push_str("<section id=\"timeline\"><h2>Timeline</h2>");
+    let workers: BTreeMap<u32, &str> = r
+        .processes
+        .iter()
+        .filter_map(|p| Some((p.pid, p.worker_id.as_deref()?)))
+        .collect();
+    let markers: Vec<Marker> = r
+        .timeline
+        .iter()
+        .filter(|e| !QUIET_EVENTS.contains(&e.kind.as_str()))
+        .map(|e| {
+            let who = e
+                .pid
+                .and_then(|p| workers.get(&p))
+                .map(|w| format!(" {w}"))
+                .unwrap_or_default();
+            Marker {
+                at_s: e.mono_ns as f64 / 1e9,
+                kind: e.kind.clone(),
+                label: format!("{}{who}", e.kind),
+            }
+        })
+        .collect();
+    if ledger.is_empty() {
+        page.push_str("<p class=\"note\">No ledger beside this report: no send rates to draw.</p>");
+    } else {
+        page.push_str("<p class=\"note\">Accepted sends per second per channel; red bars are sends the providers failed on purpose; dashed lines are chaos actions and run milestones.</p>");
+        chart_or_note(page, charts::timeline(&stats::per_second(ledger), &markers));
+    }
+    if !r.chaos_unfired.is_empty() {
+        let steps: Vec<String> = r.chaos_unfired.iter().map(|i| i.to_string()).collect();
+        let _ = write!(page, "<div class=\"warn-box\">Chaos steps that never fired (index into <code>scenario.chaos</code>): {}</div>", steps.join(", "));
+    }
+    let rows: Vec<Vec<String>> = r
+        .timeline
+        .iter()
+        .map(|e| {
+            vec![
+                secs(e.mono_ns),
+                esc(&e.kind).into_owned(),
+                e.slot.map(|s| s.to_string()).unwrap_or_default(),
+                e.pid.map(|p| p.to_string()).unwrap_or_default(),
+                esc(&e.detail).into_owned(),
+            ]
+        })
+        .collect();
+    let _ = write!(
+        page,
+        "<details><summary>All {} timeline events</summary>{}</details></section>",
+        rows.len(),
+        table(&["at (s)", "event", "slot", "pid", "detail"], &rows)
+    );
+}
+
+fn pct_row(name: &str, sorted: &[f64]) -> Vec<String> {
+    let mut row = vec![esc(name).into_owned(), sorted.len().to_string()];
+    for q in [0.5, 0.9, 0.99] {
+        row.push(format!("{:.1}", percentile(sorted, q)));
+    }
+    row.push(format!("{:.1}", sorted.last().copied().unwrap_or(0.0)));
+    row
+}
+
+fn latency(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
+    page.push_str("<section id=\"latency\"><h2>Latency</h2>");
+    let e = &r.load.enqueue_latency_ms;
+    let mut rows = vec![vec![
+        "enqueue (POST /v1/batches)".to_string(),
+        e.count.to_string(),
+        format!("{:.1}", e.p50),
+        format!("{:.1}", e.p90),
+        format!("{:.1}", e.p99),
+        format!("{:.1}", e.max),
+    ]];
+    let by_channel = stats::e2e_ms(r, ledger);
+    let all = stats::merged(&by_channel);
+    if !all.is_empty() {
+        rows.push(pct_row("end-to-end, all channels", &all));
+        for (ch, v) in &by_channel {
+            rows.push(pct_row(&format!("end-to-end, {ch}"), v));
+        }
+    }
+    page.push_str(&table(
+        &["latency (ms)", "count", "p50", "p90", "p99", "max"],
+        &rows,
+    ));
+    page.push_str("<p class=\"note\">End-to-end: from the start of the load (<code>load_start</code>) to the provider accepting the delivery's first copy.</p>");
+    if !all.is_empty() {
+        page.push_str("<h3>End-to-end latency histogram</h3>");
+        chart_or_note(
+            page,
+            charts::bars(
+                &histogram(&all),
+                charts::channel_color("email"),
+                "end-to-end latency (bucket start)",
+                "deliveries",
+                1100,
+            ),
+        );
+    }
+    page.push_str("</section>");
+}
+
+/// Buckets of a 1-2-5 width chosen for about 25 bars.
+fn histogram(sorted: &[f64]) -> Vec<(String, u64)> {
+    let max = sorted.last().copied().unwrap_or(0.0).max(1.0);
+    let raw = max / 25.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let width = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|w| *w >= raw)
+        .unwrap_or(10.0 * mag);
+    let n = (max / width).floor() as usize + 1;
+    let mut counts = vec![0u64; n];
+    for v in sorted {
+        counts[((v / width).floor() as usize).min(n - 1)] += 1;
+    }
+    let label = |x: f64| {
+        if width >= 1000.0 {
+            format!("{}s", x / 1000.0)
+        } else {
+            format!("{x}ms")
+        }
+    };
+    counts
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| (label(i as f64 * width), c))
+        .collect()
+}
+
+fn outcomes(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
+    page.push_str("<section id=\"outcomes\"><h2>Outcomes</h2><div class=\"row\"><div>");
+    page.push_str("<h3>Deliveries per channel (no_loss)</h3>");
+    let by_channel = r
+        .checks
+        .iter()
+        .find(|v| v.checker == "no_loss")
+        .and_then(|v| v.figures.get("by_channel"))
+        .and_then(Value::as_object);
+    match by_channel {
+        Some(m) => page.push_str(&kv_table(m)),
+        None => page.push_str("<p class=\"note\">no_loss did not report per-channel outcomes.</p>"),
+    }
+    page.push_str("<h3>Send attempts by provider answer</h3>");
+    let summary: serde_json::Map<String, Value> = r
+        .ledger_summary
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::to_value(v).unwrap_or_default()))
+        .collect();
+    page.push_str(&kv_table(&summary));
+    page.push_str("</div><div><h3>Attempts per delivery</h3>");
+    // Every count from 1 to the largest seen (at least 3), so a run without retries shows so.
+    let per = stats::attempts_per_delivery(ledger);
+    let most = per.keys().max().copied().unwrap_or(0).max(3);
+    let attempts: Vec<(String, u64)> = if per.is_empty() {
+        Vec::new()
+    } else {
+        (1..=most)
+            .map(|n| (n.to_string(), per.get(&n).copied().unwrap_or(0)))
+            .collect()
+    };
+    if attempts.is_empty() {
+        page.push_str("<p class=\"note\">No ledger beside this report.</p>");
+    } else {
+        chart_or_note(
+            page,
+            charts::bars(
+                &attempts,
+                charts::channel_color("line"),
+                "send attempts",
+                "deliveries",
+                540,
+            ),
+        );
+    }
+    page.push_str("</div></div></section>");
+}
+
+fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+fn workers(page: &mut String, r: &Report) {
+    page.push_str("<section id=\"workers\"><h2>Processes</h2>");
+    let name = |pid: u32| {
+        r.processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .map(|p| p.worker_id.clone().unwrap_or_else(|| p.role.clone()))
+            .unwrap_or_else(|| format!("pid {pid}"))
+    };
+    if r.sends_by_pid.is_empty() {
+        page.push_str(
+            "<p class=\"note\">Send attempts per process were not recorded in this report.</p>",
+        );
+    } else {
+        page.push_str("<h3>Send attempts per worker</h3>");
+        let bars: Vec<(String, u64)> = r
+            .sends_by_pid
+            .iter()
+            .map(|(pid, n)| (name(*pid), *n))
+            .collect();
+        chart_or_note(
+            page,
+            charts::bars(
+                &bars,
+                charts::channel_color("sms"),
+                "worker",
+                "send attempts",
+                1100,
+            ),
+        );
+    }
+    let rows: Vec<Vec<String>> = r
+        .processes
+        .iter()
+        .map(|p| {
+            let ended = match (p.exit_code, p.signal) {
+                (_, Some(sig)) => signal_name(sig),
+                (Some(code), None) => format!("exit {code}"),
+                (None, None) => "running".into(),
+            };
+            vec![
+                esc(&p.role).into_owned(),
+                esc(p.worker_id.as_deref().unwrap_or("")).into_owned(),
+                p.pid.to_string(),
+                secs(p.started_ns),
+                p.exited_ns.map(secs).unwrap_or_default(),
+                esc(&ended).into_owned(),
+                p.sigterm_ns.map(secs).unwrap_or_default(),
+                if p.killed_after_grace {
+                    "<b>yes</b>".into()
+                } else {
+                    String::new()
+                },
+                r.sends_by_pid
+                    .get(&p.pid)
+                    .map(|n| n.to_string())
+                    .unwrap_or_default(),
+                format!("<a href=\"logs/{0}\">{0}</a>", esc(&p.log)),
+            ]
+        })
+        .collect();
+    page.push_str(&table(
+        &[
+            "role",
+            "worker",
+            "pid",
+            "started (s)",
+            "exited (s)",
+            "ended by",
+            "SIGTERM at (s)",
+            "killed after grace",
+            "sends",
+            "log",
+        ],
+        &rows,
+    ));
+    page.push_str("</section>");
+}

@@ -1,0 +1,109 @@
+//! Writes the human and CI renderings beside `report.json`: `report.html`, `junit.xml`,
+//! `summary.md`, and appends the summary to `$GITHUB_STEP_SUMMARY` when CI sets it.
+//!
+//! Every file is written atomically (temporary file, then rename) so a reader never sees half a
+//! page. Rendering reads the report and the ledger only; it must never change `report.json`.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use mock_providers::ledger::LedgerEntry;
+
+use super::{html, junit, markdown, stats, Report};
+
+/// Reads `ledger.jsonl`. A line that does not parse (a run killed mid-write leaves a torn last
+/// line) is skipped and counted rather than failing the whole rendering.
+pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<LedgerEntry>, usize)> {
+    let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let mut entries = Vec::new();
+    let mut skipped = 0;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line.with_context(|| format!("read {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(&line) {
+            Ok(e) => entries.push(e),
+            Err(_) => skipped += 1,
+        }
+    }
+    Ok((entries, skipped))
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> anyhow::Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, data).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))?;
+    Ok(())
+}
+
+/// Renders `report.html`, `junit.xml` and `summary.md` into `dir` from `report` and `ledger`,
+/// and appends the summary to `step_summary` when given. Returns the files written.
+pub fn write_rendered(
+    dir: &Path,
+    report: &Report,
+    ledger: &[LedgerEntry],
+    step_summary: Option<&Path>,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let metrics = if report.metrics.is_empty() && !ledger.is_empty() {
+        stats::metrics(report, ledger)
+    } else {
+        report.metrics.clone()
+    };
+    let summary = markdown::render_with(report, &metrics);
+    let outputs = [
+        ("report.html", html::render_html(report, ledger)),
+        ("junit.xml", junit::render_junit(report)),
+        ("summary.md", summary.clone()),
+    ];
+    let mut written = Vec::new();
+    for (name, body) in outputs {
+        let path = dir.join(name);
+        write_atomic(&path, body.as_bytes())?;
+        written.push(path);
+    }
+    if let Some(path) = step_summary {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("open step summary {}", path.display()))?;
+        f.write_all(summary.as_bytes())
+            .and_then(|_| f.write_all(b"\n"))
+            .with_context(|| format!("append to step summary {}", path.display()))?;
+    }
+    Ok(written)
+}
+
+/// Renders everything for a run folder: reads `dir/ledger.jsonl` when present and appends the
+/// summary to the file `$GITHUB_STEP_SUMMARY` names when that is set (and not empty).
+pub fn write_all(dir: &Path, report: &Report) -> anyhow::Result<Vec<PathBuf>> {
+    let ledger_path = dir.join("ledger.jsonl");
+    let ledger = if ledger_path.exists() {
+        let (entries, skipped) = read_ledger(&ledger_path)?;
+        if skipped > 0 {
+            tracing::warn!(
+                "{}: skipped {skipped} unreadable lines",
+                ledger_path.display()
+            );
+        }
+        entries
+    } else {
+        Vec::new()
+    };
+    let step_summary = std::env::var_os("GITHUB_STEP_SUMMARY")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    write_rendered(dir, report, &ledger, step_summary.as_deref())
+}
+
+/// Loads `dir/report.json` and renders it again (`ting-chaos report DIR`).
+pub fn rerender(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let path = dir.join("report.json");
+    let data = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+    let report: Report =
+        serde_json::from_slice(&data).with_context(|| format!("parse {}", path.display()))?;
+    write_all(dir, &report)
+}
