@@ -146,3 +146,79 @@ pub fn report(dir: &Path) -> i32 {
         }
     }
 }
+
+/// Parses `--seeds`: a count K (1..=K) or a comma-separated list.
+pub fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
+    let s = s.trim();
+    if s.contains(',') {
+        return s.split(',').map(|x| x.trim().parse::<u64>().map_err(|_| format!("bad seed `{x}` in --seeds"))).collect();
+    }
+    match s.parse::<u64>() {
+        Ok(k) if (1..=1000).contains(&k) => Ok((1..=k).collect()),
+        _ => Err(format!("--seeds takes a count 1..=1000 or a list like \"3,7,11\" (got `{s}`)")),
+    }
+}
+
+/// `ting-chaos sweep`: the scenario over several seeds; exit 1 when any seed fails.
+pub async fn sweep(
+    path: &Path,
+    seeds: &str,
+    database_url: Option<String>,
+    report_root: std::path::PathBuf,
+    self_exe: std::path::PathBuf,
+) -> i32 {
+    let seeds = match parse_seeds(seeds) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let s = match scenario::load(path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let (mut passed, mut failed) = (0, 0);
+    let mut worst = exit::OK;
+    for seed in &seeds {
+        let opts = RunOptions {
+            seed: Some(*seed),
+            database_url: database_url.clone(),
+            report_root: report_root.clone(),
+            self_exe: self_exe.clone(),
+            ..Default::default()
+        };
+        let t = std::time::Instant::now();
+        let outcome = tokio::select! {
+            o = run::run(s.clone(), opts, std::future::pending::<()>()) => o,
+            _ = interrupted() => { eprintln!("interrupted"); return 130; }
+        };
+        let violated: Vec<String> = outcome
+            .report
+            .as_ref()
+            .map(|r| r.violated().map(|v| v.checker.clone()).chain(r.regressions.iter().cloned()).collect())
+            .unwrap_or_default();
+        let verdict = match outcome.exit_code {
+            exit::OK => "pass",
+            exit::VIOLATION => "FAIL",
+            _ => "ERROR",
+        };
+        println!(
+            "seed {seed:>6}  {verdict:<5} {:>6.1}s  {}  {}",
+            t.elapsed().as_secs_f64(),
+            violated.join(", "),
+            outcome.report_dir.display()
+        );
+        if outcome.exit_code == exit::OK {
+            passed += 1;
+        } else {
+            failed += 1;
+            worst = worst.max(outcome.exit_code);
+        }
+    }
+    println!("{}: {passed} passed, {failed} failed", s.name);
+    worst
+}

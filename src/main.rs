@@ -52,6 +52,17 @@ enum Command {
         #[arg(long, default_value = "10%")]
         tolerance: String,
     },
+    /// Run a scenario over several seeds and print pass/fail per seed (a false-alarm sweep).
+    Sweep {
+        scenario: PathBuf,
+        /// Seeds to run: a count K (seeds 1..=K) or a list "3,7,11".
+        #[arg(long, default_value = "10")]
+        seeds: String,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        #[arg(long, default_value = "reports")]
+        report_dir: PathBuf,
+    },
     /// Re-render report.html, junit.xml and summary.md from a saved report directory.
     Report { dir: PathBuf },
     /// Check scenario files; exit 0 when all are valid, 2 otherwise.
@@ -155,6 +166,10 @@ fn main() -> ExitCode {
             command: DbCommand::Up,
         } => runtime().block_on(ting_chaos::cli::db_up()),
         Command::Report { dir } => ting_chaos::cli::report(&dir),
+        Command::Sweep { scenario, seeds, database_url, report_dir } => {
+            let self_exe = std::env::current_exe().unwrap_or_else(|_| "ting-chaos".into());
+            runtime().block_on(ting_chaos::cli::sweep(&scenario, &seeds, database_url, report_dir, self_exe))
+        }
         Command::Stack { .. } => unreachable!("dispatched above"),
     };
     ExitCode::from(code as u8)
