@@ -151,11 +151,20 @@ pub fn report(dir: &Path) -> i32 {
 pub fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
     let s = s.trim();
     if s.contains(',') {
-        return s.split(',').map(|x| x.trim().parse::<u64>().map_err(|_| format!("bad seed `{x}` in --seeds"))).collect();
+        return s
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("bad seed `{x}` in --seeds"))
+            })
+            .collect();
     }
     match s.parse::<u64>() {
         Ok(k) if (1..=1000).contains(&k) => Ok((1..=k).collect()),
-        _ => Err(format!("--seeds takes a count 1..=1000 or a list like \"3,7,11\" (got `{s}`)")),
+        _ => Err(format!(
+            "--seeds takes a count 1..=1000 or a list like \"3,7,11\" (got `{s}`)"
+        )),
     }
 }
 
@@ -199,7 +208,12 @@ pub async fn sweep(
         let violated: Vec<String> = outcome
             .report
             .as_ref()
-            .map(|r| r.violated().map(|v| v.checker.clone()).chain(r.regressions.iter().cloned()).collect())
+            .map(|r| {
+                r.violated()
+                    .map(|v| v.checker.clone())
+                    .chain(r.regressions.iter().cloned())
+                    .collect()
+            })
             .unwrap_or_default();
         let verdict = match outcome.exit_code {
             exit::OK => "pass",

@@ -5,6 +5,7 @@
 //! stack implements; only `src/main.rs` links the reference stack, to serve `ting-chaos stack …`.
 
 pub mod attribution;
+pub mod bench;
 pub mod check;
 pub mod cli;
 pub mod exit;

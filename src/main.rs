@@ -96,6 +96,11 @@ enum Command {
         #[command(subcommand)]
         command: DbCommand,
     },
+    /// Benchmarks that print figures beside a same-run ceiling: claim, e2e, mocks.
+    Bench {
+        #[command(subcommand)]
+        what: ting_chaos::bench::BenchCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -166,10 +171,32 @@ fn main() -> ExitCode {
             command: DbCommand::Up,
         } => runtime().block_on(ting_chaos::cli::db_up()),
         Command::Report { dir } => ting_chaos::cli::report(&dir),
-        Command::Sweep { scenario, seeds, database_url, report_dir } => {
+        Command::Sweep {
+            scenario,
+            seeds,
+            database_url,
+            report_dir,
+        } => {
             let self_exe = std::env::current_exe().unwrap_or_else(|_| "ting-chaos".into());
-            runtime().block_on(ting_chaos::cli::sweep(&scenario, &seeds, database_url, report_dir, self_exe))
+            runtime().block_on(ting_chaos::cli::sweep(
+                &scenario,
+                &seeds,
+                database_url,
+                report_dir,
+                self_exe,
+            ))
         }
+        Command::Bench { what } => runtime().block_on(async move {
+            use ting_chaos::bench::{self, BenchCommand};
+            match what {
+                BenchCommand::Claim(args) => bench::claim(args, bench_claim_stack).await,
+                BenchCommand::E2e(args) => {
+                    let me = std::env::current_exe().unwrap_or_else(|_| "ting-chaos".into());
+                    bench::e2e(args, &me).await
+                }
+                BenchCommand::Mocks(args) => bench::mocks(args).await,
+            }
+        }),
         Command::Stack { .. } => unreachable!("dispatched above"),
     };
     ExitCode::from(code as u8)
@@ -248,4 +275,54 @@ fn stack_role(role: StackRole, flaws: Vec<String>) -> i32 {
             1
         }
     }
+}
+
+/// `ting-chaos bench claim`'s measurement: the reference stack's own claim benchmark
+/// (`stack::bench`) on the database the harness provisioned, handed back as plain figures.
+async fn bench_claim_stack(
+    plan: ting_chaos::bench::ClaimPlan,
+) -> anyhow::Result<ting_chaos::bench::ClaimOutcome> {
+    use stack::bench::{Amount, BenchOptions};
+    stack::migrate(&plan.database_url).await?;
+    let opts = BenchOptions {
+        workers: plan.workers,
+        batches: plan.batches,
+        amount: match plan.duration {
+            Some(duration) => Amount::Duration {
+                duration,
+                rows: plan.rows,
+            },
+            None => Amount::Rows(plan.rows),
+        },
+        pgbench: plan.pgbench,
+        ..Default::default()
+    };
+    let rows = stack::bench::claim_bench(&plan.database_url, &opts, |r| {
+        eprintln!(
+            "  workers {:>3} batch {:>4}: {:>8.0} rows/s, pgbench {}",
+            r.workers,
+            r.batch,
+            r.stack,
+            r.pgbench.map_or("-".into(), |p| format!("{p:.0} rows/s"))
+        )
+    })
+    .await?;
+    let verified = rows.iter().all(|r| {
+        r.double_claims == 0
+            && r.pgbench_double_claims.unwrap_or(0) == 0
+            && (plan.duration.is_some() || r.unclaimed == 0)
+    });
+    Ok(ting_chaos::bench::ClaimOutcome {
+        table: stack::bench::render(&rows),
+        rows: serde_json::to_value(&rows)?,
+        series: stack::bench::chart_series(&rows)
+            .into_iter()
+            .map(|(name, points)| ting_chaos::bench::output::Series {
+                reference: name.starts_with("pgbench"),
+                name,
+                points,
+            })
+            .collect(),
+        verified,
+    })
 }

@@ -41,11 +41,21 @@ fn base_fixture_is_valid() {
     assert_eq!(s.chaos[0].target, Target::Worker(2));
 }
 
+/// (what is changed, into what, expected key, line, col, message fragment, suggestion)
+type Case = (
+    &'static str,
+    &'static str,
+    &'static str,
+    usize,
+    usize,
+    &'static str,
+    Option<&'static str>,
+);
+
 #[test]
 fn bad_scenarios_name_key_line_and_column() {
-    // (what is changed, into what, expected key, line, col, message fragment, suggestion)
     #[rustfmt::skip]
-    let cases: &[(&str, &str, &str, usize, usize, &str, Option<&str>)] = &[
+    let cases: &[Case] = &[
         ("workers = 4", "worker = 4", "worker", 5, 1, "unknown key `worker` in [stack]", Some("workers")),
         ("seed = 7", "sed = 7", "sed", 2, 1, "unknown key `sed` at the top level", Some("seed")),
         ("recipients = 100", "recipient = 100", "recipient", 10, 1, "in [load]", Some("recipients")),

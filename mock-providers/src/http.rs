@@ -5,6 +5,8 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -52,8 +54,37 @@ impl IntoResponse for Reply {
     }
 }
 
+tokio::task_local! {
+    /// Set when the client of the request a [`detached`] task serves has hung up.
+    static CLIENT_GONE: Arc<AtomicBool>;
+}
+
+/// Whether the client of the request this task serves hung up before the answer was ready
+/// (hyper dropped the handler future). `false` outside a [`detached`] task. Fakes read it just
+/// before recording, so the ledger shows a sender that abandoned a request it had started.
+pub fn client_gone() -> bool {
+    CLIENT_GONE
+        .try_with(|g| g.load(Ordering::SeqCst))
+        .unwrap_or(false)
+}
+
+/// Marks the request abandoned when the handler future is dropped before its task finished.
+struct HangUpWatch {
+    flag: Arc<AtomicBool>,
+    armed: bool,
+}
+
+impl Drop for HangUpWatch {
+    fn drop(&mut self) {
+        if self.armed {
+            self.flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Runs `task` on its own tokio task and waits for it, so that what a fake decided reaches the
-/// ledger even if the client hangs up mid-request (hyper drops the handler future then).
+/// ledger even if the client hangs up mid-request (hyper drops the handler future then, which
+/// [`client_gone`] reports to the task).
 ///
 /// With no latency to sleep (`inline`), the task has no await point between its decision and
 /// its ledger commit, so it cannot be cut short there and runs inline, saving a task hop.
@@ -64,7 +95,14 @@ pub async fn detached(
     if inline {
         return task.await.into_response();
     }
-    match tokio::spawn(task).await {
+    let flag = Arc::new(AtomicBool::new(false));
+    let mut watch = HangUpWatch {
+        flag: flag.clone(),
+        armed: true,
+    };
+    let joined = tokio::spawn(CLIENT_GONE.scope(flag, task)).await;
+    watch.armed = false;
+    match joined {
         Ok(r) => r.into_response(),
         Err(e) => {
             tracing::error!(error = %e, "request task failed");

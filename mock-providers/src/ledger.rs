@@ -127,6 +127,11 @@ pub struct LedgerEntry {
     /// Callbacks only: 1 for the first try of this callback, 2.. for retries after a 5xx/timeout.
     #[serde(default)]
     pub callback_try: Option<u32>,
+    /// Sends only: the sender hung up before the provider answered (HTTP: the connection closed
+    /// while the request was being served). The provider still decided and committed the send;
+    /// the sender cannot know how it ended. A worker abandoning in-flight sends shows up here.
+    #[serde(default)]
+    pub client_hung_up: bool,
 }
 
 /// An entry before the ledger stamps it: everything but `seq`, `mono_ns` and `wall`.
@@ -162,6 +167,7 @@ impl LedgerEntry {
             callback_url: None,
             callback_response: None,
             callback_try: None,
+            client_hung_up: false,
         }
     }
 }

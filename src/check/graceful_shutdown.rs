@@ -8,11 +8,20 @@
 //! The allowance covers sends the worker had started when the signal landed (waiting for a
 //! connection from its pool, an SMTP transaction between RCPT and DATA) on a loaded machine; it is
 //! far below the grace period, so a worker that keeps claiming new work after SIGTERM still shows
-//! up. Attempts are
+//! up. Rule **abandoned_in_flight**: a send of the process that arrived before it exited but that
+//! it hung up on before the provider answered (`client_hung_up`, answered after SIGTERM): it
+//! dropped a send in flight instead of finishing it, leaving its outcome unknowable to itself.
+//! Attempts are
 //! attributed by ledger seq → pid, and only within the process's lifetime, so a reused pid does not
-//! blame the wrong process. Must never judge from the process's own log.
+//! blame the wrong process; a hung-up request whose socket was already closed when the provider
+//! recorded it is attributed through another request on the same TCP connection (same local
+//! address) that was attributed to the process while it lived. Must never judge from the
+//! process's own log.
 
-use mock_providers::ledger::EntryKind;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use mock_providers::ledger::{EntryKind, LedgerEntry};
 use serde_json::{json, Value};
 
 use super::common::{attempt_json, figures, gap_ms, ms, not_checked, Findings};
@@ -31,7 +40,14 @@ pub fn check(input: &Input) -> Verdict {
     }
     let grace = input.scenario.stack.shutdown_grace;
     let mut findings = Findings::default();
-    let (mut clean, mut late_sends) = (0u64, 0u64);
+    let (mut clean, mut late_sends, mut abandoned_sends) = (0u64, 0u64, 0u64);
+    // TCP peer → (arrival, pid) of the attributed sends it carried.
+    let mut by_peer: HashMap<SocketAddr, Vec<(u64, u32)>> = HashMap::new();
+    for e in input.ledger.iter().filter(|e| e.kind == EntryKind::Send) {
+        if let (Some(peer), Some(pid)) = (e.peer, input.pids.get(&e.seq)) {
+            by_peer.entry(peer).or_default().push((e.received_ns, *pid));
+        }
+    }
 
     for p in &termed {
         let term = p.sigterm_ns.unwrap_or_default();
@@ -97,13 +113,51 @@ pub fn check(input: &Input) -> Verdict {
                 }),
             ));
         }
+        let sent_by_p = |e: &LedgerEntry| match input.pids.get(&e.seq) {
+            Some(pid) => *pid == p.pid,
+            None => e.peer.and_then(|peer| by_peer.get(&peer)).is_some_and(|v| {
+                v.iter()
+                    .any(|(at, pid)| *pid == p.pid && alive.contains(at))
+            }),
+        };
+        let abandoned: Vec<Value> = input
+            .ledger
+            .iter()
+            .filter(|e| {
+                e.kind == EntryKind::Send
+                    && e.client_hung_up
+                    && e.mono_ns >= term
+                    && alive.contains(&e.received_ns)
+            })
+            .filter(|e| sent_by_p(e))
+            .map(|e| {
+                let mut a = attempt_json(e, input);
+                a["address"] = json!(e.recipient);
+                a["pid"] = json!(p.pid);
+                a["answered_after_sigterm_ms"] = json!(gap_ms(e.mono_ns, term));
+                a
+            })
+            .collect();
+        if !abandoned.is_empty() {
+            abandoned_sends += abandoned.len() as u64;
+            findings.push(proc_json(
+                p,
+                "abandoned_in_flight",
+                json!({
+                    "count": abandoned.len(),
+                    "exited_ms": exited_ms,
+                    "sends": abandoned.into_iter().take(20).collect::<Vec<_>>(),
+                }),
+            ));
+        }
         if findings.total() == before {
             clean += 1;
         }
     }
 
     let summary = format!(
-        "{} processes sent SIGTERM: {clean} stopped cleanly within {} ms; {late_sends} sends after SIGTERM",
+        "{} processes sent SIGTERM: {clean} stopped cleanly within {} ms; {late_sends} sends after SIGTERM, \
+         {abandoned_sends} in-flight sends abandoned",
         termed.len(),
         grace.as_millis()
     );
@@ -111,6 +165,7 @@ pub fn check(input: &Input) -> Verdict {
         "sigtermed": termed.len(),
         "clean": clean,
         "sends_after_sigterm": late_sends,
+        "abandoned_in_flight": abandoned_sends,
         "grace_ms": grace.as_millis() as u64,
         "allowance_ms": input.scenario.expect.in_flight_allowance.as_millis() as u64,
     }));
@@ -159,6 +214,43 @@ mod tests {
     }
 
     #[test]
+    fn hang_ups_that_are_not_an_abandoned_drain_hold() {
+        // (case, tweak): none of these is the terminated worker dropping a send in flight.
+        type Tweak = fn(&mut World);
+        let cases: [(&str, Tweak); 3] = [
+            ("another worker's timeout", |w| {
+                let a = addr("r5", Sms);
+                w.send(Sms, &a, Transient, 950)
+                    .pid(8)
+                    .latency(100)
+                    .hung_up();
+            }),
+            ("hung up and answered before SIGTERM", |w| {
+                let a = addr("r5", Sms);
+                w.send(Sms, &a, Transient, 500).pid(7).hung_up();
+            }),
+            (
+                "unattributed, its connection belonged to another worker",
+                |w| {
+                    let (a, b) = (addr("r5", Sms), addr("r6", Sms));
+                    w.send(Sms, &a, Accepted, 200).pid(8).peer(40_002);
+                    w.send(Sms, &b, Accepted, 950)
+                        .unattributed()
+                        .peer(40_002)
+                        .latency(100)
+                        .hung_up();
+                },
+            ),
+        ];
+        for (case, tweak) in cases {
+            let mut w = world();
+            tweak(&mut w);
+            let v = check(&w.input());
+            assert_eq!(v.status, Status::Holds, "{case}: {v:#?}");
+        }
+    }
+
+    #[test]
     fn not_checked_without_sigterm() {
         let mut w = world();
         w.processes[0].sigterm_ns = None;
@@ -168,7 +260,7 @@ mod tests {
     #[test]
     fn each_rule_can_be_broken() {
         type Tweak = fn(&mut World);
-        let cases: [(&str, Tweak, &str); 5] = [
+        let cases: [(&str, Tweak, &str); 7] = [
             (
                 "killed",
                 |w| {
@@ -200,6 +292,27 @@ mod tests {
                 },
                 "sent_after_sigterm",
             ),
+            (
+                "abandoned, attributed",
+                |w| {
+                    let a = addr("r3", Sms);
+                    w.send(Sms, &a, Accepted, 950).pid(7).latency(100).hung_up();
+                },
+                "abandoned_in_flight",
+            ),
+            (
+                "abandoned, socket gone: attributed through its connection",
+                |w| {
+                    let (a, b) = (addr("r3", Sms), addr("r4", Sms));
+                    w.send(Sms, &a, Accepted, 200).pid(7).peer(40_001);
+                    w.send(Sms, &b, Accepted, 950)
+                        .unattributed()
+                        .peer(40_001)
+                        .latency(100)
+                        .hung_up();
+                },
+                "abandoned_in_flight",
+            ),
         ];
         for (case, tweak, rule) in cases {
             let mut w = world();
@@ -209,6 +322,10 @@ mod tests {
             assert_eq!(rules(&v), [rule], "{case}");
             let c = &v.counterexamples[0];
             assert_eq!(c["pid"], 7, "{case}");
+            if rule == "abandoned_in_flight" {
+                assert_eq!(c["detail"]["sends"][0]["pid"], 7, "{case}");
+                assert_eq!(c["detail"]["sends"][0]["answered_after_sigterm_ms"], 50.0);
+            }
             if rule == "sent_after_sigterm" {
                 assert_eq!(c["detail"]["sends"][0]["after_sigterm_ms"], 300.0);
                 assert_eq!(c["detail"]["sends"][0]["address"], addr("r2", Sms));

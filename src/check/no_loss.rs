@@ -9,6 +9,10 @@
 //! failures than allowed and then silence. When the run did not reach quiescence, such deliveries
 //! are reported as **open** instead (they were still owed at the deadline), still a violation.
 //! Must never count the stack's own word as delivery: only the `unknown` state is taken from it.
+//!
+//! Figure **unknown_resolved** (by channel too): deliveries the stack once held as `unknown`
+//! that left it for a final state on a delivery event (`unknown → delivered / permanent_failure`
+//! by a callback), i.e. how reconciliation by provider report worked; informational, no rule.
 
 use mock_providers::ledger::{LedgerEntry, Outcome};
 use serde_json::{json, Value};
@@ -16,7 +20,7 @@ use serde_json::{json, Value};
 use super::common::{
     attempt_json, delivery_json, figures, is_failure, ms, status_index, Findings, PerChannel, Sends,
 };
-use super::{Input, Verdict};
+use super::{Input, StatusDelivery, Verdict};
 
 pub const NAME: &str = "no_loss";
 
@@ -78,6 +82,7 @@ pub fn check(input: &Input) -> Verdict {
     let mut findings = Findings::default();
     let mut unknowns = Vec::new();
     let mut permanent_then_retried = 0u64;
+    let mut resolved = PerChannel::default();
 
     for e in input.expected {
         counts.init(e.channel, &KEYS);
@@ -85,6 +90,10 @@ pub fn check(input: &Input) -> Verdict {
         let row = status.get(&(e.recipient.as_str(), e.channel));
         let state = row.map(|r| r.state.as_str());
         let end = classify(attempts, state, max, quiescent);
+        resolved.init(e.channel, &["unknown_resolved"]);
+        if row.is_some_and(|r| resolved_by_event(r)) {
+            resolved.add(e.channel, "unknown_resolved");
+        }
         counts.add(e.channel, end.key());
         if end == End::Permanent {
             let first = attempts
@@ -156,9 +165,23 @@ pub fn check(input: &Input) -> Verdict {
         "open": counts.total("open"),
         "max_unknown": max_unknown,
         "permanent_then_retried": permanent_then_retried,
+        "unknown_resolved": resolved.total("unknown_resolved"),
+        "unknown_resolved_by_channel": resolved.to_json(),
         "quiescent": quiescent,
     }));
     findings.verdict(NAME, summary, figs)
+}
+
+/// Whether a status row went from `unknown` to a final state on a callback.
+fn resolved_by_event(row: &StatusDelivery) -> bool {
+    let mut prev: Option<&str> = None;
+    row.transitions.iter().any(|t| {
+        let from = t.from.as_deref().or(prev);
+        prev = Some(t.to.as_str());
+        from == Some("unknown")
+            && t.source == "callback"
+            && matches!(t.to.as_str(), "delivered" | "permanent_failure")
+    })
 }
 
 #[cfg(test)]
@@ -253,6 +276,29 @@ mod tests {
             if status == Status::Violated {
                 assert_eq!(rules(&v), ["unknown"]);
             }
+        }
+    }
+
+    #[test]
+    fn unknown_resolved_by_an_event_is_counted() {
+        // (status path, counted as resolved)
+        let cases: [(&[&str], u64); 3] = [
+            (&["sending", "unknown", "delivered@callback"], 1),
+            (&["sending", "unknown"], 0),
+            (&["sending", "submitted", "delivered@callback"], 0),
+        ];
+        for (path, want) in cases {
+            let mut w = World::new();
+            let d = w.expect("r1", Email);
+            w.send(Email, &d, Accepted, 0);
+            w.status_row("r1", Email, None, path);
+            let v = check(&w.input());
+            assert_eq!(v.status, Status::Holds, "{path:?}");
+            assert_eq!(v.figures["unknown_resolved"], want, "{path:?}");
+            assert_eq!(
+                v.figures["unknown_resolved_by_channel"]["email"]["unknown_resolved"], want,
+                "{path:?}"
+            );
         }
     }
 

@@ -287,6 +287,24 @@ impl SendMut<'_> {
         self.entry.message_id = Some(id.into());
         self
     }
+
+    /// Sent from local TCP port `port` on 127.0.0.1.
+    pub fn peer(self, port: u16) -> Self {
+        self.entry.peer = Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        self
+    }
+
+    /// The sender hung up before the provider answered.
+    pub fn hung_up(self) -> Self {
+        self.entry.client_hung_up = true;
+        self
+    }
+
+    /// Not attributed to any pid (the socket was gone when the provider recorded it).
+    pub fn unattributed(self) -> Self {
+        self.pids.remove(&self.entry.seq);
+        self
+    }
 }
 
 /// The `rule` field of every counterexample, in order.

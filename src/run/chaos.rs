@@ -71,7 +71,7 @@ impl Chaos {
     pub async fn fire_on_accept(&self, e: &LedgerEntry) {
         let step = self.armed.lock().unwrap().remove(&e.seq);
         if let Some(i) = step {
-            let sender = self.world.pids().get(&e.seq).copied();
+            let sender = self.world.sender_of(e.seq, e.peer);
             let why = format!(
                 "on_accept: {} #{} to {}",
                 e.provider.as_str(),

@@ -332,6 +332,7 @@ async fn execute(
         },
     );
     res.world = Some(world.clone());
+    world.spawn_resolver();
 
     let spec = |role: &str, argv: Vec<String>| Spec {
         role: role.into(),
@@ -515,6 +516,7 @@ async fn execute(
         .shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1)))
         .await;
     res.supervisor = None;
+    world.resolve_pending();
     let entries = ledger.snapshot();
     let pids = world.pids();
     let timeline = world.timeline();

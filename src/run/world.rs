@@ -33,6 +33,8 @@ pub struct World {
     timeline: Mutex<Vec<TimelineEvent>>,
     /// ledger seq → pid of the sender.
     pids: Mutex<HashMap<u64, u32>>,
+    /// Sends whose sender is still to be looked up (seq, peer), resolved in batches.
+    unresolved: Mutex<Vec<(u64, std::net::SocketAddr)>>,
     /// pid → sends attributed to it.
     sends_by_pid: Mutex<HashMap<u32, u64>>,
     accepted: [AtomicU64; 3],
@@ -68,6 +70,7 @@ impl World {
             restarts: Mutex::default(),
             timeline: Mutex::default(),
             pids: Mutex::default(),
+            unresolved: Mutex::default(),
             sends_by_pid: Mutex::default(),
             accepted: Default::default(),
             accepted_total: AtomicU64::new(0),
@@ -104,6 +107,49 @@ impl World {
 
     pub fn pids(&self) -> HashMap<u64, u32> {
         self.pids.lock().unwrap().clone()
+    }
+
+    /// Attributes every queued send to its sender (one read of the socket tables for all).
+    pub fn resolve_pending(&self) {
+        let batch: Vec<(u64, std::net::SocketAddr)> =
+            std::mem::take(&mut *self.unresolved.lock().unwrap());
+        if batch.is_empty() {
+            return;
+        }
+        let peers: Vec<_> = batch.iter().map(|(_, p)| *p).collect();
+        let found = self.attributor.resolve_many(&peers);
+        let mut pids = self.pids.lock().unwrap();
+        let mut sends = self.sends_by_pid.lock().unwrap();
+        for ((seq, _), pid) in batch.iter().zip(found) {
+            if let Some(pid) = pid {
+                pids.insert(*seq, pid);
+                *sends.entry(pid).or_insert(0) += 1;
+            }
+        }
+    }
+
+    /// The sender of ledger entry `seq`, looked up now if still queued (for `target = "sender"`).
+    pub fn sender_of(&self, seq: u64, peer: Option<std::net::SocketAddr>) -> Option<u32> {
+        if let Some(pid) = self.pids.lock().unwrap().get(&seq) {
+            return Some(*pid);
+        }
+        peer.and_then(|p| self.attributor.resolve(p))
+    }
+
+    /// Resolves queued senders every few milliseconds until the world is dropped: attribution
+    /// must happen while the connections are open, but never on a provider's request path.
+    pub fn spawn_resolver(self: &Arc<World>) {
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("ting-attribution".into())
+            .spawn(move || {
+                while let Some(w) = weak.upgrade() {
+                    w.resolve_pending();
+                    drop(w);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            })
+            .expect("spawn the attribution thread");
     }
 
     pub fn accepted_total(&self) -> u64 {
@@ -191,9 +237,8 @@ impl Hook for Observer {
     fn on_entry(&self, e: &LedgerEntry) {
         let w = &self.world;
         if e.kind == EntryKind::Send {
-            if let Some(pid) = e.peer.and_then(|p| w.attributor.resolve(p)) {
-                w.pids.lock().unwrap().insert(e.seq, pid);
-                *w.sends_by_pid.lock().unwrap().entry(pid).or_insert(0) += 1;
+            if let Some(peer) = e.peer {
+                w.unresolved.lock().unwrap().push((e.seq, peer));
             }
             if e.fault.is_some() {
                 w.faults.fetch_add(1, Ordering::Relaxed);

@@ -11,7 +11,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let url = arg.unwrap_or_else(|| db.as_ref().map(|d| d.url.clone()).unwrap_or_default());
     stack::migrate(&url).await?;
-    let rows = stack::bench::claim_bench(&url, &stack::bench::BenchOptions::default()).await?;
+    let opts = stack::bench::BenchOptions::default();
+    let rows = stack::bench::claim_bench(&url, &opts, |_| {}).await?;
     print!("{}", stack::bench::render(&rows));
     Ok(())
 }

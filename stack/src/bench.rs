@@ -1,30 +1,75 @@
-//! The claim benchmark behind `ting-chaos bench claim`: claims/s of the stack's own claim path
-//! ([`crate::claim::claim`]) beside `pgbench` running the identical statement
-//! ([`crate::claim::pgbench_script`], bind parameters and all) on the same database in the same run, at several
-//! connection counts, single-row and batched.
+//! The claim benchmark behind `ting-chaos bench claim`: rows/s of the stack's own claim path
+//! ([`crate::claim::claim`], then one batched completion of what it holds) beside `pgbench`
+//! running the identical two statements on the same database in the same run, at several worker
+//! (connection) counts and claim sizes.
 //!
-//! Both sides do the same work: the same number of claim statements per connection over a table
-//! freshly seeded with exactly enough ready rows. It is a command that prints figures, not a
-//! test. This module must never be pointed at a database with real deliveries: it truncates.
+//! Both sides start from a table freshly seeded with the same number of ready rows and claim and
+//! complete until it is empty (or for a fixed duration). The stack side also measures claim latency
+//! (HdrHistogram, corrected for coordinated omission) and verifies afterwards, from the ids it got
+//! back and from `delivery_events`, that no row was claimed twice and none was left behind.
+//!
+//! It is a command that prints figures, not a test. This module must never be pointed at a
+//! database with real deliveries: it truncates.
 
+mod pgbench;
+
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use sqlx::PgPool;
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
 
 use crate::claim;
+
+pub use pgbench::script as pgbench_script;
+
+/// The completion both sides run after each claim: every row this worker holds goes to
+/// `delivered`, fenced on its lease owner, with its audit event, in one round trip. (The worker's
+/// real per-row completion is [`crate::state::transition`]; a batched claim followed by one
+/// statement per row would measure round trips, not the queue.)
+pub const COMPLETE_SQL: &str = r#"
+WITH done AS (
+    UPDATE deliveries d
+    SET state = 'delivered', updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
+    WHERE d.state = 'sending' AND d.lease_owner = $1
+    RETURNING d.id
+), ev AS (
+    INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail)
+    SELECT id, 'sending', 'delivered', 'worker', $1 FROM done
+)
+SELECT count(*) FROM done
+"#;
+
+/// How much work one measurement is.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Amount {
+    /// Seed about this many rows (rounded down to a multiple of workers × batch) and drain them.
+    Rows(u64),
+    /// Seed this many rows and claim for this long (stopping early if they run out).
+    Duration {
+        #[serde(serialize_with = "ser_secs")]
+        duration: Duration,
+        rows: u64,
+    },
+}
+
+fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
 
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
-    /// Connection counts (default 1, 4, 16).
-    pub connections: Vec<usize>,
-    /// Claim sizes (default 1 and 32).
+    /// Worker counts: one connection each (default 1, 2, 4, 8, 16, 32).
+    pub workers: Vec<usize>,
+    /// Claim sizes (default 1, 10, 100).
     pub batches: Vec<i64>,
-    /// Claim statements per measurement, split over the connections (default 4 000).
-    pub statements: usize,
+    pub amount: Amount,
     /// The `pgbench` binary; `None` measures the stack side only.
     pub pgbench: Option<PathBuf>,
     pub lease: Duration,
@@ -33,24 +78,51 @@ pub struct BenchOptions {
 impl Default for BenchOptions {
     fn default() -> Self {
         BenchOptions {
-            connections: vec![1, 4, 16],
-            batches: vec![1, 32],
-            statements: 4_000,
+            workers: vec![1, 2, 4, 8, 16, 32],
+            batches: vec![1, 10, 100],
+            amount: Amount::Rows(20_000),
             pgbench: Some(PathBuf::from("pgbench")),
             lease: Duration::from_secs(60),
         }
     }
 }
 
+/// Claim latency in milliseconds, from the intended start of each claim.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LatencyMs {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    /// p99 as measured, before the coordinated-omission correction.
+    pub raw_p99: f64,
+}
+
 /// One line of the result.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 pub struct BenchRow {
-    pub connections: usize,
+    pub workers: usize,
     pub batch: i64,
+    /// Rows seeded for each side.
+    pub seeded: u64,
+    /// Rows the stack side claimed (and completed).
+    pub claimed: u64,
+    /// Claim statements that returned rows.
+    pub claims: u64,
+    pub seconds: f64,
     /// Rows claimed per second by the stack's claim path.
     pub stack: f64,
+    /// `stack` over (workers × the 1-worker figure at the same batch size).
+    pub efficiency: Option<f64>,
+    pub latency_ms: LatencyMs,
+    /// Rows claimed more than once (from the returned ids and from `delivery_events`): must be 0.
+    pub double_claims: u64,
+    /// Ready rows left when the stack side stopped (must be 0 in rows mode).
+    pub unclaimed: u64,
     /// Rows claimed per second by pgbench with the same SQL, if it ran.
     pub pgbench: Option<f64>,
+    /// Rows claimed more than once on the pgbench side (same check).
+    pub pgbench_double_claims: Option<u64>,
 }
 
 impl BenchRow {
@@ -60,54 +132,128 @@ impl BenchRow {
     }
 }
 
-/// Runs every (connections × batch) measurement on `database_url` (migrated; it is truncated).
-pub async fn claim_bench(database_url: &str, opts: &BenchOptions) -> anyhow::Result<Vec<BenchRow>> {
-    let max = opts.connections.iter().copied().max().unwrap_or(1) as u32 + 1;
+/// Runs every (workers × batch) measurement on `database_url` (migrated; it is truncated).
+/// `progress` gets one line per finished measurement.
+pub async fn claim_bench(
+    database_url: &str,
+    opts: &BenchOptions,
+    mut progress: impl FnMut(&BenchRow),
+) -> anyhow::Result<Vec<BenchRow>> {
+    let max = opts.workers.iter().copied().max().unwrap_or(1) as u32 + 1;
     let pool = crate::pool(database_url, max).await?;
-    let mut out = Vec::new();
-    for &conns in &opts.connections {
+    let mut out: Vec<BenchRow> = Vec::new();
+    let mut single: BTreeMap<i64, f64> = BTreeMap::new();
+    for &workers in &opts.workers {
         for &batch in &opts.batches {
-            let per_conn = (opts.statements / conns).max(1);
-            let rows = (per_conn * conns) as i64 * batch;
-            seed(&pool, rows).await?;
-            let stack = stack_side(&pool, conns, per_conn, batch, opts.lease).await?;
-            let pgbench = match &opts.pgbench {
-                Some(bin) => {
-                    seed(&pool, rows).await?;
-                    Some(pgbench_side(bin, database_url, conns, per_conn, batch, opts.lease).await?)
+            let seeded = match opts.amount {
+                Amount::Rows(n) => {
+                    let unit = workers as u64 * batch as u64;
+                    (n / unit).max(1) * unit
                 }
-                None => None,
+                Amount::Duration { rows, .. } => rows,
             };
-            out.push(BenchRow {
-                connections: conns,
-                batch,
-                stack,
-                pgbench,
-            });
+            let deadline = match opts.amount {
+                Amount::Rows(_) => None,
+                Amount::Duration { duration, .. } => Some(duration),
+            };
+            seed(&pool, seeded).await?;
+            let mut row = stack_side(&pool, workers, batch, opts.lease, deadline).await?;
+            row.seeded = seeded;
+            if workers == 1 {
+                single.insert(batch, row.stack);
+            }
+            row.efficiency = single
+                .get(&batch)
+                .filter(|s| **s > 0.0)
+                .map(|s| row.stack / (s * workers as f64));
+            if let Some(bin) = &opts.pgbench {
+                seed(&pool, seeded).await?;
+                let run = pgbench::Run {
+                    bin,
+                    url: database_url,
+                    workers,
+                    batch,
+                    lease: opts.lease,
+                    transactions: seeded / (workers as u64 * batch as u64),
+                    duration: deadline,
+                };
+                let tx = run.execute().await?;
+                let (claimed, doubles) = audit(&pool).await?;
+                row.pgbench = Some(claimed as f64 * tx.tps / tx.transactions.max(1) as f64);
+                row.pgbench_double_claims = Some(doubles);
+            }
+            progress(&row);
+            out.push(row);
         }
     }
     pool.close().await;
     Ok(out)
 }
 
-/// The printed table.
+/// The printed table, with the verification line under it.
 pub fn render(rows: &[BenchRow]) -> String {
-    let mut s = String::from("connections  batch   stack rows/s  pgbench rows/s  stack/pgbench\n");
+    let mut s = String::from(
+        "workers  batch     rows   stack rows/s  effic.  p50 ms  p99 ms  p999 ms  pgbench rows/s  stack/pgbench\n",
+    );
     for r in rows {
         let pg = r.pgbench.map_or("-".to_string(), |p| format!("{p:.0}"));
         let ratio = r
             .ratio()
             .map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0));
+        let eff = r
+            .efficiency
+            .map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0));
+        let l = &r.latency_ms;
         let _ = writeln!(
             s,
-            "{:>11}  {:>5}  {:>13.0}  {:>14}  {:>13}",
-            r.connections, r.batch, r.stack, pg, ratio
+            "{:>7}  {:>5}  {:>7}  {:>13.0}  {:>6}  {:>6.2}  {:>6.2}  {:>7.2}  {:>14}  {:>13}",
+            r.workers, r.batch, r.claimed, r.stack, eff, l.p50, l.p99, l.p999, pg, ratio
         );
     }
+    let _ = writeln!(s, "{}", verification(rows));
     s
 }
 
-async fn seed(pool: &PgPool, rows: i64) -> anyhow::Result<()> {
+/// The one-line verdict on double claims and left-over rows.
+pub fn verification(rows: &[BenchRow]) -> String {
+    let claimed: u64 = rows.iter().map(|r| r.claimed).sum();
+    let doubles: u64 = rows.iter().map(|r| r.double_claims).sum();
+    let pg_doubles: u64 = rows.iter().filter_map(|r| r.pgbench_double_claims).sum();
+    let left: u64 = rows.iter().map(|r| r.unclaimed).sum();
+    let ok = doubles == 0 && pg_doubles == 0;
+    format!(
+        "verification: {} — {claimed} rows claimed by the stack over {} measurements, \
+         {doubles} claimed twice (pgbench side: {pg_doubles}), {left} left unclaimed",
+        if ok { "OK" } else { "FAILED" },
+        rows.len()
+    )
+}
+
+/// Throughput series for a chart: (name, [(workers, rows/s)]), one per system and batch size.
+pub fn chart_series(rows: &[BenchRow]) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut series: BTreeMap<(u8, i64), Vec<(f64, f64)>> = BTreeMap::new();
+    for r in rows {
+        series
+            .entry((0, r.batch))
+            .or_default()
+            .push((r.workers as f64, r.stack));
+        if let Some(p) = r.pgbench {
+            series
+                .entry((1, r.batch))
+                .or_default()
+                .push((r.workers as f64, p));
+        }
+    }
+    series
+        .into_iter()
+        .map(|((side, batch), pts)| {
+            let who = if side == 0 { "stack" } else { "pgbench" };
+            (format!("{who} batch {batch}"), pts)
+        })
+        .collect()
+}
+
+async fn seed(pool: &PgPool, rows: u64) -> anyhow::Result<()> {
     sqlx::query("TRUNCATE delivery_events, deliveries, batches, callback_receipts")
         .execute(pool)
         .await
@@ -121,7 +267,7 @@ async fn seed(pool: &PgPool, rows: i64) -> anyhow::Result<()> {
          SELECT 'bench', 'bench:r' || g || ':line', 'r' || g, 'line', 'U' || g, 1, \
          '{\"text\": \"bench\"}'::jsonb, md5(g::text), 'bench-' || g FROM generate_series(1, $1) g",
     )
-    .bind(rows)
+    .bind(rows as i64)
     .execute(pool)
     .await
     .context("seeding")?;
@@ -131,80 +277,131 @@ async fn seed(pool: &PgPool, rows: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn stack_side(
-    pool: &PgPool,
-    conns: usize,
-    per_conn: usize,
+/// (rows claimed, rows claimed more than once), from the audit trail (`delivery_events`) of
+/// the benchmark's database.
+pub async fn audit(pool: &PgPool) -> anyhow::Result<(u64, u64)> {
+    let (claimed, doubles): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE n > 1) FROM \
+         (SELECT delivery_id, count(*) AS n FROM delivery_events WHERE to_state = 'sending' \
+          GROUP BY delivery_id) c",
+    )
+    .fetch_one(pool)
+    .await
+    .context("verifying claims")?;
+    Ok((claimed as u64, doubles as u64))
+}
+
+/// What one stack-side worker saw.
+struct WorkerRun {
+    ids: Vec<i64>,
+    claims: u64,
+    elapsed: Duration,
+    hist: Histogram<u64>,
+}
+
+async fn worker(
+    mut conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    id: String,
     batch: i64,
     lease: Duration,
-) -> anyhow::Result<f64> {
+    deadline: Option<Instant>,
+) -> anyhow::Result<WorkerRun> {
+    let conn: &mut PgConnection = &mut conn;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut ids = Vec::new();
+    let mut claims = 0;
+    let start = Instant::now();
+    loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        let t = Instant::now();
+        let got = claim::claim(conn, &id, batch, lease).await?;
+        if got.is_empty() {
+            break;
+        }
+        hist.saturating_record(t.elapsed().as_micros().max(1) as u64);
+        claims += 1;
+        ids.extend(got.iter().map(|c| c.id));
+        let _: (i64,) = sqlx::query_as(COMPLETE_SQL)
+            .bind(&id)
+            .fetch_one(&mut *conn)
+            .await?;
+    }
+    Ok(WorkerRun {
+        ids,
+        claims,
+        elapsed: start.elapsed(),
+        hist,
+    })
+}
+
+async fn stack_side(
+    pool: &PgPool,
+    workers: usize,
+    batch: i64,
+    lease: Duration,
+    duration: Option<Duration>,
+) -> anyhow::Result<BenchRow> {
     let mut connections = Vec::new();
-    for _ in 0..conns {
+    for _ in 0..workers {
         connections.push(pool.acquire().await?);
     }
     let start = Instant::now();
+    let deadline = duration.map(|d| start + d);
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, mut conn) in connections.into_iter().enumerate() {
-        tasks.spawn(async move {
-            let mut n = 0usize;
-            for _ in 0..per_conn {
-                n += claim::claim(&mut conn, &format!("bench-{i}"), batch, lease)
-                    .await?
-                    .len();
-            }
-            Ok::<usize, sqlx::Error>(n)
-        });
+    for (i, conn) in connections.into_iter().enumerate() {
+        tasks.spawn(worker(conn, format!("bench-{i}"), batch, lease, deadline));
     }
-    let mut total = 0;
+    let mut runs = Vec::new();
     while let Some(r) = tasks.join_next().await {
-        total += r??;
+        runs.push(r??);
     }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
-}
-
-async fn pgbench_side(
-    bin: &PathBuf,
-    url: &str,
-    conns: usize,
-    per_conn: usize,
-    batch: i64,
-    lease: Duration,
-) -> anyhow::Result<f64> {
-    let dir = std::env::temp_dir().join(format!("ting-claim-bench-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir)?;
-    let script = dir.join("claim.sql");
-    std::fs::write(&script, claim::pgbench_script())?;
-    let out = tokio::process::Command::new(bin)
-        .args([
-            "-n",
-            "-M",
-            "prepared",
-            "-c",
-            &conns.to_string(),
-            "-j",
-            &conns.to_string(),
-        ])
-        .args(claim::pgbench_defines("bench", batch, lease))
-        .args(["-t", &per_conn.to_string(), "-f"])
-        .arg(&script)
-        .arg(url)
-        .output()
-        .await
-        .with_context(|| format!("running {}", bin.display()))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "pgbench failed: {}{}",
-            stdout,
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let seconds = start.elapsed().as_secs_f64();
+    // Coordinated omission: a closed-loop worker stuck in one slow claim issues no others, so
+    // the stall would count once. Each worker's histogram is corrected with its own mean cycle
+    // time as the interval it intended to keep, back-filling the claims it would have started.
+    let mut raw = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut corrected = raw.clone();
+    let mut ids = Vec::new();
+    let mut claims = 0;
+    for r in runs {
+        raw.add(&r.hist)?;
+        if let Some(interval) = (r.elapsed.as_micros() as u64).checked_div(r.claims) {
+            corrected.add(r.hist.clone_correct(interval.max(1)))?;
+        }
+        claims += r.claims;
+        ids.extend(r.ids);
     }
-    // "tps = 1234.56 (without initial connection time)"
-    let tps = stdout
-        .lines()
-        .filter(|l| l.starts_with("tps = "))
-        .find_map(|l| l[6..].split_whitespace().next()?.parse::<f64>().ok())
-        .with_context(|| format!("no tps in pgbench output: {stdout}"))?;
-    Ok(tps * batch as f64)
+    let claimed = ids.len() as u64;
+    ids.sort_unstable();
+    ids.dedup();
+    let client_doubles = claimed - ids.len() as u64;
+    let (_, db_doubles) = audit(pool).await?;
+    let (unclaimed,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM deliveries WHERE state IN ('pending', 'retryable')")
+            .fetch_one(pool)
+            .await?;
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(BenchRow {
+        workers,
+        batch,
+        seeded: 0,
+        claimed,
+        claims,
+        seconds,
+        stack: claimed as f64 / seconds,
+        efficiency: None,
+        latency_ms: LatencyMs {
+            p50: ms(&corrected, 0.5),
+            p99: ms(&corrected, 0.99),
+            p999: ms(&corrected, 0.999),
+            max: corrected.max() as f64 / 1000.0,
+            raw_p99: ms(&raw, 0.99),
+        },
+        double_claims: client_doubles.max(db_doubles),
+        unclaimed: unclaimed as u64,
+        pgbench: None,
+        pgbench_double_claims: None,
+    })
 }

@@ -97,3 +97,81 @@ pub fn assert_valid_report(report: &serde_json::Value) {
         errors.join("\n")
     );
 }
+
+/// The text of a shipped scenario, `scenarios/<name>.toml`.
+pub fn shipped(name: &str) -> String {
+    std::fs::read_to_string(repo().join("scenarios").join(format!("{name}.toml")))
+        .unwrap_or_else(|e| panic!("scenarios/{name}.toml: {e}"))
+}
+
+/// `toml` with `flaws = [...]` inserted right after its `[stack]` line (the built-in stack then
+/// runs with those mistakes switched on).
+pub fn with_flaws(toml: &str, flaws: &[&str]) -> String {
+    let list = flaws
+        .iter()
+        .map(|f| format!("{f:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let line = format!("flaws = [{list}]");
+    let mut out: Vec<String> = Vec::new();
+    let mut done = false;
+    for l in toml.lines() {
+        out.push(l.to_string());
+        if !done && l.trim() == "[stack]" {
+            out.push(line.clone());
+            done = true;
+        }
+    }
+    assert!(done, "scenario has no [stack] table");
+    out.join("\n") + "\n"
+}
+
+/// `toml` with `key = value` set in table `[table]`: the key's line is replaced if the table has
+/// one, else the line is added right after the table header.
+pub fn set(toml: &str, table: &str, key: &str, value: &str) -> String {
+    let header = format!("[{table}]");
+    let mut out: Vec<String> = Vec::new();
+    let (mut inside, mut done, mut seen) = (false, false, false);
+    for l in toml.lines() {
+        let t = l.trim_start();
+        if t.starts_with('[') {
+            if inside && !done {
+                // Table ended without the key: add it before the next table.
+                let at = out
+                    .iter()
+                    .rposition(|o| !o.trim().is_empty())
+                    .map_or(0, |i| i + 1);
+                out.insert(at, format!("{key} = {value}"));
+                done = true;
+            }
+            inside = t.trim_end() == header;
+            seen |= inside;
+        }
+        let is_key = t
+            .strip_prefix(key)
+            .is_some_and(|r| r.trim_start().starts_with('='));
+        if inside && !done && is_key {
+            out.push(format!("{key} = {value}"));
+            done = true;
+            continue;
+        }
+        out.push(l.to_string());
+    }
+    assert!(seen, "scenario has no {header} table");
+    if !done {
+        out.push(format!("{key} = {value}"));
+    }
+    out.join("\n") + "\n"
+}
+
+/// The `rule` of every kept counterexample of a verdict.
+pub fn rules_of(v: &serde_json::Value) -> Vec<String> {
+    v["counterexamples"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["rule"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}

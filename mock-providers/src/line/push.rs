@@ -107,6 +107,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
         }
     };
 
+    let received_ns = hub.ledger.now_ns();
     let attempt = hub.ledger.next_attempt(Provider::Line, &push.to);
     let decision = decide_push(&st, &push, attempt, retry_key.as_deref(), &request_id);
     let delay = decide::latency(hub.seed, Provider::Line, &push.to, attempt, &cfg.latency);
@@ -116,6 +117,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
 
     let mut d = LedgerEntry::draft(Provider::Line, EntryKind::Send, push.to.clone());
     d.attempt = attempt;
+    d.received_ns = received_ns;
     d.peer = Some(peer);
     d.idempotency_key = retry_key;
     d.payload_hash = Some(sha256_hex(push.messages_json().as_bytes()));
@@ -185,6 +187,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
         }
     };
     d.status = status.to_string();
+    d.client_hung_up = crate::http::client_gone();
     let entry = hub.ledger.record(d);
     if entry.outcome == Outcome::Accepted {
         hub.ledger.before_response(&entry).await;

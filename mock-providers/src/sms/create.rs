@@ -115,6 +115,7 @@ async fn handle(
         Err((code, to)) => return protocol_error(to.as_deref().unwrap_or(""), 400, code),
     };
 
+    let received_ns = hub.ledger.now_ns();
     let attempt = hub.ledger.next_attempt(Provider::Sms, &form.to);
     let decision = decide_create(&st, &cfg, &form, attempt, key.as_deref());
     let delay = decide::latency(hub.seed, Provider::Sms, &form.to, attempt, &cfg.latency);
@@ -124,6 +125,7 @@ async fn handle(
 
     let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, form.to.clone());
     d.attempt = attempt;
+    d.received_ns = received_ns;
     d.peer = Some(peer);
     d.idempotency_key = key;
     d.payload_hash = Some(sha256_hex(form.body.as_bytes()));
@@ -187,6 +189,7 @@ async fn handle(
             (r, msg)
         }
     };
+    d.client_hung_up = crate::http::client_gone();
     let entry = hub.ledger.record(d);
     if let Some(msg) = committed {
         hub.ledger.before_response(&entry).await;

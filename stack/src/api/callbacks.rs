@@ -97,13 +97,21 @@ pub(crate) async fn sms(
         sms::Report::Pending => (State::Submitted, None),
     };
     if st.cfg.flaws.has(Flaw::NaiveCallbacks) {
-        // Flaw: believe every callback as it comes, even one that regresses a final state.
-        sqlx::query("UPDATE deliveries SET state = $2, provider_message_id = $3 WHERE id = $1")
-            .bind(id)
-            .bind(to.as_str())
-            .bind(&sid)
-            .execute(&mut *tx)
-            .await?;
+        // Flaw: believe every callback as it comes, even one that regresses a final state. The
+        // change is logged like any other, so the stack's own history shows what it believed.
+        sqlx::query(
+            "WITH old AS (SELECT id, state FROM deliveries WHERE id = $1 FOR UPDATE), \
+             upd AS (UPDATE deliveries d SET state = $2, provider_message_id = $3 FROM old \
+             WHERE d.id = old.id RETURNING d.id, old.state AS from_state) \
+             INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
+             SELECT id, from_state, $2, 'callback', $4 FROM upd",
+        )
+        .bind(id)
+        .bind(to.as_str())
+        .bind(&sid)
+        .bind(format!("sms status {status} for {sid} (applied naively)"))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         return Ok(StatusCode::OK);
     }

@@ -1,19 +1,23 @@
-//! E-mail over plain SMTP with lettre's pooled async transport. The MIME message is built from
-//! the stored parts with a deterministic Message-ID, Date and boundary, so every attempt of a
+//! E-mail over plain SMTP with lettre's async connections, pooled here. The MIME message is built
+//! from the stored parts with a deterministic Message-ID, Date and boundary, so every attempt of a
 //! delivery sends the same bytes.
 //!
 //! SMTP has no idempotency key: an error after DATA may hide a committed message, so anything
-//! but a clear reply code (or a refused connection) is [`Outcome::Unknown`]. This module must
-//! never resend on its own.
+//! but a clear reply code (or a refused connection) is [`Outcome::Unknown`]. To keep that window
+//! as small as the protocol allows, a connection is made ready ([`EmailClient::checkout`]:
+//! connected, greeted, EHLO done) *before* the worker records the attempt start, and only the
+//! transaction itself runs after it: a worker killed while still connecting leaves nothing
+//! uncertain. This module must never resend on its own.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use lettre::message::header::ContentType;
 use lettre::message::{Mailbox, MultiPart, SinglePart};
-use lettre::transport::smtp::PoolConfig;
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::transport::smtp::client::AsyncSmtpConnection;
+use lettre::transport::smtp::extension::ClientId;
+use lettre::Message;
 
 use super::{class, Outcome};
 use crate::claim::Claimed;
@@ -21,10 +25,17 @@ use crate::config::Config;
 
 #[derive(Clone)]
 pub struct EmailClient {
-    smtp: AsyncSmtpTransport<Tokio1Executor>,
+    addr: String,
+    timeout: Duration,
+    /// Idle connections, ready for the next transaction.
+    idle: Arc<Mutex<Vec<AsyncSmtpConnection>>>,
+    max_idle: usize,
     from: Mailbox,
     events_url: String,
 }
+
+/// A connection made ready for one transaction.
+pub struct Checkout(AsyncSmtpConnection);
 
 impl EmailClient {
     pub fn new(cfg: Arc<Config>) -> anyhow::Result<EmailClient> {
@@ -33,17 +44,15 @@ impl EmailClient {
             .rsplit_once(':')
             .context("TING_SMTP_ADDR must be host:port")?;
         let port: u16 = port.parse().context("TING_SMTP_ADDR port")?;
-        let smtp = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
-            .port(port)
-            .timeout(Some(cfg.provider_timeout))
-            .pool_config(PoolConfig::new().max_size(cfg.channel_concurrency.max(1) as u32))
-            .build();
         let from: Mailbox = cfg
             .email_from
             .parse()
             .context("TING_EMAIL_FROM is not an address")?;
         Ok(EmailClient {
-            smtp,
+            addr: format!("{host}:{port}"),
+            timeout: cfg.provider_timeout,
+            idle: Arc::default(),
+            max_idle: cfg.channel_concurrency.max(1),
             from,
             events_url: format!("http://{}/v1/callbacks/email", cfg.api_addr),
         })
@@ -74,7 +83,54 @@ impl EmailClient {
         Ok(msg)
     }
 
-    pub async fn send(&self, d: &Claimed) -> Outcome {
+    /// A connection ready for a transaction: an idle one that still answers NOOP, or a new one.
+    /// An error here means nothing was said about any message: always safe to retry.
+    pub async fn checkout(&self) -> Result<Checkout, Outcome> {
+        loop {
+            let idle = self.idle.lock().map(|mut v| v.pop()).unwrap_or(None);
+            let Some(mut conn) = idle else { break };
+            if tokio::time::timeout(self.timeout, conn.test_connected()).await == Ok(true) {
+                return Ok(Checkout(conn));
+            }
+        }
+        let retry = |error: String| Outcome::Retry {
+            class: class::TRANSIENT,
+            error,
+            retry_after: None::<Duration>,
+        };
+        let connect = async {
+            let stream = tokio::net::TcpStream::connect(&self.addr).await?;
+            // lettre writes the body and the final dot separately: without NODELAY each message
+            // waits out the peer's delayed ACK.
+            stream.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(stream)
+        };
+        let stream = match tokio::time::timeout(self.timeout, connect).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(retry(format!("connecting to {}: {e}", self.addr))),
+            Err(_) => return Err(retry(format!("connecting to {}: timed out", self.addr))),
+        };
+        let hello = ClientId::Domain("ting-stack.invalid".into());
+        match tokio::time::timeout(
+            self.timeout,
+            AsyncSmtpConnection::connect_with_transport(Box::new(stream), &hello),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => Ok(Checkout(conn)),
+            Ok(Err(e)) if e.is_permanent() => Err(Outcome::Retry {
+                class: class::TRANSIENT,
+                error: format!("greeting refused: {e}"),
+                retry_after: None,
+            }),
+            Ok(Err(e)) => Err(retry(format!("greeting: {e}"))),
+            Err(_) => Err(retry("greeting: timed out".into())),
+        }
+    }
+
+    /// Runs one transaction for `d` on a ready connection.
+    pub async fn send(&self, d: &Claimed, conn: Checkout) -> Outcome {
+        let mut conn = conn.0;
         let msg = match self.message(d) {
             Ok(m) => m,
             Err(e) => {
@@ -83,16 +139,35 @@ impl EmailClient {
                 }
             }
         };
-        match self.smtp.send(msg).await {
-            Ok(resp) if resp.is_positive() => Outcome::Accepted {
+        let bytes = msg.formatted();
+        let sent = tokio::time::timeout(self.timeout, conn.send(msg.envelope(), &bytes)).await;
+        let outcome = match sent {
+            Ok(Ok(resp)) if resp.is_positive() => Outcome::Accepted {
                 provider_id: Some(d.correlation_id.clone()),
                 done: false,
             },
-            Ok(resp) => Outcome::Unknown {
+            Ok(Ok(resp)) => Outcome::Unknown {
                 error: format!("unexpected reply {}", resp.code()),
             },
-            Err(e) => classify(&e),
+            Ok(Err(e)) => classify(&e),
+            Err(_) => Outcome::Unknown {
+                error: "timed out during the SMTP transaction".into(),
+            },
+        };
+        // A connection is reused only after a clean reply: anything else may have left it
+        // mid-transaction.
+        let clean = matches!(
+            outcome,
+            Outcome::Accepted { .. } | Outcome::Permanent { .. } | Outcome::Retry { .. }
+        );
+        if clean && !conn.has_broken() {
+            if let Ok(mut idle) = self.idle.lock() {
+                if idle.len() < self.max_idle {
+                    idle.push(conn);
+                }
+            }
         }
+        outcome
     }
 }
 

@@ -95,14 +95,34 @@ impl Providers {
         })
     }
 
-    /// Sends the stored payload of `d` once.
-    pub async fn send(&self, d: &Claimed) -> Outcome {
+    /// Makes the channel ready for one send of `d` *before* its attempt start is recorded (an
+    /// SMTP connection, greeted). An error means nothing was sent: the attempt fails with it.
+    pub async fn ready(&self, d: &Claimed) -> Result<Ready, Outcome> {
         match d.channel {
-            Channel::Line => self.line.push(d).await,
-            Channel::Email => self.email.send(d).await,
-            Channel::Sms => self.sms.create(d).await,
+            Channel::Email => self.email.checkout().await.map(Ready::Smtp),
+            Channel::Line | Channel::Sms => Ok(Ready::Http),
         }
     }
+
+    /// Sends the stored payload of `d` once, on what [`Providers::ready`] prepared.
+    pub async fn send(&self, d: &Claimed, ready: Ready) -> Outcome {
+        match (d.channel, ready) {
+            (Channel::Line, _) => self.line.push(d).await,
+            (Channel::Email, Ready::Smtp(conn)) => self.email.send(d, conn).await,
+            (Channel::Email, Ready::Http) => match self.email.checkout().await {
+                Ok(conn) => self.email.send(d, conn).await,
+                Err(o) => o,
+            },
+            (Channel::Sms, _) => self.sms.create(d).await,
+        }
+    }
+}
+
+/// What a channel needs ready before an attempt starts.
+pub enum Ready {
+    /// HTTP clients connect inside the request; their pool keeps connections warm.
+    Http,
+    Smtp(email::Checkout),
 }
 
 /// `Retry-After` in seconds (integer or fractional); HTTP dates are not worth the code here.

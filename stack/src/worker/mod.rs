@@ -208,10 +208,10 @@ pub async fn send_inline(cfg: Arc<Config>, pool: PgPool) -> anyhow::Result<()> {
     let (_keep, stopping) = watch::channel(false);
     let w = Arc::new(Worker {
         providers: Providers::new(&cfg)?,
-        slots: Arc::new(Semaphore::new(1)),
+        slots: Arc::new(Semaphore::new(cfg.concurrency)),
         channel_slots: Channel::ALL
             .into_iter()
-            .map(|c| (c, Arc::new(Semaphore::new(1))))
+            .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_concurrency))))
             .collect(),
         stopping,
         renewed_at: Mutex::new(None),
@@ -223,8 +223,14 @@ pub async fn send_inline(cfg: Arc<Config>, pool: PgPool) -> anyhow::Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
+        // As a naive handler would: every provider call at once, and answer when all are done.
+        let now = Instant::now();
+        let mut sends = JoinSet::new();
         for d in rows {
-            send::send_one(w.clone(), d, Instant::now()).await;
+            sends.spawn(send::send_one(w.clone(), d, now));
+        }
+        while let Some(r) = sends.join_next().await {
+            log_join(r);
         }
     }
 }

@@ -147,6 +147,11 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
     if !zombie && Instant::now() + w.margin() >= w.local_deadline(claimed_at) {
         return give_back(w, d, "lease too close to expiry to start").await;
     }
+    // Connect before the start is recorded: the uncertain window is the exchange alone.
+    let ready = w.providers.ready(d).await;
+    if !zombie && Instant::now() + w.margin() >= w.local_deadline(claimed_at) {
+        return give_back(w, d, "lease too close to expiry to start").await;
+    }
     let attempts = if zombie {
         // Flaw: send without proving the lease is still ours.
         d.attempts + 1
@@ -173,16 +178,16 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
         return give_back(w, d, "lease deadline passed before send").await;
     }
 
-    let outcome = match reconcile_first(w, d).await {
-        Some(o) => o,
-        None if w.cfg.flaws.has(Flaw::RerenderOnRetry) && d.attempts > 0 => {
+    let outcome = match (reconcile_first(w, d).await, ready) {
+        (Some(o), _) | (None, Err(o)) => o,
+        (None, Ok(ready)) if w.cfg.flaws.has(Flaw::RerenderOnRetry) && d.attempts > 0 => {
             // Flaw: a retry renders the message again from live data instead of sending the
             // stored payload; simulated by what changed since (the attempt), so the bytes differ.
             let mut again = d.clone();
             again.payload.text = format!("{} [{}]", d.payload.text, attempts);
-            w.providers.send(&again).await
+            w.providers.send(&again, ready).await
         }
-        None => w.providers.send(d).await,
+        (None, Ok(ready)) => w.providers.send(d, ready).await,
     };
     drop(permit);
     let decision = decide(&w.cfg, d, attempts, &outcome, rand::random());
@@ -199,9 +204,37 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
         set: decision.set,
     };
     let mut conn = w.pool.acquire().await?;
-    if state::transition(&mut conn, &t).await?.is_none() {
+    let recorded = state::transition(&mut conn, &t).await?.is_some();
+    if !recorded {
         tracing::info!(key = %d.key, to = %t.to, "outcome not recorded: the row moved on (callback or rescue)");
     }
+    if recorded && t.to == State::Retryable && w.cfg.flaws.has(Flaw::WholeBatchReplay) {
+        replay_whole_batch(&mut conn, d).await?;
+    }
+    Ok(())
+}
+
+/// The `whole-batch-replay` flaw: the batch is the unit of retry, so a partial failure puts every
+/// delivery of the batch back to `pending`, finished ones included (bypassing the state machine
+/// on purpose). Each delivery is replayed at most once, so a run still ends.
+async fn replay_whole_batch(conn: &mut sqlx::PgConnection, d: &Claimed) -> anyhow::Result<()> {
+    sqlx::query(
+        "WITH old AS (SELECT r.id, r.state FROM deliveries r JOIN deliveries failed \
+         ON failed.id = $1 AND r.batch_id = failed.batch_id AND r.id <> failed.id \
+         WHERE r.state IN ('delivered', 'submitted') \
+         AND NOT EXISTS (SELECT 1 FROM delivery_events e WHERE e.delivery_id = r.id \
+                         AND e.detail = 'whole-batch-replay') FOR UPDATE OF r), \
+         replayed AS (UPDATE deliveries r SET state = 'pending', next_attempt_at = now(), \
+         lease_owner = NULL, lease_expires_at = NULL FROM old WHERE r.id = old.id \
+         RETURNING r.id, old.state AS from_state), \
+         ev AS (INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
+         SELECT id, from_state, 'pending', 'worker', 'whole-batch-replay' FROM replayed) \
+         SELECT count(*) FROM replayed",
+    )
+    .bind(d.id)
+    .execute(conn)
+    .await
+    .context("whole-batch-replay")?;
     Ok(())
 }
 

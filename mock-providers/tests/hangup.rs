@@ -1,0 +1,75 @@
+//! A sender that hangs up before the provider answers is recorded as such (`client_hung_up`),
+//! while the provider still commits the send; one that waits for the answer is not. This is how
+//! the harness sees a worker abandoning in-flight sends. Arrival time is taken before latency.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use mock_providers::config::{Latency, ProvidersConfig};
+use mock_providers::ledger::Outcome;
+use serde_json::json;
+
+fn slow(ms_: u64) -> ProvidersConfig {
+    let mut c = ProvidersConfig::default();
+    c.line.latency = Latency::Fixed { value: ms(ms_) };
+    c.sms.latency = Latency::Fixed { value: ms(ms_) };
+    c
+}
+
+#[tokio::test]
+async fn hang_up_before_the_answer_is_recorded() {
+    let w = world(1, slow(400)).await;
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    // (channel, waits for the answer)
+    for (i, (channel, waits)) in [
+        ("line", true),
+        ("line", false),
+        ("sms", true),
+        ("sms", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let client = if waits { &w.http } else { &impatient };
+        let to = if channel == "line" {
+            uid(i as u32)
+        } else {
+            phone(i as u32)
+        };
+        let rb = if channel == "line" {
+            client
+                .post(format!("{}/v2/bot/message/push", w.p.line_base()))
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .json(&json!({"to": to, "messages": [{"type": "text", "text": "hi"}]}))
+        } else {
+            client
+                .post(w.sms_url("Messages.json"))
+                .basic_auth(
+                    "AC00000000000000000000000000000000",
+                    Some("ting-sms-auth-token"),
+                )
+                .form(&[
+                    ("To", to.as_str()),
+                    ("From", "+15550001000"),
+                    ("Body", "hi"),
+                ])
+        };
+        let answered = rb.send().await.is_ok();
+        assert_eq!(answered, waits, "{channel} waits={waits}");
+        until(5, || w.entries().iter().any(|e| e.recipient == to)).await;
+        let e = w.entries().into_iter().find(|e| e.recipient == to).unwrap();
+        assert_eq!(e.outcome, Outcome::Accepted, "{channel}: {e:?}");
+        assert_eq!(e.client_hung_up, !waits, "{channel} waits={waits}: {e:?}");
+        let latency = e.mono_ns - e.received_ns;
+        assert!(
+            latency >= 390_000_000,
+            "{channel}: arrival is taken before the 400 ms latency, got {latency} ns"
+        );
+    }
+}

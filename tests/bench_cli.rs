@@ -1,0 +1,114 @@
+//! `ting-chaos bench claim` and `bench e2e` through the real binary, at tiny sizes: the table has
+//! its rows, the double-claim verification is printed, and `bench.json` / `chart.svg` are written.
+//! Figures are not asserted (benchmarks are commands, not timed tests). Each starts its own
+//! throwaway PostgreSQL unless `DATABASE_URL` is set.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// The one result directory a bench command wrote under `root`.
+fn result_dir(root: &Path) -> PathBuf {
+    let mut dirs: Vec<_> = std::fs::read_dir(root)
+        .expect("report dir")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "expected one result dir, got {dirs:?}");
+    dirs.pop().unwrap()
+}
+
+fn bench_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("bench.json")).expect("bench.json"))
+        .expect("bench.json is JSON")
+}
+
+#[test]
+fn bench_claim_prints_rows_verifies_and_writes_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args(["bench", "claim", "--workers", "1,2", "--batch", "1,10"])
+        .args(["--rows", "2000", "--report-dir"])
+        .arg(tmp.path())
+        .output()
+        .expect("run ting-chaos");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let table: Vec<&str> = stdout
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 9 && f[0].parse::<u32>().is_ok() && f[1].parse::<u32>().is_ok()
+        })
+        .collect();
+    let keys: Vec<(String, String)> = table
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].to_string(), f[1].to_string())
+        })
+        .collect();
+    let want: Vec<(String, String)> = [("1", "1"), ("1", "10"), ("2", "1"), ("2", "10")]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(keys, want, "{stdout}");
+    assert!(
+        stdout.contains("verification: OK") && stdout.contains("0 claimed twice"),
+        "{stdout}"
+    );
+    let dir = result_dir(tmp.path());
+    let json = bench_json(&dir);
+    assert_eq!(json["benchmark"], "claim");
+    assert_eq!(json["verified"], true);
+    let rows = json["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        assert_eq!(r["claimed"], 2000, "{r}");
+        assert_eq!(r["double_claims"], 0, "{r}");
+        assert!(r["stack"].as_f64().unwrap() > 0.0);
+    }
+    assert!(json["machine"]["postgres"]["version"].is_string(), "{json}");
+    assert!(dir.join("chart.svg").is_file());
+}
+
+#[test]
+fn bench_e2e_runs_the_whole_stack() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args(["bench", "e2e", "--workers", "1", "--recipients", "30"])
+        .args(["--latency", "0ms", "--channels", "line", "--report-dir"])
+        .arg(tmp.path())
+        .output()
+        .expect("run ting-chaos");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("line") && l.ends_with("pass")),
+        "{stdout}"
+    );
+    let json = bench_json(&result_dir(tmp.path()));
+    assert_eq!(json["benchmark"], "e2e");
+    let rows = json["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["deliveries"], 30);
+    assert_eq!(rows[0]["exit_code"], 0);
+    assert!(
+        rows[0]["deliveries_per_s"].as_f64().unwrap() > 0.0,
+        "{json}"
+    );
+}
+
+#[test]
+fn bench_claim_rejects_bad_lists() {
+    let out = Command::new(bin())
+        .args(["bench", "claim", "--workers", "0,2"])
+        .output()
+        .expect("run ting-chaos");
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(text(&out).contains("--workers"), "{}", text(&out));
+}

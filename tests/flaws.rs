@@ -1,0 +1,323 @@
+//! Every classic mistake the reference stack can be told to make (`[stack] flaws`, see
+//! `docs/flaws.md`) is caught by the checker built for it, on the shipped scenario built to
+//! provoke it; and the same scenario passes on the correct stack.
+//!
+//! Each test runs a small variant of a shipped scenario (fewer recipients, a shorter quiescence
+//! deadline where the flaw leaves work stuck) through the real binary, so the whole file stays a
+//! few minutes in a debug build. Chaos is triggered by progress or `on_accept`, faults are
+//! seeded: nothing here depends on wall-clock luck. Must never weaken a shipped scenario: the
+//! variants only shrink the load.
+
+mod common;
+
+use common::*;
+
+/// A shipped scenario shrunk by `edits` (`(table, key, value)`), with `flaws` switched on.
+fn variant(scenario: &str, edits: &[(&str, &str, &str)], flaws: &[&str]) -> String {
+    let mut toml = shipped(scenario);
+    for (table, key, value) in edits {
+        toml = set(&toml, table, key, value);
+    }
+    if flaws.is_empty() {
+        toml
+    } else {
+        with_flaws(&toml, flaws)
+    }
+}
+
+/// Runs `toml` and returns (exit code, output, report).
+fn run(name: &str, toml: &str) -> (i32, String, serde_json::Value) {
+    let case = Case::new(name, toml);
+    let out = case.run(&[]);
+    let report = case.report();
+    (code(&out), text(&out), report)
+}
+
+/// The correct stack passes the variant: exit 0, every checker holds or is not checked.
+fn passes(scenario: &str, edits: &[(&str, &str, &str)]) {
+    let (code, out, report) = run(scenario, &variant(scenario, edits, &[]));
+    let broken: Vec<String> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["status"] == "violated")
+        .map(|v| format!("{}: {}", v["checker"], v["summary"]))
+        .collect();
+    assert_eq!(
+        code, 0,
+        "{scenario} on the correct stack: {broken:#?}\n{out}"
+    );
+}
+
+/// With `flaw` on, the run exits 1 and one of `expected` (`(checker, rule)`) is violated with a
+/// counterexample naming that rule.
+fn caught(flaw: &str, scenario: &str, edits: &[(&str, &str, &str)], expected: &[(&str, &str)]) {
+    let (code, out, report) = run(scenario, &variant(scenario, edits, &[flaw]));
+    let hits: Vec<String> = expected
+        .iter()
+        .filter(|(checker, rule)| {
+            let v = verdict(&report, checker);
+            v["status"] == "violated"
+                && v["total_counterexamples"].as_u64().unwrap_or(0) > 0
+                && rules_of(v).iter().any(|r| r == rule)
+        })
+        .map(|(c, r)| format!("{c}/{r}"))
+        .collect();
+    let summaries: Vec<String> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| format!("{} {}: {}", v["checker"], v["status"], v["summary"]))
+        .collect();
+    assert!(
+        !hits.is_empty(),
+        "flaw {flaw} on {scenario} was not caught as any of {expected:?}:\n{summaries:#?}"
+    );
+    assert_eq!(code, 1, "flaw {flaw}: {out}");
+    assert!(out.contains("VIOLATED"), "{out}");
+}
+
+// Small variants of the shipped scenarios.
+const SLOW: &[(&str, &str, &str)] = &[("load", "recipients", "24"), ("load", "batches", "3")];
+const FLAKY: &[(&str, &str, &str)] = &[("load", "recipients", "100"), ("load", "batches", "1")];
+const MIDWAY: &[(&str, &str, &str)] = &[("load", "recipients", "200")];
+const STUCK: &[(&str, &str, &str)] = &[("load", "recipients", "150")];
+const MANY: &[(&str, &str, &str)] = &[("load", "recipients", "300")];
+const TEMPLATE: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
+const CALLBACKS: &[(&str, &str, &str)] = &[("load", "recipients", "100")];
+const ROLLING: &[(&str, &str, &str)] = &[("load", "recipients", "200")];
+const CRASH: &[(&str, &str, &str)] = &[("load", "recipients", "150")];
+const INJECTION: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
+
+/// `edits` plus a shorter quiescence deadline, for flaws that leave deliveries open forever.
+fn impatient(
+    edits: &[(&'static str, &'static str, &'static str)],
+) -> Vec<(&'static str, &'static str, &'static str)> {
+    let mut v = edits.to_vec();
+    v.push(("expect", "quiescence", "\"12s\""));
+    v
+}
+
+// --- The correct stack passes every scenario (one run per scenario). ---
+
+#[test]
+fn correct_stack_passes_slow_provider() {
+    passes("slow-provider", SLOW);
+}
+
+#[test]
+fn correct_stack_passes_flaky_providers() {
+    passes("flaky-providers", FLAKY);
+}
+
+#[test]
+fn correct_stack_passes_restart_midway() {
+    passes("restart-midway", MIDWAY);
+}
+
+#[test]
+fn correct_stack_passes_stuck_worker() {
+    passes("stuck-worker", STUCK);
+}
+
+#[test]
+fn correct_stack_passes_many_workers() {
+    passes("many-workers", MANY);
+}
+
+#[test]
+fn correct_stack_passes_template_change() {
+    passes("template-change", TEMPLATE);
+}
+
+#[test]
+fn correct_stack_passes_callbacks_chaos() {
+    passes("callbacks-chaos", CALLBACKS);
+}
+
+#[test]
+fn correct_stack_passes_rolling_deploy() {
+    passes("rolling-deploy", ROLLING);
+}
+
+#[test]
+fn correct_stack_passes_crash_window() {
+    passes("crash-window", CRASH);
+}
+
+#[test]
+fn correct_stack_passes_template_injection() {
+    passes("template-injection", INJECTION);
+}
+
+// --- One test per flaw. ---
+
+#[test]
+fn flaw_inline_send() {
+    caught(
+        "inline-send",
+        "slow-provider",
+        SLOW,
+        &[("responsiveness", "enqueue_p99_over_slo")],
+    );
+}
+
+#[test]
+fn flaw_drop_on_failure() {
+    caught(
+        "drop-on-failure",
+        "flaky-providers",
+        &impatient(FLAKY),
+        &[("no_loss", "lost"), ("no_loss", "open")],
+    );
+}
+
+#[test]
+fn flaw_retry_storm() {
+    caught(
+        "retry-storm",
+        "flaky-providers",
+        FLAKY,
+        &[("retry_discipline", "gap_below_floor")],
+    );
+}
+
+#[test]
+fn flaw_retry_permanent() {
+    caught(
+        "retry-permanent",
+        "flaky-providers",
+        FLAKY,
+        &[("retry_discipline", "attempt_after_permanent")],
+    );
+}
+
+#[test]
+fn flaw_restart_from_first() {
+    caught(
+        "restart-from-first",
+        "restart-midway",
+        MIDWAY,
+        &[("exactly_once", "duplicate")],
+    );
+}
+
+#[test]
+fn flaw_no_rescue() {
+    caught(
+        "no-rescue",
+        "stuck-worker",
+        &impatient(STUCK),
+        &[("no_loss", "lost"), ("no_loss", "open")],
+    );
+}
+
+#[test]
+fn flaw_racy_claim() {
+    caught(
+        "racy-claim",
+        "many-workers",
+        MANY,
+        &[("exactly_once", "duplicate")],
+    );
+}
+
+#[test]
+fn flaw_whole_batch_replay() {
+    caught(
+        "whole-batch-replay",
+        "flaky-providers",
+        FLAKY,
+        &[("exactly_once", "duplicate")],
+    );
+}
+
+#[test]
+fn flaw_rerender_on_retry() {
+    caught(
+        "rerender-on-retry",
+        "template-change",
+        TEMPLATE,
+        &[("immutable_payload", "payload_changed")],
+    );
+}
+
+#[test]
+fn flaw_naive_callbacks() {
+    caught(
+        "naive-callbacks",
+        "callbacks-chaos",
+        CALLBACKS,
+        &[("callbacks", "regression")],
+    );
+}
+
+#[test]
+fn flaw_trust_forged_callbacks() {
+    caught(
+        "trust-forged-callbacks",
+        "callbacks-chaos",
+        CALLBACKS,
+        &[("callbacks", "forged_accepted")],
+    );
+}
+
+#[test]
+fn flaw_abort_on_sigterm() {
+    caught(
+        "abort-on-sigterm",
+        "rolling-deploy",
+        ROLLING,
+        &[("graceful_shutdown", "abandoned_in_flight")],
+    );
+}
+
+#[test]
+fn flaw_zombie_send() {
+    caught(
+        "zombie-send",
+        "stuck-worker",
+        STUCK,
+        &[
+            ("exactly_once", "duplicate"),
+            ("recovery", "zombie_duplicate"),
+        ],
+    );
+}
+
+#[test]
+fn flaw_resend_uncertain() {
+    caught(
+        "resend-uncertain",
+        "crash-window",
+        CRASH,
+        &[("exactly_once", "duplicate")],
+    );
+}
+
+#[test]
+fn flaw_unescaped_template() {
+    caught(
+        "unescaped-template",
+        "template-injection",
+        INJECTION,
+        &[("immutable_payload", "unescaped_html")],
+    );
+}
+
+#[test]
+fn variant_helpers_edit_the_right_table() {
+    let t = "name = \"x\"\n[stack]\nworkers = 4\n[load]\nrecipients = 600\n[expect]\nquiescence = \"40s\"\n";
+    let v = set(
+        &set(t, "load", "recipients", "10"),
+        "stack",
+        "lease",
+        "\"1s\"",
+    );
+    let v = with_flaws(&v, &["racy-claim"]);
+    assert_eq!(
+        v,
+        "name = \"x\"\n[stack]\nflaws = [\"racy-claim\"]\nworkers = 4\nlease = \"1s\"\n[load]\nrecipients = 10\n[expect]\nquiescence = \"40s\"\n"
+    );
+    assert!(set(t, "expect", "max_unknown", "3").ends_with("max_unknown = 3\n"));
+}
