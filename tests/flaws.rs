@@ -41,7 +41,12 @@ fn passes(scenario: &str, edits: &[(&str, &str, &str)]) {
         .unwrap()
         .iter()
         .filter(|v| v["status"] == "violated")
-        .map(|v| format!("{}: {}", v["checker"], v["summary"]))
+        .map(|v| {
+            format!(
+                "{}: {}\n  first counterexample: {}",
+                v["checker"], v["summary"], v["counterexamples"][0]
+            )
+        })
         .collect();
     assert_eq!(
         code, 0,
@@ -81,7 +86,15 @@ fn caught(flaw: &str, scenario: &str, edits: &[(&str, &str, &str)], expected: &[
 const SLOW: &[(&str, &str, &str)] = &[("load", "recipients", "24"), ("load", "batches", "3")];
 const FLAKY: &[(&str, &str, &str)] = &[("load", "recipients", "100"), ("load", "batches", "1")];
 const MIDWAY: &[(&str, &str, &str)] = &[("load", "recipients", "200")];
-const STUCK: &[(&str, &str, &str)] = &[("load", "recipients", "150")];
+/// Without SMS: the reference stack has a known residual race there (a worker frozen after its
+/// last lease check but before its request is written sends once it wakes, after the rescuer's
+/// lookup found nothing and another worker sent; Twilio has no idempotency key). The shipped
+/// scenario keeps SMS and shows it as a real `exactly_once` violation in a few percent of runs;
+/// see docs/flaws.md. E-mail still shows `zombie-send` (no idempotency key either).
+const STUCK: &[(&str, &str, &str)] = &[
+    ("load", "recipients", "150"),
+    ("load", "channels", "[\"line\", \"email\"]"),
+];
 const MANY: &[(&str, &str, &str)] = &[("load", "recipients", "300")];
 const TEMPLATE: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
 const CALLBACKS: &[(&str, &str, &str)] = &[("load", "recipients", "100")];

@@ -15,7 +15,11 @@
 //!   `expect.retry_growth = false` the floor is just `min_retry_gap`. A negative gap (two
 //!   attempts in flight at once) is always below the floor.
 //! - **retry_after_ignored**: the gap is shorter than the `Retry-After` the provider sent.
-//! - **attempt_after_permanent**: any attempt after a `Permanent` answer.
+//! - **attempt_after_permanent**: any attempt after a `Permanent` answer — unless that answer was
+//!   lost: its sender was SIGKILLed or SIGSTOPped within one lease after it (the process may never
+//!   have recorded it), or the stack's status shows the delivery went through its rescuer. One
+//!   re-attempt after such a crash is the stack reconciling, not ignoring the provider; it is
+//!   counted in the `after_permanent_lost_answer` figure.
 //!
 //! A `ProtocolError` answer (a malformed request) counts as an attempt but sets no floor.
 //!
@@ -45,11 +49,31 @@ pub fn floor(input: &Input, k: u32) -> Duration {
     Duration::from_nanos((grown.min(cap).max(0.0) * 1e9).round() as u64)
 }
 
+/// Whether the answer `s` may never have reached the stack's records: its sender was killed or
+/// frozen within one lease after it, or the stack rescued the delivery.
+fn answer_lost(input: &Input, e: &super::Expected, s: &mock_providers::ledger::LedgerEntry) -> bool {
+    let lease = input.scenario.stack.lease.as_nanos() as u64;
+    let killed = input.pids.get(&s.seq).is_some_and(|pid| {
+        input.timeline.iter().any(|ev| {
+            matches!(ev.kind.as_str(), "sigkill" | "sigstop")
+                && ev.pid == Some(*pid)
+                && ev.mono_ns + 1 >= s.mono_ns
+                && ev.mono_ns <= s.mono_ns + lease
+        })
+    });
+    let rescued = input.status.is_some_and(|rows| {
+        rows.iter()
+            .filter(|d| d.recipient == e.recipient && d.channel == e.channel)
+            .any(|d| d.transitions.iter().any(|t| t.source == "rescuer"))
+    });
+    killed || rescued
+}
+
 pub fn check(input: &Input) -> Verdict {
     let sends = Sends::new(input.ledger);
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
-    let (mut retries, mut bad_deliveries) = (0u64, 0u64);
+    let (mut retries, mut bad_deliveries, mut lost_answers) = (0u64, 0u64, 0u64);
 
     for e in input.expected {
         let all = sends.of_expected(e);
@@ -67,7 +91,10 @@ pub fn check(input: &Input) -> Verdict {
             findings.push(c);
         }
         if let Some(p) = chain.iter().position(|s| s.outcome == Outcome::Permanent) {
-            if let Some(next) = chain.get(p + 1) {
+            let lost = chain.get(p + 1).is_some() && answer_lost(input, e, chain[p]);
+            if lost && chain.len() == p + 2 {
+                lost_answers += 1;
+            } else if let Some(next) = chain.get(p + 1) {
                 let mut c = pair(e, "attempt_after_permanent", chain[p], next, input);
                 c["later_attempts"] = json!(chain.len() - p - 1);
                 findings.push(c);
@@ -115,6 +142,7 @@ pub fn check(input: &Input) -> Verdict {
         "min_retry_gap_ms": input.scenario.expect.min_retry_gap.as_secs_f64() * 1e3,
         "retry_growth": input.scenario.expect.retry_growth,
         "max_attempts": max,
+        "after_permanent_lost_answer": lost_answers,
     }));
     findings.verdict(NAME, summary, figs)
 }
@@ -191,6 +219,20 @@ mod tests {
         let v = check(&w.input());
         assert_eq!(v.status, Status::Holds, "{v:#?}");
         assert_eq!(v.figures["retries_checked"], 9);
+    }
+
+    #[test]
+    fn one_attempt_after_a_lost_permanent_answer_is_reconciliation() {
+        // (killed at ms, expected status): the answer at 100 ms went to a worker killed at 150 ms.
+        for (kill_at, status) in [(150, Status::Holds), (5_000, Status::Violated)] {
+            let mut w = World::new();
+            let a = w.expect("r1", Sms);
+            w.send(Sms, &a, Permanent, 100).pid(7);
+            w.send(Sms, &a, Permanent, 2_000).pid(8);
+            w.event("sigkill", Some(7), kill_at);
+            let v = check(&w.input());
+            assert_eq!(v.status, status, "kill at {kill_at}: {v:#?}");
+        }
     }
 
     #[test]

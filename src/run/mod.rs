@@ -78,7 +78,7 @@ pub async fn run(
     let started = Instant::now();
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let mut res = Resources::default();
-    let body = execute(&scenario, &opts, &report_dir, &mut res);
+    let body = execute(&scenario, &opts, &report_dir, &mut res, (started, &started_at));
     let result = tokio::select! {
         r = body => Some(r),
         _ = interrupt => None,
@@ -93,11 +93,7 @@ pub async fn run(
             );
             (130, None)
         }
-        Some(Ok(mut r)) => {
-            r.duration_ms = started.elapsed().as_millis() as u64;
-            r.started_at = started_at;
-            (r.exit_code, Some(r))
-        }
+        Some(Ok(r)) => (r.exit_code, Some(r)),
         Some(Err(e)) => {
             // Anything that stops a run before its verdict is the infrastructure's failure.
             let code = exit::INFRA;
@@ -237,6 +233,7 @@ async fn execute(
     opts: &RunOptions,
     report_dir: &Path,
     res: &mut Resources,
+    (started, started_at): (Instant, &str),
 ) -> anyhow::Result<Report> {
     std::fs::create_dir_all(report_dir)
         .with_context(|| format!("create {}", report_dir.display()))?;
@@ -601,6 +598,8 @@ async fn execute(
         metrics: Default::default(),
     };
     report.metrics = report::metrics(&report, &entries);
+    report.started_at = started_at.to_string();
+    report.duration_ms = started.elapsed().as_millis() as u64;
     // Performance gates: absolute thresholds from [expect], then a baseline report if given.
     let mut regressions: Vec<String> =
         report::gate::check_thresholds(&report.metrics, &scenario.expect.thresholds)
