@@ -99,7 +99,7 @@ const MANY: &[(&str, &str, &str)] = &[("load", "recipients", "300")];
 const TEMPLATE: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
 const CALLBACKS: &[(&str, &str, &str)] = &[("load", "recipients", "100")];
 const ROLLING: &[(&str, &str, &str)] = &[("load", "recipients", "200")];
-const CRASH: &[(&str, &str, &str)] = &[("load", "recipients", "150")];
+const CRASH: &[(&str, &str, &str)] = &[];
 const INJECTION: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
 
 /// `edits` plus a shorter quiescence deadline, for flaws that leave deliveries open forever.
