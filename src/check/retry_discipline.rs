@@ -51,7 +51,11 @@ pub fn floor(input: &Input, k: u32) -> Duration {
 
 /// Whether the answer `s` may never have reached the stack's records: its sender was killed or
 /// frozen within one lease after it, or the stack rescued the delivery.
-fn answer_lost(input: &Input, e: &super::Expected, s: &mock_providers::ledger::LedgerEntry) -> bool {
+fn answer_lost(
+    input: &Input,
+    e: &super::Expected,
+    s: &mock_providers::ledger::LedgerEntry,
+) -> bool {
     let lease = input.scenario.stack.lease.as_nanos() as u64;
     let killed = input.pids.get(&s.seq).is_some_and(|pid| {
         input.timeline.iter().any(|ev| {

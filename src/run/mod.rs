@@ -78,7 +78,13 @@ pub async fn run(
     let started = Instant::now();
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let mut res = Resources::default();
-    let body = execute(&scenario, &opts, &report_dir, &mut res, (started, &started_at));
+    let body = execute(
+        &scenario,
+        &opts,
+        &report_dir,
+        &mut res,
+        (started, &started_at),
+    );
     let result = tokio::select! {
         r = body => Some(r),
         _ = interrupt => None,
