@@ -3,7 +3,9 @@
 //! A delivery is final in the ledger when the provider accepted it, rejected it for good, or saw
 //! `max_attempts` transient failures. Where the stack has a status API, a delivery must also be
 //! settled there (`delivered`, `permanent_failure`, `failed`, `unknown`, or `submitted` on a channel
-//! without delivery reports), and an `unknown` there counts as final even without a ledger outcome.
+//! without delivery reports). A terminal state in the stack counts as final even without a ledger
+//! outcome: the stack has stopped working on it, so waiting longer shows nothing new, and the
+//! checkers judge what the ledger says happened (e.g. `failed` after one transient error is lost).
 
 use std::collections::HashMap;
 
@@ -98,8 +100,13 @@ impl Tracker {
                     _ => false,
                 },
             };
-            let unknown = row.is_some_and(|d| d.state == "unknown");
-            if !(settled_in_stack && (self.ledger_final(i) || unknown)) {
+            let terminal = row.is_some_and(|d| {
+                matches!(
+                    d.state.as_str(),
+                    "delivered" | "permanent_failure" | "failed" | "unknown"
+                )
+            });
+            if !(settled_in_stack && (self.ledger_final(i) || terminal)) {
                 open.push(format!("{}/{}", e.recipient, e.channel.as_str()));
             }
         }
