@@ -213,3 +213,36 @@ fn committed_report_schema_is_in_sync() {
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(have == want, "docs/report.schema.json is out of date: run `UPDATE_SCHEMAS=1 cargo test --test run_e2e committed_report_schema` and commit it");
 }
+
+#[test]
+fn stack_survives_database_outages() {
+    if std::env::var_os("DATABASE_URL").is_some() {
+        eprintln!("skipped: db_restart needs the throwaway cluster (DATABASE_URL is set)");
+        return;
+    }
+    let shipped = std::fs::read_to_string(repo().join("scenarios/db-outage.toml")).unwrap();
+    let case = Case::new(
+        "db-outage",
+        &shipped.replace("recipients = 400", "recipients = 150"),
+    );
+    let out = case.run(&[]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let report = case.report();
+    let kinds: Vec<String> = report["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str().map(String::from))
+        .collect();
+    for k in [
+        "db_terminate",
+        "db_restarted",
+        "db_idle_tx",
+        "db_idle_tx_end",
+    ] {
+        assert!(
+            kinds.iter().any(|x| x == k),
+            "{k} missing from the timeline: {kinds:?}"
+        );
+    }
+}

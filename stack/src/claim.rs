@@ -254,17 +254,21 @@ pub async fn renew(
     conn: &mut PgConnection,
     worker_id: &str,
     lease: Duration,
+    held: &[i64],
 ) -> Result<u64, sqlx::Error> {
     sqlx::query("UPDATE workers SET heartbeat_at = now() WHERE id = $1")
         .bind(worker_id)
         .execute(&mut *conn)
         .await?;
+    // Only the rows a live task is working on: a row whose task died (say, on a dropped database
+    // connection) must lapse and be rescued, not be kept alive by a healthy heartbeat forever.
     let r = sqlx::query(
         "UPDATE deliveries SET lease_expires_at = now() + $2 * interval '1 millisecond' \
-         WHERE state = 'sending' AND lease_owner = $1 AND lease_expires_at > now()",
+         WHERE id = ANY($3) AND state = 'sending' AND lease_owner = $1 AND lease_expires_at > now()",
     )
     .bind(worker_id)
     .bind(lease.as_millis() as f64)
+    .bind(held)
     .execute(conn)
     .await?;
     Ok(r.rows_affected())

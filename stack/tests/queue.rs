@@ -138,7 +138,7 @@ async fn lost_lease_blocks_the_attempt_start() {
     );
     // A renewal does not revive an expired lease.
     assert_eq!(
-        claim::renew(&mut conn, "w1", Duration::from_secs(60))
+        claim::renew(&mut conn, "w1", Duration::from_secs(60), &[rows[1].id])
             .await
             .unwrap(),
         0

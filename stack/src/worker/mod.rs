@@ -35,6 +35,8 @@ pub(crate) struct Worker {
     pub channel_slots: HashMap<Channel, Arc<Semaphore>>,
     /// When the last successful lease renewal started; leases run at least `lease` from it.
     pub renewed_at: Mutex<Option<Instant>>,
+    /// Deliveries a live sender task is working on: the only leases the heartbeat renews.
+    pub held: Mutex<std::collections::HashSet<i64>>,
 }
 
 impl Worker {
@@ -76,6 +78,7 @@ pub async fn run(
             .collect(),
         stopping: stop_rx.clone(),
         renewed_at: Mutex::new(None),
+        held: Mutex::default(),
         pool: pool.clone(),
         cfg: cfg.clone(),
     });
@@ -120,6 +123,9 @@ pub async fn run(
                     full = rows.len() as i64 == n;
                     let now = Instant::now();
                     for d in rows {
+                        if let Ok(mut held) = w.held.lock() {
+                            held.insert(d.id);
+                        }
                         senders.spawn(send::send_one(w.clone(), d, now));
                     }
                 }
@@ -181,7 +187,12 @@ async fn heartbeat(w: Arc<Worker>) {
         let started = Instant::now();
         let renewed = async {
             let mut conn = w.pool.acquire().await?;
-            claim::renew(&mut conn, &w.cfg.worker_id, w.cfg.lease).await
+            let held: Vec<i64> = w
+                .held
+                .lock()
+                .map(|h| h.iter().copied().collect())
+                .unwrap_or_default();
+            claim::renew(&mut conn, &w.cfg.worker_id, w.cfg.lease, &held).await
         };
         match renewed.await {
             Ok(_) => {
@@ -215,6 +226,7 @@ pub async fn send_inline(cfg: Arc<Config>, pool: PgPool) -> anyhow::Result<()> {
             .collect(),
         stopping,
         renewed_at: Mutex::new(None),
+        held: Mutex::default(),
         pool,
         cfg: cfg.clone(),
     });

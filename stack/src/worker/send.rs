@@ -120,7 +120,12 @@ pub fn decide(cfg: &Config, d: &Claimed, attempts: i32, outcome: &Outcome, unit:
 /// Runs one claimed delivery to its recorded outcome (or gives it back).
 pub(crate) async fn send_one(w: Arc<Worker>, d: Claimed, claimed_at: Instant) {
     if let Err(e) = attempt(&w, &d, claimed_at).await {
+        // Typically the database went away mid-attempt. The row keeps our lease until it lapses
+        // (it is no longer renewed), then the rescuer reconciles it like a crash.
         tracing::warn!(key = %d.key, error = %format!("{e:#}"), "attempt failed to complete");
+    }
+    if let Ok(mut held) = w.held.lock() {
+        held.remove(&d.id);
     }
 }
 
