@@ -7,6 +7,7 @@
 
 mod chaos;
 mod env;
+mod progress;
 mod settle;
 mod world;
 
@@ -243,11 +244,10 @@ async fn execute(
 ) -> anyhow::Result<Report> {
     std::fs::create_dir_all(report_dir)
         .with_context(|| format!("create {}", report_dir.display()))?;
-    let say = |msg: String| {
-        if opts.progress {
-            eprintln!("{msg}");
-        }
-    };
+    let mut progress = progress::Progress::new(opts.progress);
+    let say = |msg: String| progress.say(&msg);
+    // The ledger's clock is the run's clock: every timeline event and progress line uses it.
+    let ledger = Ledger::new();
     let t0 = Instant::now();
 
     // 1. Database.
@@ -286,7 +286,6 @@ async fn execute(
     if providers_cfg.smtp.events.enabled && providers_cfg.smtp.events.url.is_none() {
         providers_cfg.smtp.events.url = Some(format!("http://{api_addr}/v1/callbacks/email"));
     }
-    let ledger = Ledger::new();
     let providers = mock_providers::start(
         scenario.seed,
         providers_cfg.clone(),
@@ -336,6 +335,7 @@ async fn execute(
     );
     res.world = Some(world.clone());
     world.spawn_resolver();
+    *world.printer.lock().unwrap() = progress.printer();
 
     let spec = |role: &str, argv: Vec<String>| Spec {
         role: role.into(),
@@ -472,9 +472,21 @@ async fn execute(
         } else {
             None
         };
-        if opts.progress && last_print.elapsed() >= Duration::from_secs(2) {
+        if opts.progress && last_print.elapsed() >= Duration::from_millis(250) {
             last_print = Instant::now();
-            say(progress_line(t0, &tracker, &expected, &world, pending));
+            let done: BTreeMap<Channel, (usize, usize)> =
+                tracker.done_by_channel(&expected).into_iter().collect();
+            let status = format!(
+                "accepted {} | faults {} | callbacks due {} | workers alive {} | {:.0}s",
+                world.accepted_total(),
+                world.faults_injected(),
+                pending,
+                world.live_workers().len(),
+                t0.elapsed().as_secs_f64()
+            );
+            progress.update(&done, &status, || {
+                progress_line(t0, &tracker, &expected, &world, pending)
+            });
         }
         if calm_since.is_some_and(|t| t.elapsed() >= settle_for) {
             break Quiescence {
@@ -511,6 +523,8 @@ async fn execute(
     } else {
         status = None;
     }
+    progress.finish();
+    *world.printer.lock().unwrap() = None;
     let unfired = chaos.unfired();
     chaos.stop();
 

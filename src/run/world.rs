@@ -40,6 +40,8 @@ pub struct World {
     accepted: [AtomicU64; 3],
     accepted_total: AtomicU64,
     faults: AtomicU64,
+    /// Where timeline events are echoed live (None: quiet).
+    pub printer: Mutex<Option<super::progress::Printer>>,
     /// Notified on every accepted send (progress triggers wait on it).
     pub progress: tokio::sync::Notify,
 }
@@ -76,6 +78,7 @@ impl World {
             accepted_total: AtomicU64::new(0),
             faults: AtomicU64::new(0),
             progress: tokio::sync::Notify::new(),
+            printer: Mutex::new(None),
         })
     }
 
@@ -98,6 +101,18 @@ impl World {
             detail: detail.into(),
         };
         tracing::info!(kind, ?slot, ?pid, detail = %ev.detail, "event");
+        if let Some(p) = self.printer.lock().unwrap().as_ref() {
+            let who = match (slot, pid) {
+                (Some(s), Some(p)) => format!(" worker {s} (pid {p})"),
+                (None, Some(p)) => format!(" pid {p}"),
+                _ => String::new(),
+            };
+            p.line(&format!(
+                "[{:>5.1}s] {kind}{who} {}",
+                ev.mono_ns as f64 / 1e9,
+                ev.detail
+            ));
+        }
         self.timeline.lock().unwrap().push(ev);
     }
 
