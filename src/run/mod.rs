@@ -446,10 +446,14 @@ async fn execute(
     let mut status: Option<Vec<StatusDelivery>> = None;
     let mut status_api = true;
     let mut last_print = Instant::now();
+    let mut last_status: Option<Instant> = None;
     let mut calm_since: Option<Instant> = None;
     let quiescence = loop {
         tracker.feed(&ledger.since(tracker.next_seq()));
-        if status_api {
+        // The status API returns every delivery with its transitions (megabytes for a big batch):
+        // once a second is plenty, and keeps the poll from competing with the stack for the CPU.
+        if status_api && !matches!(last_status, Some(t) if t.elapsed() < Duration::from_secs(1)) {
+            last_status = Some(Instant::now());
             match load::fetch_status(&client, &api_base, &batch_ids).await {
                 Ok(Some(rows)) => status = Some(rows),
                 Ok(None) => status_api = false,

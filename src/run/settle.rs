@@ -126,3 +126,79 @@ impl Tracker {
         m
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::StatusTransition;
+    use mock_providers::ledger::LedgerEntry;
+
+    fn exp(r: &str) -> Expected {
+        Expected {
+            recipient: r.into(),
+            channel: Channel::Sms,
+            address: format!("+1{r}"),
+            bad: false,
+            tricky_name: None,
+            batch_id: "b".into(),
+        }
+    }
+
+    fn send(seq: u64, r: &str, outcome: Outcome) -> LedgerEntry {
+        let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Send, format!("+1{r}"));
+        e.seq = seq;
+        e.outcome = outcome;
+        e
+    }
+
+    fn row(r: &str, state: &str) -> StatusDelivery {
+        StatusDelivery {
+            key: format!("b:{r}:sms"),
+            recipient: r.into(),
+            channel: Channel::Sms,
+            address: None,
+            state: state.into(),
+            attempts: 1,
+            provider_message_id: None,
+            payload_sha256: None,
+            last_error: None,
+            transitions: Vec::<StatusTransition>::new(),
+        }
+    }
+
+    #[test]
+    fn what_is_still_open() {
+        let expected = [exp("a"), exp("b"), exp("c")];
+        let mut t = Tracker::new(&expected, 2);
+        // a accepted; b one transient of two allowed; c nothing yet.
+        t.feed(&[
+            send(0, "a", Outcome::Accepted),
+            send(1, "b", Outcome::Transient),
+        ]);
+        assert_eq!(t.next_seq(), 2);
+        // Ledger only (no status API): b and c are open.
+        assert_eq!(t.open(&expected, None, &[]), ["b/sms", "c/sms"]);
+        // The stack gave up on b (`failed`) and holds c as `unknown`: both settled, so the
+        // checkers judge them now instead of the run waiting for its deadline.
+        let rows = [
+            row("a", "delivered"),
+            row("b", "failed"),
+            row("c", "unknown"),
+        ];
+        assert!(t.open(&expected, Some(&rows), &[]).is_empty());
+        // a still `submitted` on a channel with delivery reports due: open; without reports: done.
+        let rows = [
+            row("a", "submitted"),
+            row("b", "failed"),
+            row("c", "unknown"),
+        ];
+        assert_eq!(t.open(&expected, Some(&rows), &[Channel::Sms]), ["a/sms"]);
+        assert!(t.open(&expected, Some(&rows), &[]).is_empty());
+        // A row still `sending` in the stack keeps even an accepted delivery open.
+        let rows = [row("a", "sending"), row("b", "failed"), row("c", "unknown")];
+        assert_eq!(t.open(&expected, Some(&rows), &[]), ["a/sms"]);
+        // A second transient failure exhausts b in the ledger.
+        t.feed(&[send(2, "b", Outcome::Transient)]);
+        assert_eq!(t.open(&expected, None, &[]), ["c/sms"]);
+    }
+}

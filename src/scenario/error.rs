@@ -117,17 +117,11 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
     if let Some(rest) = msg.strip_prefix("unknown field `") {
         if let Some((key, tail)) = rest.split_once('`') {
             let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
-            let table = table_at(text, offset);
-            let place = if table.is_empty() {
-                "at the top level".to_string()
-            } else {
-                format!("in [{table}]")
-            };
             return ScenarioError {
                 file: file.into(),
                 line,
                 col,
-                message: format!("unknown key `{key}` {place}"),
+                message: format!("unknown key `{key}` {}", place(text, offset)),
                 key: Some(key.to_string()),
                 suggestion: nearest(key, expected.iter().copied()),
             };
@@ -161,17 +155,11 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
         .and_then(|r| r.split_once('`'))
         .map(|(k, _)| k)
     {
-        let table = table_at(text, offset);
-        let place = if table.is_empty() {
-            "at the top level".to_string()
-        } else {
-            format!("in [{table}]")
-        };
         return ScenarioError {
             file: file.into(),
             line,
             col,
-            message: format!("missing key `{k}` {place}"),
+            message: format!("missing key `{k}` {}", place(text, offset)),
             key: Some(k.to_string()),
             suggestion: None,
         };
@@ -197,6 +185,14 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
         message,
         key,
         suggestion: None,
+    }
+}
+
+/// "in [table]" or "at the top level" for byte `offset`.
+fn place(text: &str, offset: usize) -> String {
+    match table_at(text, offset) {
+        t if t.is_empty() => "at the top level".to_string(),
+        t => format!("in [{t}]"),
     }
 }
 
