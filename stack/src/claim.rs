@@ -197,6 +197,23 @@ pub async fn start_attempt<'e>(
     Ok(row.map(|(a,)| a))
 }
 
+/// Takes back a start recorded by [`start_attempt`] whose send was never made (the process
+/// stalled past its local lease deadline in between): the attempt is not counted and the row no
+/// longer reads as started under this lease, so a rescuer releases it instead of reconciling.
+pub async fn undo_start<'e>(ex: impl PgExecutor<'e>, d: &Claimed) -> Result<bool, sqlx::Error> {
+    let r = sqlx::query(
+        "UPDATE deliveries SET attempts = attempts - 1, attempt_lease_token = NULL \
+         WHERE id = $1 AND state = 'sending' AND lease_owner = $2 AND lease_token = $3 \
+         AND attempt_lease_token = lease_token",
+    )
+    .bind(d.id)
+    .bind(&d.lease_owner)
+    .bind(d.lease_token)
+    .execute(ex)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
 /// Gives an unstarted claim back at once, attempt count untouched.
 pub async fn release(
     conn: &mut PgConnection,

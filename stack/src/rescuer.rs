@@ -88,7 +88,8 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
     out.ran = true;
     let expired: Vec<Expired> = sqlx::query_as(
         "SELECT id, channel, attempts, lease_owner, lease_token, \
-         (attempt_started_at IS NOT NULL AND attempt_lease_token = lease_token) AS started \
+         (attempt_started_at IS NOT NULL AND attempt_lease_token IS NOT DISTINCT FROM lease_token) \
+         AS started \
          FROM deliveries WHERE state = 'sending' AND lease_expires_at < now() \
          ORDER BY lease_expires_at LIMIT 1000",
     )

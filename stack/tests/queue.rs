@@ -425,3 +425,49 @@ async fn rescuer_reconciles_expired_leases_per_channel() {
     drop(conn);
     pool.close().await;
 }
+
+/// A start taken back (the worker stalled past its local deadline after the fence) and left
+/// unreleased (the worker died, or its database connection did, before the release) is released
+/// by the rescuer like a claim that never started — and it must not break the rescue pass for
+/// every other row, as it once did (`started` read NULL and failed to decode).
+#[tokio::test]
+async fn rescuer_releases_a_start_that_was_taken_back() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 2).await;
+    let cfg = stack::Config::for_tests(&db.url);
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "stalled", 2, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2);
+    for d in &rows {
+        claim::start_attempt(&pool, d, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // Only the first one's start is taken back; the second really went out.
+    assert!(claim::undo_start(&pool, &rows[0]).await.unwrap());
+    assert!(
+        !claim::undo_start(&pool, &rows[0]).await.unwrap(),
+        "undo twice"
+    );
+    common::wait_for("lease expiry", Duration::from_secs(5), || async {
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM deliveries WHERE lease_expires_at < now()")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        n == 2
+    })
+    .await;
+    let r = stack::rescuer::rescue_once(&pool, &cfg).await.unwrap();
+    assert_eq!((r.released, r.resend), (1, 1));
+    let (s0, _, a0, _) = state_of(&pool, rows[0].id).await;
+    assert_eq!((s0.as_str(), a0), ("pending", 0));
+    let (s1, _, a1, _) = state_of(&pool, rows[1].id).await;
+    assert_eq!((s1.as_str(), a1), ("retryable", 1));
+    drop(conn);
+    pool.close().await;
+}

@@ -170,17 +170,19 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
         }
     };
     if !zombie && Instant::now() + w.margin() >= w.local_deadline(claimed_at) {
-        // The process stalled between the fence and here: undo the start, do not send.
-        sqlx::query(
-            "UPDATE deliveries SET attempts = attempts - 1, attempt_lease_token = NULL \
-             WHERE id = $1 AND lease_owner = $2 AND lease_token = $3",
+        // The process stalled between the fence and here: undo the start and give the row
+        // back in one transaction, do not send.
+        let mut tx = w.pool.begin().await?;
+        claim::undo_start(&mut *tx, d).await?;
+        claim::release(
+            &mut tx,
+            d,
+            Source::Worker,
+            "lease deadline passed before send",
         )
-        .bind(d.id)
-        .bind(&d.lease_owner)
-        .bind(d.lease_token)
-        .execute(&w.pool)
         .await?;
-        return give_back(w, d, "lease deadline passed before send").await;
+        tx.commit().await?;
+        return Ok(());
     }
 
     let outcome = match (reconcile_first(w, d).await, ready) {
