@@ -3,8 +3,10 @@
 # queues people actually use — graphile-worker 0.16.x and pg-boss 10.x — beside ours
 # (`ting-chaos bench claim`), on the same PostgreSQL in the same run. Jobs do nothing.
 #
-# Each peer runs in its documented fast path: graphile-worker with `concurrency` = workers (it
-# fetches one job per round trip; 0.16 has no batched fetch) and bulk enqueue via add_jobs();
+# Each peer runs in its documented fast path: graphile-worker with `concurrency` = workers and
+# bulk enqueue via add_jobs(), twice: its default (one job per fetch round trip, one completion
+# statement per job) and its 0.16 batched mode (`preset.worker.localQueue.size` = 100: one fetch
+# round trip per 100 jobs; `completeJobBatchDelay` = 0: completions flushed together);
 # pg-boss with `batchSize` = 100 (batched fetch and batched completion), bulk enqueue via
 # insert(), measured twice: its `work()` loop (one per worker; it sleeps pollingIntervalSeconds,
 # at least 0.5 s, after every fetch, so that is its ceiling) and a tight fetch()/complete() loop
@@ -14,13 +16,15 @@
 #
 # Usage: scripts/bench-peers.sh [JOBS] [WORKERS]      (defaults: 20000 and 1,2,4,8,16,32)
 # Env:   DATABASE_URL (a server to use; default: `ting-chaos db up` in the background),
-#        TING_CHAOS (the binary; default target/release/ting-chaos).
+#        TING_CHAOS (the binary; default target/release/ting-chaos),
+#        REPORT_DIR (where ours and the peers' figures are written; default reports/bench).
 # Needs: Node 20+ and npm.
 set -euo pipefail
 
 JOBS="${1:-20000}"
 WORKERS="${2:-1,2,4,8,16,32}"
 BIN="${TING_CHAOS:-target/release/ting-chaos}"
+REPORT_DIR="${REPORT_DIR:-reports/bench}"
 PEERS_BATCH=100
 
 tmp="$(mktemp -d)"
@@ -62,12 +66,21 @@ async function freshDb() {
   await c.query(`CREATE DATABASE ${name}`); await c.end();
   return { name, url: withDb(adminUrl, name) };
 }
+// Bytes of WAL the server has written so far: the drain's difference, per job, is what one job
+// costs the database in writes (the same figure `bench claim` prints for ours).
+async function walBytes(url) {
+  const c = new pg.Client({ connectionString: url }); await c.connect();
+  const r = await c.query("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint::text AS b");
+  await c.end();
+  return BigInt(r.rows[0].b);
+}
+const result = (secs, w0, w1) => ({ rate: jobs / secs, wal: Number(w1 - w0) / jobs });
 async function dropDb(name) {
   const c = new pg.Client({ connectionString: adminUrl }); await c.connect();
   await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`); await c.end();
 }
 
-async function graphile(url, workers) {
+async function graphile(url, workers, mode) {
   const { run, runMigrations } = await import("graphile-worker");
   await runMigrations({ connectionString: url });
   const c = new pg.Client({ connectionString: url }); await c.connect();
@@ -78,19 +91,24 @@ async function graphile(url, workers) {
   await c.end();
   let done = 0, finish;
   const drained = new Promise((r) => (finish = r));
+  const w0 = await walBytes(url);
   const t0 = process.hrtime.bigint();
   const pool = new pg.Pool({ connectionString: url, max: workers + 2 });
   pool.on("error", () => {}); // idle clients killed when the database is dropped
+  const preset = mode === "batched"
+    ? { worker: { localQueue: { size: batch }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } }
+    : undefined;
   const runner = await run({
-    pgPool: pool, concurrency: workers,
+    pgPool: pool, concurrency: workers, preset,
     noHandleSignals: true, pollInterval: 100, logger: quietLogger(),
     taskList: { noop: async () => { if (++done === jobs) finish(); } },
   });
   await drained;
   const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+  const w1 = await walBytes(url);
   await runner.stop();
   await pool.end();
-  return jobs / secs;
+  return result(secs, w0, w1);
 }
 
 async function pgboss(url, workers, mode) {
@@ -107,6 +125,7 @@ async function pgboss(url, workers, mode) {
   }
   let done = 0, finish;
   const drained = new Promise((r) => (finish = r));
+  const w0 = await walBytes(url);
   const t0 = process.hrtime.bigint();
   if (mode === "work") {
     for (let w = 0; w < workers; w++) {
@@ -129,8 +148,9 @@ async function pgboss(url, workers, mode) {
   }
   await drained;
   const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+  const w1 = await walBytes(url);
   await Promise.race([boss.stop({ graceful: false, wait: true }), new Promise((r) => setTimeout(r, 5000))]);
-  return jobs / secs;
+  return result(secs, w0, w1);
 }
 
 function quietLogger() {
@@ -142,8 +162,8 @@ const out = {};
 for (const w of workersArg.split(",").map(Number)) {
   const db = await freshDb();
   try {
-    out[w] = peer === "graphile-worker" ? await graphile(db.url, w) : await pgboss(db.url, w, mode);
-    console.error(`   ${peer} ${mode ?? ""} workers ${w}: ${out[w].toFixed(0)} jobs/s`);
+    out[w] = peer === "graphile-worker" ? await graphile(db.url, w, mode) : await pgboss(db.url, w, mode);
+    console.error(`   ${peer} ${mode ?? ""} workers ${w}: ${out[w].rate.toFixed(0)} jobs/s, ${out[w].wal.toFixed(0)} WAL bytes/job`);
   } finally { await dropDb(db.name); }
 }
 console.log(JSON.stringify(out));
@@ -152,31 +172,50 @@ process.exit(0);
 JS
 
 cd_node() { (cd "$tmp" && node "$@"); }
-echo "-- graphile-worker (concurrency = workers, one job per fetch)"
-gw="$(cd_node peers.mjs graphile-worker "$URL" "$JOBS" "$WORKERS" 1)"
+echo "-- graphile-worker default (concurrency = workers, one job per fetch, one completion per job)"
+gw="$(cd_node peers.mjs graphile-worker "$URL" "$JOBS" "$WORKERS" 1 direct)"
+echo "-- graphile-worker batched (localQueue.size $PEERS_BATCH, completeJobBatchDelay 0)"
+gwb="$(cd_node peers.mjs graphile-worker "$URL" "$JOBS" "$WORKERS" "$PEERS_BATCH" batched)"
 echo "-- pg-boss work(): one loop per worker, batchSize $PEERS_BATCH (it sleeps pollingIntervalSeconds, min 0.5 s, between fetches)"
 pbw="$(cd_node peers.mjs pg-boss "$URL" "$JOBS" "$WORKERS" "$PEERS_BATCH" work)"
 echo "-- pg-boss fetch()+complete(): one tight loop per worker, batchSize $PEERS_BATCH (no polling sleep)"
 pb="$(cd_node peers.mjs pg-boss "$URL" "$JOBS" "$WORKERS" "$PEERS_BATCH" fetch)"
-echo "-- ting-chaos bench claim (batch 1 and $PEERS_BATCH, beside pgbench)"
-"$BIN" bench claim --workers "$WORKERS" --batch "1,$PEERS_BATCH" --rows "$JOBS" \
-  --database-url "$URL" --report-dir "$tmp/ours" | tee "$tmp/ours.txt"
-ours_json="$(ls "$tmp"/ours/*/bench.json)"
+echo "-- ting-chaos bench claim (batch 1, 10 and $PEERS_BATCH, beside pgbench)"
+"$BIN" bench claim --workers "$WORKERS" --batch "1,10,$PEERS_BATCH" --rows "$JOBS" \
+  --database-url "$URL" --report-dir "$REPORT_DIR" | tee "$tmp/ours.txt"
+ours_dir="$(sed -n 's/^results: //p' "$tmp/ours.txt" | tail -n 1)"
+[ -n "$ours_dir" ] && [ -f "$ours_dir/bench.json" ] || { echo "error: bench claim wrote no results" >&2; exit 1; }
 
 echo
-echo "== jobs/s by worker count (same PostgreSQL, same run; $JOBS jobs each)"
-node - "$ours_json" "$gw" "$pb" "$PEERS_BATCH" "$pbw" <<'JS'
+node - "$ours_dir" "$PEERS_BATCH" "$gw" "$gwb" "$pb" "$pbw" <<'JS' | tee "$ours_dir/peers.txt"
 const fs = require("fs");
-const [file, gwj, pbj, b, pbwj] = process.argv.slice(2);
-const ours = JSON.parse(fs.readFileSync(file, "utf8")).rows;
-const gw = JSON.parse(gwj), pb = JSON.parse(pbj), pbw = JSON.parse(pbwj);
-const get = (w, batch) => ours.find((r) => r.workers === w && r.batch === batch)?.stack ?? NaN;
-const f = (v) => (Number.isFinite(v) ? v.toFixed(0) : "-").padStart(14);
-console.log("workers".padStart(7) + "ours b1".padStart(14) + "graphile-w.".padStart(14) + "b1/gw".padStart(8)
-  + `ours b${b}`.padStart(14) + `boss fetch b${b}`.padStart(16) + "b/boss".padStart(8) + `boss work()`.padStart(13));
+const [dir, b, ...peers] = process.argv.slice(2);
+const [gw, gwb, pb, pbw] = peers.map((j) => JSON.parse(j));
+const ours = JSON.parse(fs.readFileSync(`${dir}/bench.json`, "utf8")).rows;
+const row = (w, batch) => ours.find((r) => r.workers === w && r.batch === batch);
+const rate = (w, batch) => row(w, batch)?.stack ?? NaN;
+const wal = (w, batch) => row(w, batch)?.stack_profile?.wal_bytes ?? NaN;
+const n = (v) => (Number.isFinite(v) ? v.toFixed(0) : "-");
+const x = (a, c) => (Number.isFinite(a / c) ? (a / c).toFixed(1) + "x" : "-");
+const cols = [
+  ["workers", 7], ["ours b1", 9], ["graphile-w.", 12], ["b1/gw", 7],
+  [`ours b${b}`, 10], [`gw localq ${b}`, 14], ["/gw", 6], [`boss fetch ${b}`, 15], ["/boss", 6], ["boss work()", 12],
+];
+const line = (vals) => vals.map((v, i) => String(v).padStart(cols[i][1])).join("");
+console.log(`== jobs/s by worker count (same PostgreSQL, same run; ${ours[0]?.seeded ?? "?"} jobs each)`);
+console.log(line(cols.map((c) => c[0])));
 for (const w of Object.keys(gw).map(Number)) {
-  const o1 = get(w, 1), ob = get(w, Number(b));
-  console.log(String(w).padStart(7) + f(o1) + f(gw[w]) + ((o1 / gw[w]).toFixed(1) + "x").padStart(8)
-    + f(ob) + f(pb[w]).padStart(16) + ((ob / pb[w]).toFixed(1) + "x").padStart(8) + f(pbw[w]).padStart(13));
+  const o1 = rate(w, 1), ob = rate(w, Number(b));
+  console.log(line([w, n(o1), n(gw[w].rate), x(o1, gw[w].rate), n(ob), n(gwb[w].rate), x(ob, gwb[w].rate),
+    n(pb[w].rate), x(ob, pb[w].rate), n(pbw[w].rate)]));
 }
+console.log("== WAL bytes per job (what one job costs the database in writes)");
+console.log(line(cols.map((c) => c[0])));
+for (const w of Object.keys(gw).map(Number)) {
+  console.log(line([w, n(wal(w, 1)), n(gw[w].wal), "", n(wal(w, Number(b))), n(gwb[w].wal), "",
+    n(pb[w].wal), "", n(pbw[w].wal)]));
+}
+fs.writeFileSync(`${dir}/peers.json`, JSON.stringify({ batch: Number(b),
+  "graphile-worker": gw, "graphile-worker-local-queue": gwb, "pg-boss-fetch": pb, "pg-boss-work": pbw }, null, 2) + "\n");
 JS
+echo "results: $ours_dir (bench.json, chart.svg, peers.json, peers.txt)"

@@ -12,6 +12,7 @@
 //! database with real deliveries: it truncates.
 
 mod pgbench;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -123,6 +124,10 @@ pub struct BenchRow {
     pub pgbench: Option<f64>,
     /// Rows claimed more than once on the pgbench side (same check).
     pub pgbench_double_claims: Option<u64>,
+    /// Per-row client CPU, server CPU and WAL of the stack side.
+    pub stack_profile: usage::Profile,
+    /// The same for the pgbench side, if it ran.
+    pub pgbench_profile: Option<usage::Profile>,
 }
 
 impl BenchRow {
@@ -141,6 +146,7 @@ pub async fn claim_bench(
 ) -> anyhow::Result<Vec<BenchRow>> {
     let max = opts.workers.iter().copied().max().unwrap_or(1) as u32 + 1;
     let pool = crate::pool(database_url, max).await?;
+    let postmaster = usage::postmaster(&pool).await;
     let mut out: Vec<BenchRow> = Vec::new();
     let mut single: BTreeMap<i64, f64> = BTreeMap::new();
     for &workers in &opts.workers {
@@ -157,7 +163,8 @@ pub async fn claim_bench(
                 Amount::Duration { duration, .. } => Some(duration),
             };
             seed(&pool, seeded).await?;
-            let mut row = stack_side(&pool, workers, batch, opts.lease, deadline).await?;
+            let mut row =
+                stack_side(&pool, workers, batch, opts.lease, deadline, postmaster).await?;
             row.seeded = seeded;
             if workers == 1 {
                 single.insert(batch, row.stack);
@@ -177,8 +184,11 @@ pub async fn claim_bench(
                     transactions: seeded / (workers as u64 * batch as u64),
                     duration: deadline,
                 };
+                let before = usage::Snapshot::take(&pool, postmaster).await;
                 let tx = run.execute().await?;
+                let after = usage::Snapshot::take(&pool, postmaster).await;
                 let (claimed, doubles) = audit(&pool).await?;
+                row.pgbench_profile = Some(after.since(&before, usage::Client::Children, claimed));
                 row.pgbench = Some(claimed as f64 * tx.tps / tx.transactions.max(1) as f64);
                 row.pgbench_double_claims = Some(doubles);
             }
@@ -211,6 +221,37 @@ pub fn render(rows: &[BenchRow]) -> String {
         );
     }
     let _ = writeln!(s, "{}", verification(rows));
+    s.push_str(&render_profile(rows));
+    s
+}
+
+/// Where each side's time went, per row: client CPU, server CPU (µs) and WAL (bytes).
+pub fn render_profile(rows: &[BenchRow]) -> String {
+    let mut s = String::from(
+        "profile per row   stack: client µs  server µs  WAL B   pgbench: client µs  server µs  WAL B\n",
+    );
+    let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
+    for r in rows {
+        let p = &r.stack_profile;
+        let q = r.pgbench_profile.unwrap_or_default();
+        let pg = r.pgbench_profile.is_some();
+        let _ = writeln!(
+            s,
+            "{:>7} × {:<5}  {:>16.1}  {:>9}  {:>5}  {:>18}  {:>9}  {:>5}",
+            r.workers,
+            r.batch,
+            p.client_cpu_us,
+            opt(p.server_cpu_us, 1),
+            opt(p.wal_bytes, 0),
+            if pg {
+                format!("{:.1}", q.client_cpu_us)
+            } else {
+                "-".into()
+            },
+            opt(q.server_cpu_us.filter(|_| pg), 1),
+            opt(q.wal_bytes.filter(|_| pg), 0),
+        );
+    }
     s
 }
 
@@ -342,11 +383,13 @@ async fn stack_side(
     batch: i64,
     lease: Duration,
     duration: Option<Duration>,
+    postmaster: Option<u32>,
 ) -> anyhow::Result<BenchRow> {
     let mut connections = Vec::new();
     for _ in 0..workers {
         connections.push(pool.acquire().await?);
     }
+    let before = usage::Snapshot::take(pool, postmaster).await;
     let start = Instant::now();
     let deadline = duration.map(|d| start + d);
     let mut tasks = tokio::task::JoinSet::new();
@@ -358,6 +401,7 @@ async fn stack_side(
         runs.push(r??);
     }
     let seconds = start.elapsed().as_secs_f64();
+    let after = usage::Snapshot::take(pool, postmaster).await;
     // Coordinated omission: a closed-loop worker stuck in one slow claim issues no others, so
     // the stall would count once. Each worker's histogram is corrected with its own mean cycle
     // time as the interval it intended to keep, back-filling the claims it would have started.
@@ -403,5 +447,7 @@ async fn stack_side(
         unclaimed: unclaimed as u64,
         pgbench: None,
         pgbench_double_claims: None,
+        stack_profile: after.since(&before, usage::Client::Own, claimed),
+        pgbench_profile: None,
     })
 }

@@ -31,7 +31,18 @@ async fn claim_bench_measures_both_sides() {
             "pgbench ran iff installed"
         );
         assert!(r.efficiency.is_some(), "1 worker measured first");
+        // Every claim and completion writes WAL (two updates and two audit events per row).
+        assert!(
+            r.stack_profile.wal_bytes.is_some_and(|b| b > 100.0),
+            "{r:?}"
+        );
+        if std::env::var_os("DATABASE_URL").is_none() {
+            // The throwaway cluster runs on this machine: its CPU is visible in /proc.
+            assert!(r.stack_profile.server_cpu_us.is_some(), "{r:?}");
+        }
+        assert_eq!(r.pgbench_profile.is_some(), pgbench.is_some());
     }
+    assert!(table.contains("profile per row"), "{table}");
     assert!(table.contains("verification: OK"), "{table}");
 }
 
