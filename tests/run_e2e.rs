@@ -103,6 +103,38 @@ fn correct_stack_passes_and_report_matches_schema() {
         "chaos did not happen: {kinds:?}"
     );
     assert!(report["chaos_unfired"].as_array().unwrap().is_empty());
+    // Every send is attributed to the process that sent it, the SIGKILLed worker's included,
+    // except a send whose sender the SIGKILL caught between its `connect` and the provider's
+    // accept: then no process holds the socket any more, and the report says so.
+    assert_eq!(
+        report["sends_unattributed"], report["sends_sender_gone"],
+        "sends_by_pid: {}",
+        report["sends_by_pid"]
+    );
+    let gone = report["sends_sender_gone"].as_u64().unwrap();
+    assert!(
+        gone <= 32,
+        "{gone} sends whose sender was gone: more than the killed worker had in flight \
+         (TING_WORKER_CONCURRENCY 32)"
+    );
+    let sends: u64 = report["ledger_summary"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|by_outcome| by_outcome.as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    let attributed: u64 = report["sends_by_pid"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        attributed + report["sends_unattributed"].as_u64().unwrap(),
+        sends,
+        "sends_by_pid covers every attributed send"
+    );
     let dir = case.report_dir();
     assert!(dir.join("ledger.jsonl").exists());
     assert!(

@@ -45,7 +45,8 @@ pub async fn run(
     provider: Provider,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::http::serve(listener, router(hub, provider), shutdown).await
+    let ledger = hub.ledger.clone();
+    crate::http::serve(listener, router(hub, provider), ledger, shutdown).await
 }
 
 #[derive(Deserialize)]

@@ -1,16 +1,27 @@
 //! Small pieces the HTTP fakes share: the reply type their request tasks return, hashing, and
-//! serving a router on a pre-bound listener with a shutdown future.
+//! serving a router on a pre-bound listener with a shutdown future (and the ledger's connection
+//! hooks before each connection's first byte).
 //!
 //! Nothing here knows a provider's contract; it must never build a provider's error body.
 
 use std::future::Future;
+use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderName, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::ledger::Ledger;
 
 /// A response decided by a request task, turned into an axum response by the handler.
 #[derive(Debug)]
@@ -127,17 +138,81 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, with each request's peer address
-/// available as `ConnectInfo<SocketAddr>`.
+/// Serves `router` (HTTP/1.1) on `listener` until `shutdown` resolves, with each request's peer
+/// address available as `ConnectInfo<SocketAddr>`.
+///
+/// Each accepted connection gets its own task, which first awaits the ledger's connection hooks
+/// ([`Ledger::on_connect`], bounded) and only then reads the request: a slow hook delays that one
+/// connection, never the accept loop. On shutdown the listener closes at once, idle connections
+/// are closed, and requests in flight are answered before their connection closes (hyper's
+/// graceful shutdown, as `axum::serve(..).with_graceful_shutdown` did). A client that hangs up
+/// mid-request makes hyper drop the handler future, which [`detached`] reports as
+/// [`client_gone`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
+    ledger: Ledger,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    conns.spawn(connection(stream, peer, router.clone(), ledger.clone(), stop_rx.clone()));
+                }
+                // The client gave up before we accepted: nothing to serve.
+                Err(e) if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
+                ) => {}
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning; the listener stays up.
+                    tracing::warn!(error = %e, "http accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    while conns.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// One accepted connection: the connection hooks, then HTTP/1.1 until the client closes or the
+/// server stops.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    router: axum::Router,
+    ledger: Ledger,
+    mut stop: watch::Receiver<bool>,
+) {
+    ledger.on_connect(peer).await;
+    let app = TowerToHyperService::new(router);
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        hyper::service::Service::call(&app, req)
+    });
+    let conn =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let stopping = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    let served = tokio::select! {
+        r = conn.as_mut() => r,
+        () = stopping => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(%peer, error = %e, "http connection ended with an error");
+    }
 }

@@ -5,8 +5,14 @@
 //! queryable while the servers keep serving, and exported as JSON Lines.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+/// How long a server waits, per accepted connection, for the [`Hook::on_connect`] hooks before it
+/// serves the connection anyway: a slow hook delays one connection's first byte by at most this,
+/// and never wedges a fake.
+pub const CONNECT_HOOK_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Which fake provider wrote an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -174,6 +180,15 @@ impl LedgerEntry {
 
 /// Something the harness plugs into the ledger to watch the run as it happens.
 pub trait Hook: Send + Sync {
+    /// Called for every TCP connection a fake accepts (LINE, SMS, SMTP, control API), on that
+    /// connection's own task, before the first byte of it is served: the client is still holding
+    /// its socket, waiting for the greeting or the response. The server waits for the returned
+    /// future, at most [`CONNECT_HOOK_TIMEOUT`] for all hooks together. `peer` is the client's
+    /// address, as later ledger entries of this connection carry it in [`LedgerEntry::peer`].
+    fn on_connect<'a>(&'a self, _peer: SocketAddr) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
     /// Called for every entry right after it is appended, before the provider answers. Runs on
     /// the provider's task: keep it short and never block on the network.
     fn on_entry(&self, _entry: &LedgerEntry) {}
@@ -256,6 +271,36 @@ impl Ledger {
             h.on_entry(&draft);
         }
         draft
+    }
+
+    /// Awaits every hook's `on_connect` for a connection just accepted from `peer`, for at most
+    /// [`CONNECT_HOOK_TIMEOUT`] in all. Servers call it on the connection's own task (never in
+    /// their accept loop) before serving the connection's first byte.
+    pub async fn on_connect(&self, peer: SocketAddr) {
+        let hooks = self
+            .inner
+            .hooks
+            .read()
+            .expect("ledger hooks poisoned")
+            .clone();
+        if hooks.is_empty() {
+            return;
+        }
+        let all = async {
+            for h in &hooks {
+                h.on_connect(peer).await;
+            }
+        };
+        if tokio::time::timeout(CONNECT_HOOK_TIMEOUT, all)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                %peer,
+                timeout_ms = CONNECT_HOOK_TIMEOUT.as_millis() as u64,
+                "connection hooks did not finish in time; serving the connection anyway"
+            );
+        }
     }
 
     /// Awaits every hook's `before_response` for an accepted send.

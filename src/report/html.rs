@@ -413,6 +413,15 @@ fn workers(page: &mut String, r: &Report) {
         );
     } else {
         page.push_str("<h3>Send attempts per worker</h3>");
+        if let Some(n) = r.sends_unattributed.filter(|n| *n > 0) {
+            let gone = r.sends_sender_gone.unwrap_or(0);
+            let _ = write!(
+                page,
+                "<p class=\"note\">{n} send attempts could not be attributed to a process and \
+                 are not counted here ({gone} of them: the sender closed its connection, or was \
+                 killed, before the provider accepted it).</p>"
+            );
+        }
         let bars: Vec<(String, u64)> = r
             .sends_by_pid
             .iter()

@@ -21,7 +21,7 @@ mod render;
 mod stats;
 
 pub use render::{read_ledger, rerender, write_all, write_rendered};
-pub use stats::{metrics, sends_by_pid, Metrics};
+pub use stats::{metrics, sends_by_pid, sends_unattributed, Metrics};
 
 /// Version of the report format; bump on incompatible changes (and the schema with it).
 pub const FORMAT: u32 = 1;
@@ -61,6 +61,17 @@ pub struct Report {
     /// pids with `processes`. Empty in reports written before it existed.
     #[serde(default)]
     pub sends_by_pid: BTreeMap<u32, u64>,
+    /// Send attempts the harness could not attribute to a process (left out of `sends_by_pid`;
+    /// `report::sends_unattributed`). Null when the run stopped before its verdict; absent in
+    /// reports written before it existed.
+    #[serde(default)]
+    pub sends_unattributed: Option<u64>,
+    /// Of `sends_unattributed`, the sends whose connection's client socket was already closed when
+    /// the provider accepted the connection: their sender hung up or was killed between its
+    /// `connect` and the accept, so no process held the socket to look up. Null and absent as
+    /// `sends_unattributed`.
+    #[serde(default)]
+    pub sends_sender_gone: Option<u64>,
     /// Performance figures the regression gate compares (`report::metrics`). All zero in reports
     /// written before it existed.
     #[serde(default)]

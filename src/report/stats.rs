@@ -137,6 +137,11 @@ pub fn sends_by_pid(ledger: &[LedgerEntry], pids: &HashMap<u64, u32>) -> BTreeMa
     out
 }
 
+/// Send attempts with no sender in the attribution map: `report.sends_unattributed`.
+pub fn sends_unattributed(ledger: &[LedgerEntry], pids: &HashMap<u64, u32>) -> u64 {
+    sends(ledger).filter(|e| !pids.contains_key(&e.seq)).count() as u64
+}
+
 /// Per-second counts of accepted sends per channel, and of sends carrying an injected fault.
 pub(crate) struct PerSecond {
     /// channel → counts, index = second since the ledger clock's zero.
@@ -219,6 +224,7 @@ mod tests {
         let pids = HashMap::from([(0, 7), (1, 8), (2, 8)]);
         let by = sends_by_pid(&ledger, &pids);
         assert_eq!(by.into_iter().collect::<Vec<_>>(), [(7, 1), (8, 2)]);
+        assert_eq!(sends_unattributed(&ledger, &pids), 1, "seq 3 has no sender");
         let ps = per_second(&ledger);
         assert_eq!(ps.seconds, 2);
         assert_eq!(ps.accepted["line"], [1, 0]);

@@ -192,6 +192,8 @@ impl Resources {
             files: BTreeMap::new(),
             regressions: Vec::new(),
             sends_by_pid: Default::default(),
+            sends_unattributed: None,
+            sends_sender_gone: None,
             metrics: Default::default(),
         }
     }
@@ -301,6 +303,15 @@ async fn execute(
         smtp: providers.smtp_addr,
         sms: providers.sms_addr,
     };
+    let attributor = crate::attribution::Attributor::new();
+    for addr in [
+        providers.line_addr,
+        providers.sms_addr,
+        providers.smtp_addr,
+        providers.smtp_control_addr,
+    ] {
+        attributor.add_server(addr);
+    }
     res.providers = Some(providers);
 
     // 3. The stack, through the contract.
@@ -321,7 +332,6 @@ async fn execute(
                 (role("api"), role("worker"), role("migrate"), None)
             }
         };
-    let attributor = crate::attribution::Attributor::new();
     let world = world::World::new(
         scenario.clone(),
         ledger.clone(),
@@ -336,6 +346,31 @@ async fn execute(
     res.world = Some(world.clone());
     world.spawn_resolver();
     *world.printer.lock().unwrap() = progress.printer();
+
+    // The plan, the chaos schedule and the ledger hook exist before the stack starts, so that the
+    // hook sees (and attributes) every connection the stack opens to the providers.
+    let people = recipients::generate(
+        scenario.seed,
+        scenario.load.recipients,
+        scenario.load.tricky_names,
+    );
+    let plan = Plan::new(scenario, people.len());
+    let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
+    let acceptable = expected.iter().filter(|e| !e.bad).count() as u64;
+    let chaos = chaos::Chaos::new(
+        world.clone(),
+        chaos::DbHandle {
+            url: db_url.clone(),
+            admin_url: admin_url.clone(),
+            database: database.clone(),
+        },
+        acceptable,
+    );
+    res.chaos = Some(chaos.clone());
+    ledger.add_hook(Arc::new(world::Observer {
+        world: world.clone(),
+        chaos: chaos.clone(),
+    }));
 
     let spec = |role: &str, argv: Vec<String>| Spec {
         role: role.into(),
@@ -382,28 +417,6 @@ async fn execute(
     ));
 
     // 4. Load and chaos.
-    let people = recipients::generate(
-        scenario.seed,
-        scenario.load.recipients,
-        scenario.load.tricky_names,
-    );
-    let plan = Plan::new(scenario, people.len());
-    let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
-    let acceptable = expected.iter().filter(|e| !e.bad).count() as u64;
-    let chaos = chaos::Chaos::new(
-        world.clone(),
-        chaos::DbHandle {
-            url: db_url.clone(),
-            admin_url: admin_url.clone(),
-            database: database.clone(),
-        },
-        acceptable,
-    );
-    res.chaos = Some(chaos.clone());
-    ledger.add_hook(Arc::new(world::Observer {
-        world: world.clone(),
-        chaos: chaos.clone(),
-    }));
     let load_start = Instant::now();
     world.event(
         "load_start",
@@ -619,6 +632,8 @@ async fn execute(
         files,
         regressions: Vec::new(),
         sends_by_pid: report::sends_by_pid(&entries, &pids),
+        sends_unattributed: Some(report::sends_unattributed(&entries, &pids)),
+        sends_sender_gone: Some(world.sends_sender_gone()),
         metrics: Default::default(),
     };
     report.metrics = report::metrics(&report, &entries);

@@ -2,13 +2,14 @@
 //! timeline, and per-process send counts. Chaos actions and ledger hooks act through it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mock_providers::ledger::{EntryKind, Hook, Ledger, LedgerEntry, Outcome, Provider};
 
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, Found};
 use crate::check::TimelineEvent;
 use crate::scenario::Scenario;
 use crate::supervise::{Spec, Supervisor};
@@ -33,10 +34,12 @@ pub struct World {
     timeline: Mutex<Vec<TimelineEvent>>,
     /// ledger seq → pid of the sender.
     pids: Mutex<HashMap<u64, u32>>,
-    /// Sends whose sender is still to be looked up (seq, peer), resolved in batches.
-    unresolved: Mutex<Vec<(u64, std::net::SocketAddr)>>,
+    /// Sends whose connection was not resolved on accept (seq, peer), resolved in batches.
+    unresolved: Mutex<Vec<(u64, SocketAddr)>>,
     /// pid → sends attributed to it.
     sends_by_pid: Mutex<HashMap<u32, u64>>,
+    /// See [`World::sends_sender_gone`].
+    sender_gone: AtomicU64,
     accepted: [AtomicU64; 3],
     accepted_total: AtomicU64,
     faults: AtomicU64,
@@ -74,6 +77,7 @@ impl World {
             pids: Mutex::default(),
             unresolved: Mutex::default(),
             sends_by_pid: Mutex::default(),
+            sender_gone: AtomicU64::new(0),
             accepted: Default::default(),
             accepted_total: AtomicU64::new(0),
             faults: AtomicU64::new(0),
@@ -124,35 +128,61 @@ impl World {
         self.pids.lock().unwrap().clone()
     }
 
-    /// Attributes every queued send to its sender (one read of the socket tables for all).
+    /// Attributes send `seq` from `peer`: at once from the connection table when its connection
+    /// was resolved on accept (the normal case), else queued for [`World::resolve_pending`].
+    fn attribute(&self, seq: u64, peer: SocketAddr) {
+        match self.attributor.connection(peer) {
+            Some(Found::Sender(pid)) => self.record_sender(seq, pid),
+            // No process held the socket any more when the connection was accepted.
+            Some(Found::Closed) => {
+                self.sender_gone.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(Found::Unknown) | None => self.unresolved.lock().unwrap().push((seq, peer)),
+        }
+    }
+
+    /// Sends on connections whose client socket was already closed when the provider accepted
+    /// the connection: their sender hung up or died (a SIGKILL) between its `connect` and the
+    /// accept, so no lookup can name it. They are among the unattributed sends.
+    pub fn sends_sender_gone(&self) -> u64 {
+        self.sender_gone.load(Ordering::Relaxed)
+    }
+
+    fn record_sender(&self, seq: u64, pid: u32) {
+        self.pids.lock().unwrap().insert(seq, pid);
+        *self.sends_by_pid.lock().unwrap().entry(pid).or_insert(0) += 1;
+    }
+
+    /// Attributes every queued send to its sender (one read of the socket tables for all): the
+    /// fallback for sends whose connection was not resolved when it was accepted.
     pub fn resolve_pending(&self) {
-        let batch: Vec<(u64, std::net::SocketAddr)> =
-            std::mem::take(&mut *self.unresolved.lock().unwrap());
+        let batch: Vec<(u64, SocketAddr)> = std::mem::take(&mut *self.unresolved.lock().unwrap());
         if batch.is_empty() {
             return;
         }
         let peers: Vec<_> = batch.iter().map(|(_, p)| *p).collect();
         let found = self.attributor.resolve_many(&peers);
-        let mut pids = self.pids.lock().unwrap();
-        let mut sends = self.sends_by_pid.lock().unwrap();
         for ((seq, _), pid) in batch.iter().zip(found) {
             if let Some(pid) = pid {
-                pids.insert(*seq, pid);
-                *sends.entry(pid).or_insert(0) += 1;
+                self.record_sender(*seq, pid);
             }
         }
     }
 
     /// The sender of ledger entry `seq`, looked up now if still queued (for `target = "sender"`).
-    pub fn sender_of(&self, seq: u64, peer: Option<std::net::SocketAddr>) -> Option<u32> {
+    pub fn sender_of(&self, seq: u64, peer: Option<SocketAddr>) -> Option<u32> {
         if let Some(pid) = self.pids.lock().unwrap().get(&seq) {
             return Some(*pid);
         }
-        peer.and_then(|p| self.attributor.resolve(p))
+        peer.and_then(|p| {
+            self.attributor
+                .sender(p)
+                .or_else(|| self.attributor.resolve(p))
+        })
     }
 
-    /// Resolves queued senders every few milliseconds until the world is dropped: attribution
-    /// must happen while the connections are open, but never on a provider's request path.
+    /// Resolves queued senders every few milliseconds until the world is dropped: the fallback
+    /// must run while the connections are open, but never on a provider's request path.
     pub fn spawn_resolver(self: &Arc<World>) {
         let weak = Arc::downgrade(self);
         std::thread::Builder::new()
@@ -242,18 +272,27 @@ impl World {
     }
 }
 
-/// The ledger hook: attributes each request to its sender and counts progress.
+/// The ledger hook: attributes each request to its sender and counts progress. Register it before
+/// the stack starts, so that it sees every connection the stack opens.
 pub struct Observer {
     pub world: Arc<World>,
     pub chaos: Arc<super::chaos::Chaos>,
 }
 
 impl Hook for Observer {
+    /// Resolves the connection's sender while the client waits for our first byte, so its sends
+    /// are attributed even if it closes the connection right after them.
+    fn on_connect<'a>(&'a self, peer: SocketAddr) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.world.attributor.connected(peer).await;
+        })
+    }
+
     fn on_entry(&self, e: &LedgerEntry) {
         let w = &self.world;
         if e.kind == EntryKind::Send {
             if let Some(peer) = e.peer {
-                w.unresolved.lock().unwrap().push((e.seq, peer));
+                w.attribute(e.seq, peer);
             }
             if e.fault.is_some() {
                 w.faults.fetch_add(1, Ordering::Relaxed);

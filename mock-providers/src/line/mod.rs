@@ -89,5 +89,6 @@ pub async fn run(
     state: LineState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::http::serve(listener, router(state), shutdown).await
+    let ledger = state.hub().ledger.clone();
+    crate::http::serve(listener, router(state), ledger, shutdown).await
 }

@@ -81,7 +81,8 @@ pub async fn run(
     state: SmsState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::http::serve(listener, router(state), shutdown).await
+    let ledger = state.inner.hub.ledger.clone();
+    crate::http::serve(listener, router(state), ledger, shutdown).await
 }
 
 /// Twilio's message for an error code.

@@ -89,8 +89,10 @@ pub async fn run(
     serve(listener, ctx, Limits::default(), shutdown).await
 }
 
-/// Serves SMTP on `listener` until `shutdown` completes. Idle connections are then told
-/// `421 4.3.2` and closed; connections inside a transaction get `limits.shutdown_grace`.
+/// Serves SMTP on `listener` until `shutdown` completes. Each accepted connection's task awaits
+/// the ledger's connection hooks ([`Ledger::on_connect`], bounded) before the greeting. Idle
+/// connections are then told `421 4.3.2` and closed; connections inside a transaction get
+/// `limits.shutdown_grace`.
 pub async fn serve(
     listener: TcpListener,
     ctx: SmtpContext,
@@ -106,7 +108,12 @@ pub async fn serve(
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    conns.spawn(conn::serve(stream, peer, ctx.clone(), limits.clone(), stop_rx.clone()));
+                    let (ctx, limits, stop_rx) = (ctx.clone(), limits.clone(), stop_rx.clone());
+                    // The connection hooks run on the connection's task, before the greeting.
+                    conns.spawn(async move {
+                        ctx.ledger.on_connect(peer).await;
+                        conn::serve(stream, peer, ctx, limits, stop_rx).await
+                    });
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning; the listener stays up.
