@@ -78,20 +78,26 @@ const RETURNING: &str = "d.id, d.key, d.channel, d.address, d.payload, d.payload
     d.attempt_started_at";
 
 /// The claim: `$1` worker id, `$2` batch size, `$3` lease in milliseconds. The partial index
-/// `deliveries_ready` makes the inner select an index scan over ready rows only.
+/// `deliveries_ready` makes `picked` an index scan over ready rows only.
+///
+/// `picked` is materialised and the update also matches `id = ANY(ARRAY(…))` so that the plan is
+/// the same whatever the planner guesses for `LIMIT $2`: a prepared statement's generic plan
+/// does not know the batch size, and with a plain join it hash-joined `picked` against a
+/// sequential scan of the whole table (2.9 ms against 0.17 ms per claim on 12 000 rows; it grows
+/// with the table). The array turns the update side into a primary-key index scan.
 pub const CLAIM_SQL: &str = r#"
-WITH upd AS (
+WITH picked AS MATERIALIZED (
+    SELECT id, state FROM deliveries
+    WHERE state IN ('pending', 'retryable') AND next_attempt_at <= now()
+    ORDER BY next_attempt_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), upd AS (
     UPDATE deliveries d
     SET state = 'sending', lease_owner = $1, lease_token = d.lease_token + 1,
         lease_expires_at = now() + $3 * interval '1 millisecond', updated_at = now()
-    FROM (
-        SELECT id, state FROM deliveries
-        WHERE state IN ('pending', 'retryable') AND next_attempt_at <= now()
-        ORDER BY next_attempt_at
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    ) picked
-    WHERE d.id = picked.id
+    FROM picked
+    WHERE d.id = picked.id AND d.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING picked.state AS from_state, d.id, d.key, d.channel, d.address, d.payload,
         d.payload_sha256, d.correlation_id, d.attempts, d.lease_owner, d.lease_token,
         d.created_at, d.last_error_class, d.attempt_started_at

@@ -471,3 +471,45 @@ async fn rescuer_releases_a_start_that_was_taken_back() {
     drop(conn);
     pool.close().await;
 }
+
+/// The claim's plan must not depend on the planner's guess for `LIMIT $2`: a prepared
+/// statement's generic plan (which PostgreSQL may switch to after five executions) once
+/// hash-joined the picked rows against a sequential scan of the whole table.
+#[tokio::test]
+async fn claim_generic_plan_never_scans_the_whole_table() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 12_000).await;
+    sqlx::query("ANALYZE deliveries")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "PREPARE claim_plan(text, bigint, float8) AS {}",
+        claim::CLAIM_SQL
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    for batch in [1, 100] {
+        let plan: Vec<(String,)> = sqlx::query_as(&format!(
+            "EXPLAIN (COSTS OFF) EXECUTE claim_plan('w', {batch}, 60000)"
+        ))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        let plan: Vec<String> = plan.into_iter().map(|(l,)| l).collect();
+        assert!(
+            !plan.iter().any(|l| l.contains("Seq Scan on deliveries")),
+            "batch {batch}:\n{}",
+            plan.join("\n")
+        );
+    }
+    drop(conn);
+    pool.close().await;
+}
