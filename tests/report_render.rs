@@ -247,6 +247,19 @@ fn markdown_summarises_with_a_table() {
     let md = render_markdown(&pass);
     assert!(md.starts_with("## ✅ PASS"));
     assert!(!md.contains("Counterexamples"));
+    assert!(
+        !md.contains("Senders:"),
+        "nothing to say when every send is attributed"
+    );
+    // Sends the harness could not tie to a process are said, in both summaries.
+    pass.sends_unattributed = Some(3);
+    pass.sends_sender_gone = Some(2);
+    let md = render_markdown(&pass);
+    assert!(
+        md.contains("Senders: 3 send(s) not attributed to a process (2 whose sender"),
+        "{md}"
+    );
+    assert!(report::summary_text(&pass).contains("senders: 3 send(s)"));
 }
 
 #[test]

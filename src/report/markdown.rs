@@ -80,6 +80,9 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
         );
     }
     out.push_str("\n\n");
+    if let Some(note) = super::attribution_note(report) {
+        let _ = writeln!(out, "Senders: {}.\n", md(&note));
+    }
     if let Some(e) = &report.error {
         let _ = writeln!(out, "> **The run could not complete:** {}\n", md(e));
     }

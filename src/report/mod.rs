@@ -148,6 +148,16 @@ pub fn write_json_atomic(path: &Path, value: &impl Serialize) -> anyhow::Result<
     Ok(())
 }
 
+/// One sentence on sends the harness could not tie to a process, when there were any.
+pub fn attribution_note(r: &Report) -> Option<String> {
+    let n = r.sends_unattributed.filter(|n| *n > 0)?;
+    let gone = r.sends_sender_gone.unwrap_or(0);
+    Some(format!(
+        "{n} send(s) not attributed to a process ({gone} whose sender was already gone when the \
+         provider accepted its connection)"
+    ))
+}
+
 /// The verdict table printed at the end of a run.
 pub fn summary_text(r: &Report) -> String {
     let mut out = String::new();
@@ -179,6 +189,9 @@ pub fn summary_text(r: &Report) -> String {
                 ));
             }
         }
+    }
+    if let Some(note) = attribution_note(r) {
+        out.push_str(&format!("  senders: {note}\n"));
     }
     out
 }
