@@ -232,9 +232,11 @@ fn ledger_summary(
     m
 }
 
+/// The address the stack's API is told to listen on: free now, and outside the kernel's
+/// ephemeral range so that no outgoing connection can take it before the API binds it.
 fn free_port() -> anyhow::Result<SocketAddr> {
-    let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("bind a free port")?;
-    Ok(l.local_addr()?)
+    let port = throwaway_pg::free_port().context("find a free port for the stack's API")?;
+    Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
 }
 
 async fn execute(

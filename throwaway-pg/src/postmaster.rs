@@ -213,16 +213,11 @@ pub(crate) fn shutdown_blocking(
     None
 }
 
-/// A free loopback port, found by binding port 0. Another process may take it before postgres
-/// binds it; [`NotReady::Exited`] with `port_in_use` tells the caller to try again.
+/// A free loopback port outside the ephemeral range ([`crate::free_port`]). Another process may
+/// still take it before postgres binds it; [`NotReady::Exited`] with `port_in_use` tells the
+/// caller to try again.
 pub(crate) fn free_port() -> Result<u16, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(Error::io("find a free loopback port"))?;
-    let port = listener
-        .local_addr()
-        .map_err(Error::io("find a free loopback port"))?
-        .port();
-    Ok(port)
+    crate::ports::free_port().map_err(Error::io("find a free loopback port"))
 }
 
 /// The server log written since `offset`, lossy.
