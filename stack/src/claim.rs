@@ -183,6 +183,10 @@ pub async fn claim_racy(
 
 /// Records the start of an attempt (attempts + 1) if `d` is still leased to its owner under
 /// its token with at least `margin` left. `None`: the lease is lost and the caller must not send.
+/// The time left is judged with `clock_timestamp()`, re-evaluated when the row changed while
+/// the start waited for its lock; a start that waited behind a lock that changed nothing is *not*
+/// re-judged by PostgreSQL, so the caller must check its own local deadline after this returns
+/// (the worker does, and takes the start back).
 pub async fn start_attempt<'e>(
     ex: impl PgExecutor<'e>,
     d: &Claimed,
@@ -192,7 +196,7 @@ pub async fn start_attempt<'e>(
         "UPDATE deliveries SET attempts = attempts + 1, attempt_started_at = now(), \
          attempt_lease_token = lease_token, updated_at = now() \
          WHERE id = $1 AND state = 'sending' AND lease_owner = $2 AND lease_token = $3 \
-         AND lease_expires_at > now() + $4 * interval '1 millisecond' RETURNING attempts",
+         AND lease_expires_at > clock_timestamp() + $4 * interval '1 millisecond' RETURNING attempts",
     )
     .bind(d.id)
     .bind(&d.lease_owner)
@@ -238,7 +242,7 @@ pub async fn release(
         to,
         source,
         detail: Some(why.to_string()),
-        fence: Fence::Lease {
+        fence: Fence::Unstarted {
             owner: d.lease_owner.clone(),
             token: d.lease_token,
         },
@@ -271,28 +275,32 @@ pub async fn complete(
     Ok(state::transition(conn, &t).await?.is_some())
 }
 
-/// Extends the unexpired leases `worker_id` holds and stamps its heartbeat. Returns the number of
-/// leases renewed. An expired lease is never revived: it belongs to the rescuer.
+/// Extends the unexpired leases `worker_id` holds among `held` and stamps its heartbeat. Returns
+/// the ids whose lease was extended: an expired lease is never revived (it belongs to the
+/// rescuer), so a caller must not assume every held row was. The new expiry counts from the
+/// statement's start (`now()`), never from when a lock it waited for was released, so a renewal
+/// stuck behind a lock cannot push a lease past what its caller recorded locally.
 pub async fn renew(
     conn: &mut PgConnection,
     worker_id: &str,
     lease: Duration,
     held: &[i64],
-) -> Result<u64, sqlx::Error> {
+) -> Result<Vec<i64>, sqlx::Error> {
     sqlx::query("UPDATE workers SET heartbeat_at = now() WHERE id = $1")
         .bind(worker_id)
         .execute(&mut *conn)
         .await?;
     // Only the rows a live task is working on: a row whose task died (say, on a dropped database
     // connection) must lapse and be rescued, not be kept alive by a healthy heartbeat forever.
-    let r = sqlx::query(
+    let renewed: Vec<(i64,)> = sqlx::query_as(
         "UPDATE deliveries SET lease_expires_at = now() + $2 * interval '1 millisecond' \
-         WHERE id = ANY($3) AND state = 'sending' AND lease_owner = $1 AND lease_expires_at > now()",
+         WHERE id = ANY($3) AND state = 'sending' AND lease_owner = $1 \
+         AND lease_expires_at > clock_timestamp() RETURNING id",
     )
     .bind(worker_id)
     .bind(lease.as_millis() as f64)
     .bind(held)
-    .execute(conn)
+    .fetch_all(conn)
     .await?;
-    Ok(r.rows_affected())
+    Ok(renewed.into_iter().map(|(id,)| id).collect())
 }

@@ -155,9 +155,18 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
             to,
             source: Source::Rescuer,
             detail: Some(detail),
-            fence: Fence::Lease {
-                owner,
-                token: e.lease_token,
+            // An unstarted claim is released only if it is still unstarted when the row lock is
+            // taken: a start committing meanwhile means a send may be under way.
+            fence: if e.started {
+                Fence::Lease {
+                    owner,
+                    token: e.lease_token,
+                }
+            } else {
+                Fence::Unstarted {
+                    owner,
+                    token: e.lease_token,
+                }
             },
             set,
         };

@@ -139,6 +139,13 @@ pub enum Fence {
         owner: String,
         token: i64,
     },
+    /// As `Lease`, and no attempt may have started under that lease: how an unstarted claim is
+    /// given back. Checked when the row lock is taken, so a start that commits while the giver
+    /// waits for the lock (having read the row before it) wins, and the row stays `sending`.
+    Unstarted {
+        owner: String,
+        token: i64,
+    },
 }
 
 /// One requested change of state.
@@ -180,7 +187,8 @@ WITH old AS (
         lease_expires_at = CASE WHEN $3 = 'sending' THEN d.lease_expires_at ELSE NULL END
     FROM old
     WHERE d.id = old.id
-      AND ($9::text IS NULL OR (d.lease_owner = $9 AND d.lease_token = $10))
+      AND ($9::text IS NULL OR (d.lease_owner = $9 AND d.lease_token = $10
+           AND (NOT $13 OR d.attempt_lease_token IS DISTINCT FROM d.lease_token)))
     RETURNING old.state AS from_state
 ), ev AS (
     INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail)
@@ -206,9 +214,10 @@ pub async fn transition(
         }
     }
     let from: Vec<&str> = t.from.iter().map(|s| s.as_str()).collect();
-    let (owner, token) = match &t.fence {
-        Fence::None => (None, 0),
-        Fence::Lease { owner, token } => (Some(owner.as_str()), *token),
+    let (owner, token, unstarted) = match &t.fence {
+        Fence::None => (None, 0, false),
+        Fence::Lease { owner, token } => (Some(owner.as_str()), *token, false),
+        Fence::Unstarted { owner, token } => (Some(owner.as_str()), *token, true),
     };
     let (class, text) = match &t.set.error {
         Some((c, e)) => (Some(c.as_str()), Some(e.as_str())),
@@ -227,6 +236,7 @@ pub async fn transition(
         .bind(token)
         .bind(t.source.as_str())
         .bind(t.detail.as_deref())
+        .bind(unstarted)
         .fetch_optional(conn)
         .await?;
     Ok(row.map(|(s,)| s.parse().unwrap_or(State::Unknown)))

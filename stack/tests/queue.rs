@@ -141,7 +141,7 @@ async fn lost_lease_blocks_the_attempt_start() {
         claim::renew(&mut conn, "w1", Duration::from_secs(60), &[rows[1].id])
             .await
             .unwrap(),
-        0
+        Vec::<i64>::new()
     );
     // A stale token is refused even with time left.
     let mut stale = rows[1].clone();
@@ -510,6 +510,47 @@ async fn claim_generic_plan_never_scans_the_whole_table() {
             plan.join("\n")
         );
     }
+    drop(conn);
+    pool.close().await;
+}
+
+/// Giving back an unstarted claim (worker or rescuer) never undoes a start: the `Unstarted`
+/// fence is checked on the row as it is when locked.
+#[tokio::test]
+async fn an_unstarted_give_back_loses_to_a_start() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 2).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 2, Duration::from_secs(60))
+        .await
+        .unwrap();
+    claim::start_attempt(&pool, &rows[0], Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let give_back = |d: &Claimed| Transition {
+        delivery_id: d.id,
+        from: &[State::Sending],
+        to: State::Pending,
+        source: Source::Rescuer,
+        detail: None,
+        fence: Fence::Unstarted {
+            owner: d.lease_owner.clone(),
+            token: d.lease_token,
+        },
+        set: Updates::default(),
+    };
+    assert_eq!(
+        transition(&mut conn, &give_back(&rows[0])).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        transition(&mut conn, &give_back(&rows[1])).await.unwrap(),
+        Some(State::Sending)
+    );
+    assert_eq!(state_of(&pool, rows[0].id).await.0, "sending");
+    assert_eq!(state_of(&pool, rows[1].id).await.0, "pending");
     drop(conn);
     pool.close().await;
 }

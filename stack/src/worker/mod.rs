@@ -33,22 +33,58 @@ pub(crate) struct Worker {
     /// Sends in flight per worker (`concurrency`) and per channel (`channel_concurrency`).
     pub slots: Arc<Semaphore>,
     pub channel_slots: HashMap<Channel, Arc<Semaphore>>,
-    /// When the last successful lease renewal started; leases run at least `lease` from it.
-    pub renewed_at: Mutex<Option<Instant>>,
+    /// Per held delivery, when the last renewal that extended *its* lease started: its lease
+    /// runs at least `lease` from then. Per row, because a renewal never revives an expired
+    /// lease: a worker-wide "last renewed" let a row whose lease had lapsed look alive.
+    pub renewed_at: Mutex<Renewals>,
     /// Deliveries a live sender task is working on: the only leases the heartbeat renews.
     pub held: Mutex<std::collections::HashSet<i64>>,
 }
 
 impl Worker {
-    /// The local view of when a claim taken at `claimed_at` expires.
-    pub fn local_deadline(&self, claimed_at: Instant) -> Instant {
-        let renewed = self.renewed_at.lock().map(|g| *g).unwrap_or(None);
-        renewed.map_or(claimed_at, |r| r.max(claimed_at)) + self.cfg.lease
+    /// The local view of when the claim of delivery `id`, taken at `claimed_at`, expires.
+    pub fn local_deadline(&self, id: i64, claimed_at: Instant) -> Instant {
+        match self.renewed_at.lock() {
+            Ok(r) => r.deadline(id, claimed_at, self.cfg.lease),
+            Err(_) => claimed_at + self.cfg.lease,
+        }
     }
 
     /// Time that must be left on a lease to start a send.
     pub fn margin(&self) -> Duration {
         self.cfg.lease / 5
+    }
+}
+
+/// When each held delivery's lease was last extended: the start of the renewal that extended
+/// it. A delivery whose lease a renewal skipped (it had expired: the rescuer's now) keeps its
+/// older time, so its local deadline passes and its sender does not send.
+#[derive(Debug, Default)]
+pub(crate) struct Renewals(HashMap<i64, Instant>);
+
+impl Renewals {
+    /// When the claim of `id`, taken at `claimed_at` (before the claim statement was sent),
+    /// expires at the latest.
+    pub fn deadline(&self, id: i64, claimed_at: Instant, lease: Duration) -> Instant {
+        self.0.get(&id).map_or(claimed_at, |r| (*r).max(claimed_at)) + lease
+    }
+
+    /// Records a renewal that started at `started` and extended the leases of `renewed`; forgets
+    /// deliveries no longer `held`.
+    pub fn record(
+        &mut self,
+        renewed: &[i64],
+        started: Instant,
+        held: &std::collections::HashSet<i64>,
+    ) {
+        self.0.retain(|id, _| held.contains(id));
+        for id in renewed.iter().filter(|id| held.contains(id)) {
+            self.0.insert(*id, started);
+        }
+    }
+
+    pub fn forget(&mut self, id: i64) {
+        self.0.remove(&id);
     }
 }
 
@@ -77,7 +113,7 @@ pub async fn run(
             .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_concurrency))))
             .collect(),
         stopping: stop_rx.clone(),
-        renewed_at: Mutex::new(None),
+        renewed_at: Mutex::default(),
         held: Mutex::default(),
         pool: pool.clone(),
         cfg: cfg.clone(),
@@ -118,10 +154,12 @@ pub async fn run(
         let mut full = false;
         if room > 0 {
             let n = room.min(cfg.claim_batch as usize) as i64;
+            // Before the statement is sent: the database starts the lease no earlier, so the
+            // local deadline can only err on the early side.
+            let now = Instant::now();
             match claim_some(&w, n).await {
                 Ok(rows) => {
                     full = rows.len() as i64 == n;
-                    let now = Instant::now();
                     for d in rows {
                         if let Ok(mut held) = w.held.lock() {
                             held.insert(d.id);
@@ -195,9 +233,10 @@ async fn heartbeat(w: Arc<Worker>) {
             claim::renew(&mut conn, &w.cfg.worker_id, w.cfg.lease, &held).await
         };
         match renewed.await {
-            Ok(_) => {
-                if let Ok(mut g) = w.renewed_at.lock() {
-                    *g = Some(started);
+            Ok(ids) => {
+                let held = w.held.lock().map(|h| h.clone()).unwrap_or_default();
+                if let Ok(mut r) = w.renewed_at.lock() {
+                    r.record(&ids, started, &held);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
@@ -225,7 +264,7 @@ pub async fn send_inline(cfg: Arc<Config>, pool: PgPool) -> anyhow::Result<()> {
             .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_concurrency))))
             .collect(),
         stopping,
-        renewed_at: Mutex::new(None),
+        renewed_at: Mutex::default(),
         held: Mutex::default(),
         pool,
         cfg: cfg.clone(),
@@ -244,5 +283,44 @@ pub async fn send_inline(cfg: Arc<Config>, pool: PgPool) -> anyhow::Result<()> {
         while let Some(r) = sends.join_next().await {
             log_join(r);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal that skipped a delivery (its lease had expired) must not move that delivery's
+    /// deadline: the worker-wide "last renewed" this replaced let a sender whose start had waited
+    /// out its lease behind a lock go ahead, and the e-mail went out twice (db-outage, seed 2).
+    #[test]
+    fn a_renewal_only_extends_the_leases_it_renewed() {
+        let lease = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let held: std::collections::HashSet<i64> = [1, 2].into_iter().collect();
+        let mut r = Renewals::default();
+        assert_eq!(
+            r.deadline(1, t0, lease),
+            t0 + lease,
+            "claimed, never renewed"
+        );
+        let later = t0 + Duration::from_millis(1_500);
+        r.record(&[2], later, &held);
+        assert_eq!(
+            r.deadline(1, t0, lease),
+            t0 + lease,
+            "1 was skipped: lapsed"
+        );
+        assert_eq!(r.deadline(2, t0, lease), later + lease);
+        // A claim newer than the renewal counts from the claim.
+        let fresh = later + Duration::from_millis(10);
+        assert_eq!(r.deadline(2, fresh, lease), fresh + lease);
+        // Rows no longer held are forgotten.
+        let only_1: std::collections::HashSet<i64> = [1].into_iter().collect();
+        r.record(&[], later, &only_1);
+        assert_eq!(r.deadline(2, t0, lease), t0 + lease);
+        r.record(&[1], later, &only_1);
+        r.forget(1);
+        assert_eq!(r.deadline(1, t0, lease), t0 + lease);
     }
 }

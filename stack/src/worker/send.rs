@@ -127,6 +127,9 @@ pub(crate) async fn send_one(w: Arc<Worker>, d: Claimed, claimed_at: Instant) {
     if let Ok(mut held) = w.held.lock() {
         held.remove(&d.id);
     }
+    if let Ok(mut renewed) = w.renewed_at.lock() {
+        renewed.forget(d.id);
+    }
 }
 
 async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result<()> {
@@ -149,12 +152,12 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
         return give_back(w, d, "released on shutdown before start").await;
     }
     let zombie = w.cfg.flaws.has(Flaw::ZombieSend);
-    if !zombie && Instant::now() + w.margin() >= w.local_deadline(claimed_at) {
+    if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
         return give_back(w, d, "lease too close to expiry to start").await;
     }
     // Connect before the start is recorded: the uncertain window is the exchange alone.
     let ready = w.providers.ready(d).await;
-    if !zombie && Instant::now() + w.margin() >= w.local_deadline(claimed_at) {
+    if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
         return give_back(w, d, "lease too close to expiry to start").await;
     }
     let attempts = if zombie {
@@ -169,7 +172,7 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
             }
         }
     };
-    if !zombie && Instant::now() + w.margin() >= w.local_deadline(claimed_at) {
+    if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
         // The process stalled between the fence and here: undo the start and give the row
         // back in one transaction, do not send.
         let mut tx = w.pool.begin().await?;
