@@ -60,12 +60,7 @@ async fn run_child(
     .expect("fakes start");
     let attributor = Attributor::new();
     if netlink {
-        for addr in [
-            providers.line_addr,
-            providers.sms_addr,
-            providers.smtp_addr,
-            providers.smtp_control_addr,
-        ] {
+        for addr in providers.server_addrs() {
             attributor.add_server(addr);
         }
     }

@@ -5,11 +5,9 @@
 //! Nothing here knows a provider's contract; it must never build a provider's error body.
 
 use std::future::Future;
-use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderName, HeaderValue, Request, StatusCode};
@@ -19,7 +17,6 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::ledger::Ledger;
 
@@ -154,46 +151,25 @@ pub async fn serve(
     ledger: Ledger,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    conns.spawn(connection(stream, peer, router.clone(), ledger.clone(), stop_rx.clone()));
-                }
-                // The client gave up before we accepted: nothing to serve.
-                Err(e) if matches!(
-                    e.kind(),
-                    ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
-                ) => {}
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning; the listener stays up.
-                    tracing::warn!(error = %e, "http accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    while conns.join_next().await.is_some() {}
-    Ok(())
+    crate::accept::accept_until(
+        listener,
+        ledger,
+        "http",
+        shutdown,
+        None,
+        move |stream, peer, stop| connection(stream, peer, router.clone(), stop),
+    )
+    .await
 }
 
-/// One accepted connection: the connection hooks, then HTTP/1.1 until the client closes or the
+/// One accepted connection (its hooks already run): HTTP/1.1 until the client closes or the
 /// server stops.
 async fn connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     router: axum::Router,
-    ledger: Ledger,
     mut stop: watch::Receiver<bool>,
 ) {
-    ledger.on_connect(peer).await;
     let app = TowerToHyperService::new(router);
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(ConnectInfo(peer));

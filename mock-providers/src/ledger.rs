@@ -244,6 +244,15 @@ impl Ledger {
             .push(hook);
     }
 
+    /// The hooks registered now (a snapshot, so none is called under the lock).
+    fn hooks(&self) -> Vec<std::sync::Arc<dyn Hook>> {
+        self.inner
+            .hooks
+            .read()
+            .expect("ledger hooks poisoned")
+            .clone()
+    }
+
     /// Monotonic nanoseconds since the ledger was created.
     pub fn now_ns(&self) -> u64 {
         self.inner.start.elapsed().as_nanos() as u64
@@ -261,12 +270,7 @@ impl Ledger {
             draft.wall = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
             entries.push(draft.clone());
         }
-        let hooks = self
-            .inner
-            .hooks
-            .read()
-            .expect("ledger hooks poisoned")
-            .clone();
+        let hooks = self.hooks();
         for h in &hooks {
             h.on_entry(&draft);
         }
@@ -277,12 +281,7 @@ impl Ledger {
     /// [`CONNECT_HOOK_TIMEOUT`] in all. Servers call it on the connection's own task (never in
     /// their accept loop) before serving the connection's first byte.
     pub async fn on_connect(&self, peer: SocketAddr) {
-        let hooks = self
-            .inner
-            .hooks
-            .read()
-            .expect("ledger hooks poisoned")
-            .clone();
+        let hooks = self.hooks();
         if hooks.is_empty() {
             return;
         }
@@ -305,12 +304,7 @@ impl Ledger {
 
     /// Awaits every hook's `before_response` for an accepted send.
     pub async fn before_response(&self, entry: &LedgerEntry) {
-        let hooks = self
-            .inner
-            .hooks
-            .read()
-            .expect("ledger hooks poisoned")
-            .clone();
+        let hooks = self.hooks();
         for h in &hooks {
             h.before_response(entry).await;
         }

@@ -7,6 +7,7 @@
 //!
 //! This crate must never import the harness or the stack: it knows them only by wire protocol.
 
+mod accept;
 pub mod bench;
 pub mod callbacks;
 pub mod config;

@@ -135,6 +135,16 @@ pub async fn start_on(
 }
 
 impl Providers {
+    /// Every address the fakes listen on: where a sender's connections end.
+    pub fn server_addrs(&self) -> [SocketAddr; 4] {
+        [
+            self.line_addr,
+            self.sms_addr,
+            self.smtp_addr,
+            self.smtp_control_addr,
+        ]
+    }
+
     /// `http://{line_addr}`: the LINE API base URL.
     pub fn line_base(&self) -> String {
         format!("http://{}", self.line_addr)

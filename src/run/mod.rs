@@ -306,12 +306,7 @@ async fn execute(
         sms: providers.sms_addr,
     };
     let attributor = crate::attribution::Attributor::new();
-    for addr in [
-        providers.line_addr,
-        providers.sms_addr,
-        providers.smtp_addr,
-        providers.smtp_control_addr,
-    ] {
+    for addr in providers.server_addrs() {
         attributor.add_server(addr);
     }
     res.providers = Some(providers);

@@ -99,7 +99,6 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
         let owner = e.lease_owner.clone().unwrap_or_default();
         let channel = Channel::parse(&e.channel).unwrap_or(Channel::Line);
         let (to, set, detail) = if !e.started {
-            out.released += 1;
             let to = if e.attempts == 0 {
                 State::Pending
             } else {
@@ -115,7 +114,6 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
                 format!("lease of {owner} expired before the attempt started"),
             )
         } else if channel == Channel::Email {
-            out.unknown += 1;
             let err = Some((
                 class::AMBIGUOUS.to_string(),
                 format!("lease of {owner} expired mid-attempt"),
@@ -130,7 +128,6 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
                 format!("lease of {owner} expired mid-attempt; outcome unknown"),
             )
         } else {
-            out.resend += 1;
             let how = match channel {
                 Channel::Line => "resend with the same retry key",
                 _ => "look up the provider's messages before any resend",
@@ -170,7 +167,14 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
             },
             set,
         };
-        state::transition(&mut tx, &t).await?;
+        // Counted only when applied: a fence may refuse (a start committed meanwhile).
+        if state::transition(&mut tx, &t).await?.is_some() {
+            match (e.started, t.to) {
+                (false, _) => out.released += 1,
+                (true, State::Unknown) => out.unknown += 1,
+                (true, _) => out.resend += 1,
+            }
+        }
     }
     if cfg.email_unknown_policy == UnknownPolicy::Resend {
         let held: Vec<(i64, i32)> = sqlx::query_as(
@@ -181,7 +185,6 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
         .fetch_all(&mut *tx)
         .await?;
         for (id, attempts) in held {
-            out.policy += 1;
             let (to, detail) = if attempts >= cfg.max_attempts {
                 (
                     State::Failed,
@@ -205,7 +208,9 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
                     ..Updates::default()
                 },
             };
-            state::transition(&mut tx, &t).await?;
+            if state::transition(&mut tx, &t).await?.is_some() {
+                out.policy += 1;
+            }
         }
     }
     tx.commit().await?;

@@ -39,8 +39,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::config::SmtpConfig;
 use crate::ledger::{Ledger, LedgerEntry};
@@ -100,38 +98,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let ctx = Arc::new(ctx);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let (ctx, limits, stop_rx) = (ctx.clone(), limits.clone(), stop_rx.clone());
-                    // The connection hooks run on the connection's task, before the greeting.
-                    conns.spawn(async move {
-                        ctx.ledger.on_connect(peer).await;
-                        conn::serve(stream, peer, ctx, limits, stop_rx).await
-                    });
-                }
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning; the listener stays up.
-                    tracing::warn!(error = %e, "smtp accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    let drain = async { while conns.join_next().await.is_some() {} };
-    if tokio::time::timeout(limits.shutdown_grace, drain)
-        .await
-        .is_err()
-    {
-        conns.abort_all();
-    }
-    Ok(())
+    let ledger = ctx.ledger.clone();
+    let grace = Some(limits.shutdown_grace);
+    crate::accept::accept_until(
+        listener,
+        ledger,
+        "smtp",
+        shutdown,
+        grace,
+        move |stream, peer, stop| conn::serve(stream, peer, ctx.clone(), limits.clone(), stop),
+    )
+    .await
 }
