@@ -1,7 +1,7 @@
 //! The harness's subcommands, one function each, called by `main.rs` after flag parsing.
 
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::exit;
 use crate::run::{self, RunOptions};
@@ -17,27 +17,47 @@ pub async fn interrupted() {
     }
 }
 
+/// Like [`interrupted`], but the handlers are installed now, before the future is first polled:
+/// a signal that arrives between this call and the first poll is not lost (nor fatal).
+pub fn interrupted_from_now() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    }
+}
+
 /// `ting-chaos run`.
 pub async fn run(path: &Path, opts: RunOptions, json: bool) -> i32 {
-    let s = match scenario::load(path) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::USAGE;
-        }
-    };
     if let Some(w) = opts.workers {
         if !(1..=64).contains(&w) {
             eprintln!("error: --workers must be between 1 and 64 (got {w})");
             return exit::USAGE;
         }
     }
+    // `--workers` replaces `[stack].workers` before validation, so the chaos targets are checked
+    // against the worker count the run will really have.
+    let overrides = scenario::Overrides {
+        workers: opts.workers,
+    };
+    let s = match scenario::load_with(path, &overrides) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
     let outcome = run::run(s, opts, interrupted()).await;
+    // The verdict table goes to stdout (progress goes to stderr); `--json` prints only the report.
     match &outcome.report {
         Some(r) if json => println!("{}", serde_json::to_string_pretty(r).unwrap_or_default()),
         Some(r) => {
-            eprint!("{}", crate::report::summary_text(r));
-            eprintln!(
+            print!("{}", crate::report::summary_text(r));
+            println!(
                 "  report: {}",
                 outcome.report_dir.join("report.json").display()
             );
@@ -47,26 +67,67 @@ pub async fn run(path: &Path, opts: RunOptions, json: bool) -> i32 {
     outcome.exit_code
 }
 
-/// `ting-chaos mocks`: serve the fake providers until Ctrl-C.
-pub async fn mocks(config: Option<&Path>, seed: u64, bind: IpAddr) -> i32 {
-    let (seed, cfg) = match config {
-        None => (seed, mock_providers::config::ProvidersConfig::default()),
+/// `ting-chaos mocks` flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MocksArgs {
+    /// A scenario file (its [providers] tables and seed) or a providers-only TOML file
+    /// ([line], [smtp], [sms] and [ports] tables).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The seed faults derive from (default: the scenario's, else 0).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Address to bind; anything but loopback must be asked for explicitly.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: IpAddr,
+    /// Fixed port of the LINE fake (default: [ports] line in the config file, else any free port).
+    #[arg(long)]
+    pub line_port: Option<u16>,
+    /// Fixed port of the SMS (Twilio) fake.
+    #[arg(long)]
+    pub sms_port: Option<u16>,
+    /// Fixed port of the SMTP fake.
+    #[arg(long)]
+    pub smtp_port: Option<u16>,
+    /// Fixed port of the SMTP fake's control API (/_mock/*).
+    #[arg(long, visible_alias = "control-port")]
+    pub smtp_control_port: Option<u16>,
+}
+
+/// `ting-chaos mocks`: serve the fake providers until Ctrl-C or SIGTERM.
+pub async fn mocks(args: MocksArgs) -> i32 {
+    let (file_seed, cfg, file_ports) = match args.config.as_deref() {
+        None => (
+            0,
+            mock_providers::config::ProvidersConfig::default(),
+            mock_providers::Ports::default(),
+        ),
         Some(p) => match load_providers(p) {
-            Ok((s, c)) => (if seed != 0 { seed } else { s }, c),
+            Ok(loaded) => loaded,
             Err(e) => {
                 eprintln!("error: {e}");
                 return exit::USAGE;
             }
         },
     };
-    let ledger = mock_providers::ledger::Ledger::new();
-    let providers = match mock_providers::start(seed, cfg, bind, ledger).await {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return exit::INFRA;
-        }
+    let seed = args.seed.unwrap_or(file_seed);
+    let ports = mock_providers::Ports {
+        line: args.line_port.unwrap_or(file_ports.line),
+        sms: args.sms_port.unwrap_or(file_ports.sms),
+        smtp: args.smtp_port.unwrap_or(file_ports.smtp),
+        smtp_control: args.smtp_control_port.unwrap_or(file_ports.smtp_control),
     };
+    // Armed before the addresses are printed: whoever reads them may signal at once.
+    let stop = interrupted_from_now();
+    let ledger = mock_providers::ledger::Ledger::new();
+    let providers =
+        match mock_providers::start_with_ports(seed, cfg, args.bind, ports, ledger).await {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return exit::INFRA;
+            }
+        };
     println!(
         "LINE  http://{}  (push: POST /v2/bot/message/push; control: /_mock/*)",
         providers.line_addr
@@ -77,22 +138,51 @@ pub async fn mocks(config: Option<&Path>, seed: u64, bind: IpAddr) -> i32 {
         providers.smtp_addr, providers.smtp_control_addr
     );
     println!("seed {seed}; Ctrl-C to stop");
-    interrupted().await;
+    stop.await;
     providers.shutdown().await;
     exit::OK
 }
 
-/// A scenario file (seed + `[providers]`), or a file holding only `[line]`/`[smtp]`/`[sms]` tables.
-fn load_providers(path: &Path) -> Result<(u64, mock_providers::config::ProvidersConfig), String> {
+/// A providers-only `ting-chaos mocks --config` file: the three profiles and fixed ports.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MocksFile {
+    #[serde(default)]
+    line: mock_providers::config::LineConfig,
+    #[serde(default)]
+    smtp: mock_providers::config::SmtpConfig,
+    #[serde(default)]
+    sms: mock_providers::config::SmsConfig,
+    #[serde(default)]
+    ports: mock_providers::Ports,
+}
+
+/// A scenario file (seed + `[providers]`; ports only from flags) or a file holding only
+/// `[line]`/`[smtp]`/`[sms]`/`[ports]` tables (seed 0).
+fn load_providers(
+    path: &Path,
+) -> Result<
+    (
+        u64,
+        mock_providers::config::ProvidersConfig,
+        mock_providers::Ports,
+    ),
+    String,
+> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if text.lines().any(|l| l.trim_start().starts_with("[load]")) {
         let s = scenario::parse(path, &text).map_err(|e| e.to_string())?;
-        return Ok((s.seed, s.providers));
+        return Ok((s.seed, s.providers, mock_providers::Ports::default()));
     }
     let file = path.display().to_string();
-    toml::from_str(&text)
-        .map(|c| (0, c))
-        .map_err(|e| scenario::error::from_toml(&file, &text, &e).to_string())
+    let f: MocksFile = toml::from_str(&text)
+        .map_err(|e| scenario::error::from_toml(&file, &text, &e).to_string())?;
+    let cfg = mock_providers::config::ProvidersConfig {
+        line: f.line,
+        smtp: f.smtp,
+        sms: f.sms,
+    };
+    Ok((0, cfg, f.ports))
 }
 
 /// `ting-chaos db up`: a throwaway cluster until Ctrl-C.
@@ -131,9 +221,10 @@ pub fn load_baseline(
     Ok(Some((report, tol)))
 }
 
-/// `ting-chaos report DIR`: re-render HTML, JUnit and Markdown from `DIR/report.json`.
-pub fn report(dir: &Path) -> i32 {
-    match crate::report::rerender(dir) {
+/// `ting-chaos report DIR`: re-render HTML, JUnit and Markdown from `DIR/report.json`; append
+/// the summary to `$GITHUB_STEP_SUMMARY` only with `step_summary` (the run appended it already).
+pub fn report(dir: &Path, step_summary: bool) -> i32 {
+    match crate::report::rerender(dir, step_summary) {
         Ok(files) => {
             for f in files {
                 println!("{}", f.display());

@@ -6,5 +6,6 @@ pub const OK: i32 = 0;
 pub const VIOLATION: i32 = 1;
 /// Bad scenario or bad usage.
 pub const USAGE: i32 = 2;
-/// The infrastructure failed: database would not start, stack never became healthy.
+/// The infrastructure failed: database would not start, stack never became healthy, the report
+/// could not be rendered.
 pub const INFRA: i32 = 3;

@@ -64,7 +64,13 @@ enum Command {
         report_dir: PathBuf,
     },
     /// Re-render report.html, junit.xml and summary.md from a saved report directory.
-    Report { dir: PathBuf },
+    Report {
+        dir: PathBuf,
+        /// Also append summary.md to $GITHUB_STEP_SUMMARY (`run` already does; off by default so
+        /// a re-render in the same job does not list the run twice).
+        #[arg(long)]
+        step_summary: bool,
+    },
     /// Check scenario files; exit 0 when all are valid, 2 otherwise.
     Validate {
         #[arg(required = true)]
@@ -72,17 +78,8 @@ enum Command {
     },
     /// Print the JSON Schema of scenario files.
     Schema,
-    /// Serve the fake providers standalone until Ctrl-C.
-    Mocks {
-        /// A scenario file (its [providers] tables and seed) or a providers-only TOML file.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Address to bind; anything but loopback must be asked for explicitly.
-        #[arg(long, default_value = "127.0.0.1")]
-        bind: std::net::IpAddr,
-    },
+    /// Serve the fake providers standalone until Ctrl-C or SIGTERM.
+    Mocks(ting_chaos::cli::MocksArgs),
     /// The reference stack's process roles (started by `run`; configured by TING_* env vars).
     Stack {
         #[command(subcommand)]
@@ -164,13 +161,11 @@ fn main() -> ExitCode {
             };
             runtime().block_on(ting_chaos::cli::run(&scenario, opts, json))
         }
-        Command::Mocks { config, seed, bind } => {
-            runtime().block_on(ting_chaos::cli::mocks(config.as_deref(), seed, bind))
-        }
+        Command::Mocks(args) => runtime().block_on(ting_chaos::cli::mocks(args)),
         Command::Db {
             command: DbCommand::Up,
         } => runtime().block_on(ting_chaos::cli::db_up()),
-        Command::Report { dir } => ting_chaos::cli::report(&dir),
+        Command::Report { dir, step_summary } => ting_chaos::cli::report(&dir, step_summary),
         Command::Sweep {
             scenario,
             seeds,

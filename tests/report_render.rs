@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use ting_chaos::check::Status;
+use ting_chaos::check::{Status, TimelineEvent};
 use ting_chaos::report::{
-    self, html::render_html, junit::render_junit, markdown::render_markdown, Report,
+    self, gate, html::render_html, junit::render_junit, markdown::render_markdown, Bucket, Latency,
+    Percentiles, Report, Uncertain,
 };
 
 const EVIL: &str = "<script>alert('pwned')</script>";
@@ -283,7 +284,7 @@ fn write_all_and_rerender_write_every_file_atomically() {
     for f in ["report.json", "ledger.jsonl"] {
         std::fs::copy(fixture_dir().join(f), dir.path().join(f)).unwrap();
     }
-    let written = report::rerender(dir.path()).unwrap();
+    let written = report::rerender(dir.path(), false).unwrap();
     let names: Vec<_> = written
         .iter()
         .map(|p| p.file_name().unwrap().to_str().unwrap())
@@ -319,5 +320,258 @@ fn write_all_and_rerender_write_every_file_atomically() {
             "step-summary.md",
             "summary.md"
         ]
+    );
+}
+
+/// The fixture as a run whose invariants all held but whose performance gates failed: one
+/// threshold broken, one kept, and a baseline ten times better.
+fn gated() -> Report {
+    let (mut r, _) = fixture();
+    for v in &mut r.checks {
+        if v.status == Status::Violated {
+            v.status = Status::Holds;
+            v.counterexamples.clear();
+            v.total_counterexamples = 0;
+        }
+    }
+    r.metrics = report::Metrics {
+        deliveries_per_s: 60.0,
+        enqueue_p99_ms: 700.0,
+        e2e_p50_ms: 20_000.0,
+        e2e_p99_ms: 40_000.0,
+    };
+    let thresholds: Vec<gate::Threshold> = ["deliveries_per_s >= 1000000000", "e2e_p99 <= 1h"]
+        .iter()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let base = report::Metrics {
+        deliveries_per_s: 600.0,
+        enqueue_p99_ms: 70.0,
+        e2e_p50_ms: 2_000.0,
+        e2e_p99_ms: 4_000.0,
+    };
+    r.gates = gate::evaluate(&r.metrics, &thresholds, Some((&base, 0.15)));
+    r.regressions = r
+        .gates
+        .iter()
+        .filter(|g| !g.passed)
+        .map(|g| g.message.clone())
+        .collect();
+    r.verdict = "fail".into();
+    r.exit_code = 1;
+    r
+}
+
+const THRESHOLD_LINE: &str =
+    "deliveries_per_s under threshold: this run 60.0 (threshold deliveries_per_s >= 1000000000)";
+const BASELINE_LINE: &str =
+    "deliveries_per_s regressed: baseline 600.0 → this run 60.0 (−90.0%, tolerance 15%)";
+
+#[test]
+fn failed_gates_are_named_in_every_rendering() {
+    let r = gated();
+    assert_eq!(r.regressions.len(), 4, "{:?}", r.regressions);
+    assert_eq!(r.regressions[0], THRESHOLD_LINE);
+    assert_eq!(r.regressions[1], BASELINE_LINE);
+
+    // Terminal: one line per gate, failed ones with their message.
+    let text = report::summary_text(&r);
+    assert!(
+        text.contains(&format!("GATE FAILED  threshold          {THRESHOLD_LINE}")),
+        "{text}"
+    );
+    assert!(text.contains(BASELINE_LINE), "{text}");
+    assert!(
+        text.contains("gate ok      threshold          e2e_p99 <= 1h"),
+        "{text}"
+    );
+
+    // summary.md: the failure under the heading, and a table of every gate.
+    let md = render_markdown(&r);
+    assert!(md.starts_with("## ❌ FAIL"), "{md}");
+    let escaped = THRESHOLD_LINE.replace('_', "\\_").replace('>', "&gt;");
+    assert!(
+        md.contains(&format!("> ❌ **Performance gate failed:** {escaped}")),
+        "{md}"
+    );
+    assert!(md.contains("| performance gate | result | threshold / baseline | this run |"));
+    assert_eq!(md.matches("❌ **failed**").count(), 4, "{md}");
+
+    // report.html: the verdict line says why, and the gates come before the checkers.
+    let html = render_html(&r, &[]);
+    let header_end = html.find("</header>").unwrap();
+    assert!(
+        html[..header_end]
+            .contains("none violated; performance gate failed: deliveries_per_s under threshold"),
+        "{}",
+        &html[..header_end]
+    );
+    let gates_at = html.find("<section id=\"gates\">").expect("gates section");
+    assert!(gates_at < html.find("<section id=\"checks\">").unwrap());
+    assert!(html.contains("regressed: baseline 600.0 → this run 60.0"));
+
+    // junit.xml: a test case per gate, failing with the message.
+    let xml = render_junit(&r);
+    assert!(xml.contains("tests=\"14\" failures=\"4\""), "{xml}");
+    let cases = junit_cases(&xml);
+    let gate_cases: Vec<_> = cases.iter().filter(|c| c.0.starts_with("gate: ")).collect();
+    assert_eq!(gate_cases.len(), 5);
+    let t = gate_cases
+        .iter()
+        .find(|c| c.0 == "gate: threshold deliveries_per_s >= 1000000000")
+        .unwrap();
+    assert_eq!(
+        (t.1.as_deref(), t.2.as_str()),
+        (Some("failure"), THRESHOLD_LINE)
+    );
+    let ok = gate_cases
+        .iter()
+        .find(|c| c.0 == "gate: threshold e2e_p99 <= 1h")
+        .unwrap();
+    assert_eq!(ok.1, None, "a kept threshold passes");
+    let b = gate_cases
+        .iter()
+        .find(|c| c.0 == "gate: baseline deliveries_per_s within 15% of baseline")
+        .unwrap();
+    assert_eq!(b.2, BASELINE_LINE);
+}
+
+#[test]
+fn html_draws_both_latency_histograms_from_report_json_alone() {
+    let (mut r, _) = fixture();
+    let buckets = |n: u64| -> Vec<Bucket> {
+        (0..n)
+            .map(|i| Bucket {
+                from_ms: i as f64 * 10.0,
+                to_ms: (i + 1) as f64 * 10.0,
+                count: i + 1,
+            })
+            .collect()
+    };
+    let p = Percentiles {
+        count: 10,
+        p50: 12.0,
+        p90: 20.0,
+        p99: 30.0,
+        max: 31.0,
+    };
+    r.latency = Some(Latency {
+        enqueue_histogram: buckets(4),
+        e2e: p.clone(),
+        e2e_by_channel: [("line".to_string(), p)].into(),
+        e2e_histogram: buckets(6),
+        e2e_from: "batch_post".into(),
+    });
+    // No ledger: the histograms come from report.json (what `ting-chaos report DIR` has).
+    let html = render_html(&r, &[]);
+    assert!(html.contains("<h3>Enqueue latency histogram</h3><div class=\"chart\"><svg"));
+    assert!(html.contains("<h3>End-to-end latency histogram</h3><div class=\"chart\"><svg"));
+    assert!(html.contains("enqueue latency (bucket start)"));
+    assert!(html.contains("the delivery's own batch was sent"));
+    assert!(
+        html.contains("<td>end-to-end, line</td><td class=\"n\">10</td><td class=\"n\">12.0</td>"),
+        "percentiles from report.json"
+    );
+    // A report written before histograms were kept says so rather than drawing nothing.
+    let (old, ledger) = fixture();
+    let html = render_html(&old, &ledger);
+    assert!(html.contains("Not recorded: this report predates enqueue histograms."));
+    assert!(
+        html.contains("this report predates per-batch enqueue times, and its load was one batch")
+    );
+}
+
+#[test]
+fn a_restarts_sigterm_is_marked_like_the_other_actions() {
+    let (mut r, ledger) = fixture();
+    let ev = |s: u64, kind: &str| TimelineEvent {
+        mono_ns: s * 1_000_000_000,
+        kind: kind.into(),
+        slot: Some(3),
+        pid: Some(18597),
+        detail: String::new(),
+    };
+    r.timeline.push(ev(52, "restart_begin"));
+    r.timeline.push(ev(54, "sigstop"));
+    let html = render_html(&r, &ledger);
+    assert!(
+        html.contains("SIGTERM (restart) w3"),
+        "labelled as a SIGTERM"
+    );
+    let chart = &html[html.find("<section id=\"timeline\">").unwrap()
+        ..html.find("<details><summary>All").unwrap()];
+    assert!(
+        !chart.contains("restart_begin"),
+        "the internal name is not a label"
+    );
+    assert!(html.contains("sigstop w3"));
+    // Coloured like a SIGTERM (amber), not the grey of run milestones.
+    let label_at = html.find(" SIGTERM (restart) w3").unwrap();
+    let tag_start = html[..label_at].rfind("<text").unwrap();
+    assert!(
+        html[tag_start..label_at].contains("#F59E0B"),
+        "{}",
+        &html[tag_start..label_at]
+    );
+}
+
+#[test]
+fn uncertain_sends_are_counted_in_every_rendering() {
+    let (mut r, ledger) = fixture();
+    r.uncertain = Some(Uncertain {
+        line_retry_key: 2,
+        sms_adopted_by_listing: 1,
+        email_unknown_resolved: 4,
+        email_unknown_held: 0,
+    });
+    let line = "LINE 2 settled by retry key (409) · SMS 1 adopted by listing · e-mail 4 held unknown then resolved by a delivery event (0 still unknown)";
+    assert!(report::summary_text(&r).contains(&format!("uncertain sends: {line}")));
+    assert!(render_markdown(&r).contains(&format!("Uncertain sends: {line}.")));
+    let html = render_html(&r, &ledger);
+    assert!(html.contains("<h3>Uncertain sends: how they were settled</h3>"));
+    for (settled_by, n) in [
+        ("(already accepted)", 2),
+        ("not sent again", 1),
+        ("delivery event", 4),
+    ] {
+        let row = format!("{settled_by}</td><td class=\"n\">{n}</td>");
+        assert!(html.contains(&row), "{row}");
+    }
+}
+
+#[test]
+fn report_cli_appends_to_the_step_summary_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["report.json", "ledger.jsonl"] {
+        std::fs::copy(fixture_dir().join(f), dir.path().join(f)).unwrap();
+    }
+    let step = dir.path().join("step-summary.md");
+    std::fs::write(&step, "the run's own summary\n").unwrap();
+    let report = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ting-chaos"))
+            .arg("report")
+            .arg(dir.path())
+            .args(extra)
+            .env("GITHUB_STEP_SUMMARY", &step)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let listed = report(&[]);
+    assert!(
+        listed.contains("report.html") && listed.contains("summary.md"),
+        "{listed}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&step).unwrap(),
+        "the run's own summary\n",
+        "a re-render does not list the run a second time"
+    );
+    report(&["--step-summary"]);
+    let step = std::fs::read_to_string(&step).unwrap();
+    assert!(
+        step.starts_with("the run's own summary\n## ❌ FAIL"),
+        "{step}"
     );
 }

@@ -278,3 +278,199 @@ fn stack_survives_database_outages() {
         );
     }
 }
+
+/// The smallest run that exercises the whole pipeline: one worker, 20 LINE deliveries, no chaos.
+const SMALL: &str = r#"
+name = "e2e-small"
+seed = 3
+
+[stack]
+workers = 1
+lease = "1s"
+heartbeat = "250ms"
+
+[load]
+recipients = 20
+channels = ["line"]
+
+[expect]
+quiescence = "30s"
+"#;
+
+fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn a_broken_threshold_fails_the_run_and_is_named_everywhere() {
+    let toml = SMALL.replace(
+        "[expect]\n",
+        "[expect]\nthresholds = [\"deliveries_per_s >= 1000000000\", \"e2e_p99 <= 1h\"]\n",
+    );
+    let case = Case::new("e2e-small", &toml);
+    let step = case.dir.path().join("step-summary.md");
+    let out = std::process::Command::new(bin())
+        .arg("run")
+        .arg(&case.scenario)
+        .arg("--report-dir")
+        .arg(case.reports())
+        .env("GITHUB_STEP_SUMMARY", &step)
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1, "{}", text(&out));
+    let report = case.report();
+    assert_valid_report(&report);
+    // Every invariant held: the gate alone failed the run.
+    assert!(
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["status"] != "violated"),
+        "{}",
+        text(&out)
+    );
+    let regressions = report["regressions"].as_array().unwrap();
+    assert_eq!(regressions.len(), 1, "{regressions:?}");
+    let line = regressions[0].as_str().unwrap();
+    assert!(
+        line.starts_with("deliveries_per_s under threshold: this run ")
+            && line.ends_with(" (threshold deliveries_per_s >= 1000000000)"),
+        "{line}"
+    );
+    let gates = report["gates"].as_array().unwrap();
+    assert_eq!(gates.len(), 2);
+    assert_eq!(
+        gates[1]["passed"], true,
+        "e2e_p99 <= 1h holds: {}",
+        gates[1]
+    );
+
+    // On the terminal (stdout, the verdict table)…
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("GATE FAILED  threshold          {line}")),
+        "{stdout}"
+    );
+    // …in summary.md (and the step summary, once)…
+    let dir = case.report_dir();
+    let md = read(&dir.join("summary.md"));
+    assert!(
+        md.contains("**Performance gate failed:** deliveries\\_per\\_s under threshold"),
+        "{md}"
+    );
+    let appended = read(&step);
+    assert_eq!(
+        appended.matches("Performance gate failed").count(),
+        1,
+        "{appended}"
+    );
+    // …in junit.xml as a failing test case…
+    let xml = read(&dir.join("junit.xml"));
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    let case_el = doc
+        .descendants()
+        .find(|n| n.attribute("name") == Some("gate: threshold deliveries_per_s >= 1000000000"))
+        .unwrap_or_else(|| panic!("no gate test case: {xml}"));
+    let failure = case_el
+        .children()
+        .find(|c| c.has_tag_name("failure"))
+        .unwrap();
+    assert_eq!(failure.attribute("message"), Some(line));
+    // …and in report.html, which the run wrote with the other renderings.
+    let html = read(&dir.join("report.html"));
+    assert!(html.contains("performance gate failed: deliveries_per_s under threshold"));
+    for (key, file) in [
+        ("html", "report.html"),
+        ("junit", "junit.xml"),
+        ("summary", "summary.md"),
+    ] {
+        assert_eq!(report["files"][key], file, "{}", report["files"]);
+    }
+
+    // End-to-end latency per delivery, from its batch's POST: kept for re-rendering.
+    let latency = &report["latency"];
+    assert_eq!(latency["e2e_from"], "batch_post");
+    assert_eq!(latency["e2e"]["count"], 20, "{latency}");
+    assert!(!latency["enqueue_histogram"].as_array().unwrap().is_empty());
+    let batches = report["load"]["batch_enqueues"].as_array().unwrap();
+    assert_eq!(batches.len(), 1);
+    assert!(batches[0]["sent_ns"].as_u64() <= batches[0]["acked_ns"].as_u64());
+
+    // Re-rendering in the same job does not list the run in the step summary again.
+    let again = std::process::Command::new(bin())
+        .arg("report")
+        .arg(&dir)
+        .env("GITHUB_STEP_SUMMARY", &step)
+        .output()
+        .unwrap();
+    assert_eq!(code(&again), 0, "{}", text(&again));
+    assert_eq!(read(&step), appended);
+}
+
+/// `report` with its metrics scaled: throughput × `speed`, latencies ÷ `speed`.
+fn doctored(report: &serde_json::Value, speed: f64) -> serde_json::Value {
+    let mut r = report.clone();
+    let m = &mut r["metrics"];
+    for (k, v) in m.as_object_mut().unwrap() {
+        let x = v.as_f64().unwrap();
+        *v = serde_json::json!(if k == "deliveries_per_s" {
+            x * speed
+        } else {
+            x / speed
+        });
+    }
+    r
+}
+
+#[test]
+fn a_baseline_gates_the_run_by_tolerance() {
+    let first = Case::new("e2e-small", SMALL);
+    let out = first.run(&[]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let report = first.report();
+    let m = &report["metrics"];
+    for k in ["deliveries_per_s", "enqueue_p99_ms", "e2e_p99_ms"] {
+        assert!(m[k].as_f64().unwrap() > 0.0, "{k}: {m}");
+    }
+
+    // A baseline ten times better: the run regressed, and says which metric, from what, to what.
+    let better = first.dir.path().join("better.json");
+    let base = doctored(&report, 10.0);
+    std::fs::write(&better, base.to_string()).unwrap();
+    let second = Case::new("e2e-small", SMALL);
+    let out = second.run(&["--baseline", better.to_str().unwrap(), "--tolerance", "15%"]);
+    assert_eq!(code(&out), 1, "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let want = format!(
+        "deliveries_per_s regressed: baseline {:.1} → this run ",
+        base["metrics"]["deliveries_per_s"].as_f64().unwrap()
+    );
+    assert!(stdout.contains(&want), "{want} not in:\n{stdout}");
+    assert!(stdout.contains("tolerance 15%)"), "{stdout}");
+    let r2 = second.report();
+    assert!(r2["regressions"][0].as_str().unwrap().starts_with(&want));
+    assert!(read(&second.report_dir().join("junit.xml"))
+        .contains("gate: baseline deliveries_per_s within 15% of baseline"));
+
+    // A baseline a hundred times worse: the run passes, and `--json` prints only the report.
+    let worse = first.dir.path().join("worse.json");
+    std::fs::write(&worse, doctored(&report, 0.01).to_string()).unwrap();
+    let third = Case::new("e2e-small", SMALL);
+    let out = third.run(&[
+        "--baseline",
+        worse.to_str().unwrap(),
+        "--tolerance",
+        "15%",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let printed: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("--json prints the report JSON alone on stdout");
+    assert_valid_report(&printed);
+    assert_eq!(printed["verdict"], "pass");
+    let gates = printed["gates"].as_array().unwrap();
+    assert_eq!(gates.len(), 3, "{gates:?}");
+    assert!(gates.iter().all(|g| g["passed"] == true), "{gates:?}");
+    assert_eq!(printed, third.report(), "the same report as report.json");
+}

@@ -41,7 +41,8 @@ fn base_fixture_is_valid() {
     assert_eq!(s.chaos[0].target, Target::Worker(2));
 }
 
-/// (what is changed, into what, expected key, line, col, message fragment, suggestion)
+/// (what is changed, into what, expected key, line, col, message fragment, suggestion).
+/// An empty "what is changed" appends "into what" after a blank line, so it starts on line 18.
 type Case = (
     &'static str,
     &'static str,
@@ -52,34 +53,18 @@ type Case = (
     Option<&'static str>,
 );
 
-#[test]
-fn bad_scenarios_name_key_line_and_column() {
-    #[rustfmt::skip]
-    let cases: &[Case] = &[
-        ("workers = 4", "worker = 4", "worker", 5, 1, "unknown key `worker` in [stack]", Some("workers")),
-        ("seed = 7", "sed = 7", "sed", 2, 1, "unknown key `sed` at the top level", Some("seed")),
-        ("recipients = 100", "recipient = 100", "recipient", 10, 1, "in [load]", Some("recipients")),
-        ("workers = 4", "workers = 0", "workers", 5, 1, "between 1 and 64", None),
-        ("lease = \"2s\"", "lease = \"-2s\"", "lease", 6, 9, "negative", None),
-        ("lease = \"2s\"", "lease = \"2 parsecs\"", "lease", 6, 9, "invalid duration", None),
-        ("heartbeat = \"500ms\"", "heartbeat = \"5s\"", "heartbeat", 7, 1, "shorter than `lease`", None),
-        ("progress = \"40%\"", "progress = \"140%\"", "progress", 14, 12, "out of range", None),
-        ("progress = \"40%\"", "progress = 1.5", "progress", 14, 12, "out of range", None),
-        ("channels = [\"line\", \"sms\"]", "channels = [\"line\", \"fax\"]", "channels", 11, 21, "unknown value `fax`", None),
-        ("channels = [\"line\", \"sms\"]", "channels = []", "channels", 11, 12, "at least one", None),
-        ("action = \"sigkill\"", "action = \"sigkil\"", "action", 15, 10, "unknown value `sigkil`", Some("sigkill")),
-        ("target = 2", "target = 9", "target", 13, 1, "does not exist", None),
-        ("target = 2", "target = \"busyest\"", "target", 13, 1, "unknown `target`", Some("busiest")),
-        ("progress = \"40%\"", "at = \"1s\"\nprogress = \"40%\"", "at", 13, 1, "exactly one trigger", None),
-        ("action = \"sigkill\"", "action = \"sigstop\"", "for", 13, 1, "needs `for`", None),
-        ("[load]\n", "[load]\nbatches = 0\n", "batches", 10, 1, "`batches` must be between", None),
-        ("[load]\n", "[load]\nrate = 2.0\n", "rate", 10, 1, "needs a `duration`", None),
-        ("[stack]\n", "[stack]\nflaws = [\"racy-clam\"]\n", "flaws", 5, 1, "unknown flaw", Some("racy-claim")),
-        ("[stack]\n", "[stack.external]\napi = [\"a\"]\nworkr = [\"w\"]\n[stack]\n", "workr", 6, 1, "unknown key `workr` in [stack.external]", Some("worker")),
-        ("recipients = 100", "recipients = \"lots\"", "recipients", 10, 14, "bad value for `recipients` in [load]", None),
-    ];
+/// The BASE of each case: `from` replaced by `to`, or `to` appended when `from` is empty.
+fn case_text(from: &str, to: &str) -> String {
+    if from.is_empty() {
+        format!("{BASE}\n{to}")
+    } else {
+        with(from, to)
+    }
+}
+
+fn check_cases(cases: &[Case]) {
     for (from, to, key, line, col, fragment, suggestion) in cases {
-        let text = with(from, to);
+        let text = case_text(from, to);
         let err = match parse(&text) {
             Ok(_) => panic!("case {to:?} was accepted"),
             Err(e) => e,
@@ -101,6 +86,273 @@ fn bad_scenarios_name_key_line_and_column() {
             "case {to:?}: {shown}"
         );
     }
+}
+
+#[test]
+fn bad_scenarios_name_key_line_and_column() {
+    #[rustfmt::skip]
+    let cases: &[Case] = &[
+        ("workers = 4", "worker = 4", "worker", 5, 1, "unknown key `worker` in [stack]", Some("workers")),
+        ("seed = 7", "sed = 7", "sed", 2, 1, "unknown key `sed` at the top level", Some("seed")),
+        ("recipients = 100", "recipient = 100", "recipient", 10, 1, "in [load]", Some("recipients")),
+        ("workers = 4", "workers = 0", "workers", 5, 1, "between 1 and 64", None),
+        ("lease = \"2s\"", "lease = \"-2s\"", "lease", 6, 9, "negative", None),
+        ("lease = \"2s\"", "lease = \"2 parsecs\"", "lease", 6, 9, "invalid duration", None),
+        ("heartbeat = \"500ms\"", "heartbeat = \"5s\"", "heartbeat", 7, 1, "shorter than `lease`", None),
+        ("progress = \"40%\"", "progress = \"140%\"", "progress", 14, 12, "out of range", None),
+        ("progress = \"40%\"", "progress = 1.5", "progress", 14, 12, "out of range", None),
+        ("channels = [\"line\", \"sms\"]", "channels = [\"line\", \"fax\"]", "channels", 11, 21, "unknown value `fax` for `channels` in [load]", None),
+        ("channels = [\"line\", \"sms\"]", "channels = []", "channels", 11, 1, "at least one", None),
+        ("channels = [\"line\", \"sms\"]", "channels = [\"line\", \"line\"]", "channels", 11, 21, "listed twice", None),
+        ("action = \"sigkill\"", "action = \"sigkil\"", "action", 15, 10, "unknown value `sigkil`", Some("sigkill")),
+        ("[load]\n", "[load]\nbatches = 0\n", "batches", 10, 1, "`batches` must be between", None),
+        ("[load]\n", "[load]\nrate = 2.0\n", "rate", 10, 1, "needs a `duration`", None),
+        ("[stack]\n", "[stack]\nflaws = [\"racy-clam\"]\n", "flaws", 5, 10, "unknown flaw", Some("racy-claim")),
+        ("[stack]\n", "[stack.external]\napi = [\"a\"]\nworkr = [\"w\"]\n[stack]\n", "workr", 6, 1, "unknown key `workr` in [stack.external]", Some("worker")),
+        ("recipients = 100", "recipients = \"lots\"", "recipients", 10, 14, "bad value for `recipients` in [load]", None),
+        ("action = \"sigkill\"\n", "", "action", 13, 1, "missing key `action` in `chaos[0]`", None),
+        // A misspelt table header is an unknown key of its parent table.
+        ("", "[load.bad_adresses]\nline = \"1%\"", "bad_adresses", 18, 7, "unknown key `bad_adresses` in [load]", Some("bad_addresses")),
+        // A transposition in a short key still finds the key.
+        ("progress = \"40%\"", "on_accept = { channel = \"line\", nht = 3 }", "nht", 14, 33, "unknown key `nht` in `chaos[0].on_accept`", Some("nth")),
+    ];
+    check_cases(cases);
+}
+
+/// Cross-field errors point at the offending key itself, never at the `[[chaos]]` header.
+#[test]
+fn cross_field_errors_point_at_the_key() {
+    #[rustfmt::skip]
+    let cases: &[Case] = &[
+        ("target = 2", "target = 9", "target", 16, 1, "[[chaos]] #1: `target` worker 9 does not exist", None),
+        ("target = 2", "target = \"busyest\"", "target", 16, 1, "unknown `target`", Some("busiest")),
+        ("target = 2", "target = \"sender\"", "target", 16, 1, "needs an `on_accept` trigger", None),
+        ("progress = \"40%\"", "at = \"1s\"\nprogress = \"40%\"", "progress", 15, 1, "`at` and `progress` are both given; give exactly one trigger", None),
+        ("progress = \"40%\"", "progress = \"40%\"\non_accept = { channel = \"sms\", nth = 3 }", "on_accept", 15, 1, "`progress` and `on_accept` are both given", None),
+        ("action = \"sigkill\"", "action = \"sigstop\"", "action", 15, 1, "`sigstop` needs `for`", None),
+        ("target = 2", "target = 2\nfor = \"1s\"", "for", 17, 1, "`for` only applies to `sigstop` and `db_idle_tx`, not `sigkill`", None),
+        ("progress = \"40%\"", "on_accept = { channel = \"sms\", nth = 0 }", "nth", 14, 32, "counts from 1", None),
+        ("progress = \"40%\"", "on_accept = { channel = \"email\", nth = 2 }", "channel", 14, 15, "does not send on", None),
+        ("action = \"sigkill\"", "action = \"db_restart\"\nrestart_after = \"1s\"", "restart_after", 16, 1, "worker actions only", None),
+        // The second of several [[chaos]] entries.
+        ("", "[[chaos]]\nat = \"1s\"\naction = \"sigkill\"\ntarget = 7", "target", 21, 1, "[[chaos]] #2: `target` worker 7 does not exist", None),
+        // Dotted keys and inline tables: at the key inside them, not at 1:1.
+        ("[stack]\nworkers = 4\nlease = \"2s\"\nheartbeat = \"500ms\"\n", "stack.workers = 0\nstack.lease = \"2s\"\nstack.heartbeat = \"500ms\"\n", "workers", 4, 7, "`workers` must be between 1 and 64 (got 0)", None),
+        ("heartbeat = \"500ms\"\n", "heartbeat = \"500ms\"\nbackoff = { base = \"0ms\", max = \"1s\" }\n", "base", 8, 13, "`base` (0s) must be greater than 0", None),
+        ("", "[providers.line]\nlatency = { kind = \"uniform\", min = \"2s\", max = \"1s\" }", "min", 19, 31, "uniform latency has min 2s > max 1s", None),
+        // Inside an inline array: the whole key path is named.
+        ("", "[providers.line]\ntransient = [{ status = 500, rate = 1.5 }]", "rate", 19, 37, "bad value for `providers.line.transient[0].rate`: 1.5 (150%) is out of range", None),
+        ("", "[providers.line]\ntransient = [{ status = 500, rat = 0.5 }]", "rat", 19, 30, "unknown key `rat` in `providers.line.transient[0]`", Some("rate")),
+    ];
+    check_cases(cases);
+}
+
+/// Values that parse but cannot mean what was written are rejected here, not mid-run.
+#[test]
+fn wrong_values_are_rejected_at_the_boundary() {
+    #[rustfmt::skip]
+    let cases: &[Case] = &[
+        ("", "[providers.line]\ntransient = [{ status = 200, rate = 0.1 }]", "status", 19, 16, "a fault's `status` must be an HTTP error between 400 and 599 (got 200)", None),
+        ("", "[providers.sms]\npermanent = [\n  { status = 400, rate = 0.1 },\n  { status = 999, rate = 0.1 },\n]", "status", 21, 5, "(got 999)", None),
+        ("", "[providers.smtp]\nfaults = [{ stage = \"rcpt\", code = 250, rate = 0.1 }]", "code", 19, 29, "SMTP fault at stage `rcpt` has `code` 250, which is not a negative reply", None),
+        ("", "[providers.smtp]\nfaults = [{ stage = \"data\", code = 470, rate = 0.1 }]", "code", 19, 29, "has `code` 470", None),
+        ("", "[providers.smtp]\nfaults = [{ stage = \"data_end\", code = 452, enhanced = \"5.3.4\", rate = 0.1 }]", "enhanced", 19, 45, "`enhanced` \"5.3.4\" does not fit `code` 452", None),
+        ("", "[providers.line]\nrate_limit = 0.0", "rate_limit", 19, 1, "`rate_limit` must be requests per second greater than 0 (got 0)", None),
+        ("", "[providers.sms]\nrate_limit = -5", "rate_limit", 19, 1, "(got -5)", None),
+        ("", "[providers.sms.callbacks]\nenabled = true\ndelay_min = \"2s\"\ndelay_max = \"1s\"", "delay_min", 20, 1, "`delay_min` (2s) must be at most `delay_max` (1s)", None),
+        ("", "[providers.smtp.events]\ndelay_max = \"10ms\"", "delay_max", 19, 1, "`delay_min` (50ms (the default)) must be at most `delay_max` (10ms)", None),
+        ("", "[providers.line]\ntransient = [\n  { status = 500, rate = \"80%\" },\n  { status = 503, rate = \"80%\" },\n]", "rate", 21, 19, "the `rate`s of `providers.line.transient` add up to 1.6 (160%)", None),
+        ("", "[providers.smtp]\nfaults = [\n  { stage = \"rcpt\", code = 451, rate = 0.6 },\n  { stage = \"data\", code = 554, rate = 0.6 },\n  { stage = \"rcpt\", code = 550, rate = 0.5 },\n]", "rate", 22, 33, "SMTP faults at stage `rcpt` add up to 1.1 (110%)", None),
+        ("lease = \"2s\"", "shutdown_grace = \"0s\"\nlease = \"2s\"", "shutdown_grace", 6, 1, "`shutdown_grace` must be greater than 0", None),
+        ("", "[load.template]\nsubject = \"Order {{ordr_id}} {{#broken\"", "subject", 19, 1, "template `subject`: `{{ordr_id}}` uses unknown variable `ordr_id`; every recipient has `id`, `name`, `order_id`, `item`, `total`", Some("order_id")),
+        ("", "[load.template]\ntext = \"Hi {{name}} {{#item}}\"", "text", 19, 1, "template `text`: `{{#item}}`: the built-in stack's templates hold escaped variables such as `{{order_id}}` and comments only", None),
+        ("", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\n[load.template]\ntext = \"Hi {{name}} {{#item}}\"", "text", 23, 1, "template `text`: `{{#item}}` is never closed: add `{{/item}}`", None),
+        ("", "[load.template]\nsms = \"Order {{order_id}\"", "sms", 19, 1, "template `sms`: tag `{{order_id}` is never closed", None),
+        ("", "[load.template]\nline = \"Hi {{{name}}}\"", "line", 19, 1, "inserts recipient data unescaped", None),
+        ("", "[load.template]\nsms = \"\"", "sms", 19, 1, "template `sms` must not be empty: channel `sms` sends it", None),
+        ("", "[database]\nurl = \"mysql://u:secret@h/db\"", "url", 19, 1, "`url` must be a PostgreSQL URL (`postgres://…` or `postgresql://…`), not `mysql://…`", None),
+        ("", "[database]\nurl = \"localhost:5432\"", "url", 19, 1, "`url` must be a PostgreSQL URL such as", None),
+        ("[stack]\n", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\ncwd = \"no-such-dir-ting\"\n[stack]\n", "cwd", 8, 1, "`cwd` ./no-such-dir-ting is not a directory (relative paths start at the scenario's folder)", None),
+    ];
+    check_cases(cases);
+    // The URL may hold a password: it is not echoed.
+    let err = parse(&case_text(
+        "",
+        "[database]\nurl = \"mysql://u:secret@h/db\"",
+    ))
+    .unwrap_err();
+    assert!(!err.to_string().contains("secret"), "{err}");
+}
+
+#[test]
+fn good_variants_pass() {
+    for (from, to) in [
+        // Unescaped slots are the flaw's business on the built-in stack.
+        ("heartbeat = \"500ms\"\n", "heartbeat = \"500ms\"\nflaws = [\"unescaped-template\"]\n[load.template]\nline = \"Hi {{{name}}}\"\n"),
+        ("", "[providers.line]\ntransient = [{ status = 500, rate = \"60%\" }, { status = 429, rate = \"40%\" }]\npermanent = [{ status = 400, rate = \"50%\" }]\nrate_limit = 50"),
+        ("", "[providers.smtp]\nfaults = [{ stage = \"rcpt\", code = 451, enhanced = \"4.3.0\", rate = 0.5 }, { stage = \"data_end\", code = 554, rate = 0.5 }, { stage = \"greeting\", code = 421, rate = 0.5 }]"),
+        ("", "[database]\nurl = \"postgresql://u@127.0.0.1:5432/postgres\""),
+        ("", "[load.template]\nsubject = \"{{item}} {{ order_id }} {{! note }}\""),
+        // An external stack may take full Mustache.
+        ("", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\n[load.template]\nsubject = \"{{#if item}}{{item}}{{else}}order{{/if}} {{! note }}\""),
+        ("[stack]\n", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\ncwd = \"tests\"\n[stack]\n"),
+    ] {
+        let text = case_text(from, to);
+        // `cwd` resolves against the scenario's folder: the crate root here.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("case.toml");
+        if let Err(e) = scenario::parse(&path, &text) {
+            panic!("{to:?} was rejected: {e}");
+        }
+    }
+}
+
+/// `run --workers N` goes through the same cross-field rules as the file's own value.
+#[test]
+fn workers_override_is_validated_like_the_file() {
+    let one = scenario::Overrides { workers: Some(1) };
+    let err = scenario::parse_with(Path::new("case.toml"), BASE, &one).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "[[chaos]] #1: `target` worker 2 does not exist: workers are numbered 1..=1 \
+         (`--workers 1` replaces [stack].workers) at case.toml:16:1"
+    );
+    let two = scenario::Overrides { workers: Some(2) };
+    let s = scenario::parse_with(Path::new("case.toml"), BASE, &two).expect("valid");
+    assert_eq!(s.stack.workers, 2);
+    let zero = scenario::Overrides { workers: Some(0) };
+    let err = scenario::parse_with(Path::new("case.toml"), BASE, &zero).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--workers must be between 1 and 64"),
+        "{err}"
+    );
+}
+
+/// The same through the binary: `run --workers 1` stops before starting anything.
+#[test]
+fn run_with_too_few_workers_for_a_chaos_target_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("w.toml");
+    std::fs::write(&file, BASE).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ting-chaos"))
+        .arg("run")
+        .arg(&file)
+        .args(["--workers", "1", "--report-dir"])
+        .arg(dir.path().join("reports"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "`target` worker 2 does not exist: workers are numbered 1..=1 (`--workers 1` replaces \
+             [stack].workers) at {}:16:1",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("reports").exists(), "nothing was run");
+}
+
+/// The template variables validation allows are exactly the ones the load generator writes.
+#[test]
+fn template_variables_match_the_load_generator() {
+    let people = ting_chaos::load::recipients::generate(7, 5, 0.5);
+    for r in &people {
+        let mut have: Vec<&str> = r.vars.keys().map(String::as_str).collect();
+        have.extend(["id", "name"]);
+        have.sort_unstable();
+        let mut want = scenario::TEMPLATE_VARS.to_vec();
+        want.sort_unstable();
+        assert_eq!(have, want);
+    }
+}
+
+/// Errors name the file as it was given, so two `x.toml` in different folders differ.
+#[test]
+fn errors_name_the_path_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut shown = Vec::new();
+    for sub in ["a", "b"] {
+        std::fs::create_dir(dir.path().join(sub)).unwrap();
+        let path = dir.path().join(sub).join("x.toml");
+        std::fs::write(&path, with("workers = 4", "workers = 0")).unwrap();
+        let err = scenario::load(&path).unwrap_err();
+        assert_eq!(err.file, path.display().to_string());
+        assert!(
+            err.to_string().contains(&format!("{}:5:1", path.display())),
+            "{err}"
+        );
+        shown.push(err.to_string());
+    }
+    assert_ne!(shown[0], shown[1]);
+}
+
+/// `ting-chaos validate`: 0 when every file is valid, 2 with each bad file's error otherwise.
+#[test]
+fn validate_subcommand_exit_codes_and_messages() {
+    let bin = env!("CARGO_BIN_EXE_ting-chaos");
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&good, BASE).unwrap();
+    std::fs::write(&bad, with("workers = 4", "worker = 4")).unwrap();
+
+    let out = std::process::Command::new(bin)
+        .arg("validate")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("ok: {} (t)\n", good.display())
+    );
+
+    let out = std::process::Command::new(bin)
+        .arg("validate")
+        .arg(&good)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("ok: {} (t)\n", good.display())
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "error: unknown key `worker` in [stack] at {}:5:1 — did you mean `workers`?\n",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+
+    let missing = dir.path().join("missing.toml");
+    let out = std::process::Command::new(bin)
+        .arg("validate")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read scenario"));
+}
+
+/// The sample error in the README is what `validate` really prints for that typo.
+#[test]
+fn readme_sample_error_is_real() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = std::fs::read_to_string(root.join("scenarios/restart-midway.toml")).unwrap();
+    assert!(shipped.contains("\nworkers = "));
+    let typo = shipped.replacen("\nworkers = ", "\nworker = ", 1);
+    let err = scenario::parse(Path::new("scenarios/restart-midway.toml"), &typo).unwrap_err();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let line = format!("error: {err}");
+    assert!(
+        readme.contains(&line),
+        "README.md should show the real message:\n{line}"
+    );
 }
 
 #[test]

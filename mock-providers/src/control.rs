@@ -5,6 +5,15 @@
 //! `PUT /_mock/faults` is a shallow merge: each top-level field given replaces that field of the
 //! provider's profile, fields not given keep their current value. The control API must never
 //! change what was already recorded; it only reads the ledger or clears it whole.
+//!
+//! `GET /_mock/ledger` and `GET /_mock/stats` copy the ledger's entry pointers under its lock and
+//! filter, count and serialise outside it, so polling a big ledger never stalls the fakes.
+//!
+//! `POST /_mock/reset`, on any fake's port, resets **all three** providers: they share one ledger
+//! and one hub. It forgets every entry, attempt number, stored idempotency key / message and rate
+//! limiter state, and drops every delivery report still due; fault profiles are kept. Entry
+//! numbers (`seq`) are not reused after a reset, so a reader polling `?since=N` carries on: its
+//! next poll returns what was recorded after the reset.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -60,11 +69,11 @@ struct LedgerQuery {
 }
 
 async fn ledger(State(c): State<Ctl>, Query(q): Query<LedgerQuery>) -> Response {
-    let entries: Vec<LedgerEntry> = c
-        .hub
-        .ledger
-        .since(q.since.unwrap_or(0))
-        .into_iter()
+    // Only the pointers are copied under the ledger lock; filtering and serialising happen here.
+    let shared = c.hub.ledger.since_shared(q.since.unwrap_or(0));
+    let entries: Vec<&LedgerEntry> = shared
+        .iter()
+        .map(|e| &**e)
         .filter(|e| q.provider.is_none_or(|p| p == e.provider))
         .filter(|e| q.kind.is_none_or(|k| k == e.kind))
         .collect();
@@ -97,13 +106,14 @@ pub struct ProviderStats {
 }
 
 /// Computes [`Stats`] over `entries`.
-pub fn stats_of(entries: &[LedgerEntry], pending: usize) -> Stats {
+pub fn stats_of<'a>(entries: impl IntoIterator<Item = &'a LedgerEntry>, pending: usize) -> Stats {
     let mut s = Stats {
-        entries: entries.len(),
+        entries: 0,
         callbacks_pending: pending,
         providers: BTreeMap::new(),
     };
     for e in entries {
+        s.entries += 1;
         let p = s
             .providers
             .entry(e.provider.as_str().to_string())
@@ -135,8 +145,9 @@ fn outcome_name(o: Outcome) -> &'static str {
 }
 
 async fn stats(State(c): State<Ctl>) -> Json<Stats> {
+    let shared = c.hub.ledger.snapshot_shared();
     Json(stats_of(
-        &c.hub.ledger.snapshot(),
+        shared.iter().map(|e| &**e),
         c.hub.pending_callbacks(),
     ))
 }

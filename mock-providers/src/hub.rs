@@ -66,7 +66,8 @@ impl Hub {
             .push(Box::new(f));
     }
 
-    /// Forgets the ledger, every provider's state, and every report still due.
+    /// Forgets the ledger (its `seq` numbering carries on), every provider's state, and every
+    /// report still due, for all three providers at once; fault profiles are kept.
     pub fn reset(&self) {
         self.callbacks.cancel_all();
         self.ledger.clear();

@@ -3,8 +3,14 @@
 //! Entries are appended before the provider writes its response, so a sender killed between the
 //! provider's commit and its own still shows up here. The ledger is in memory, bounded by the run,
 //! queryable while the servers keep serving, and exported as JSON Lines.
+//!
+//! Entries are stored behind [`Arc`]s: a reader ([`Ledger::snapshot_shared`], the control API)
+//! copies the pointers under the lock and serialises outside it, so a big ledger never stalls the
+//! fakes appending to it. `seq` is strictly increasing for the life of the ledger, across
+//! [`Ledger::clear`] too: a reader polling with `since` never sees a number twice.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -79,10 +85,39 @@ pub enum CallbackVariant {
     UnknownId,
 }
 
+/// One header field of an accepted e-mail, as sent: the name as written, the value unfolded
+/// (the CRLF of each folded line removed) and without the whitespace after the colon; not
+/// RFC 2047-decoded (the decoded subject is in [`LedgerEntry::subject`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeaderField {
+    pub name: String,
+    pub value: String,
+}
+
+/// What the SMTP fake keeps of an accepted message besides the decoded content: the envelope,
+/// every header in order, and the size and hash of the message as received.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmailDetail {
+    /// The envelope sender (`MAIL FROM`), `""` for the null sender `<>`.
+    pub mail_from: String,
+    /// The envelope recipients the message was accepted for (every accepted `RCPT TO`, in
+    /// order); rejected ones have ledger entries of their own.
+    pub rcpt_to: Vec<String>,
+    /// The header section, every field in order.
+    pub headers: Vec<HeaderField>,
+    /// Octets of the message as received (after dot-unstuffing, CRLF line endings).
+    pub size: u64,
+    /// SHA-256 (hex) of those octets: the whole message, headers and body.
+    pub sha256: String,
+    /// SHA-256 (hex) of the body alone: the octets after the blank line that ends the headers.
+    pub body_sha256: String,
+}
+
 /// One line of the ledger.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LedgerEntry {
-    /// Position in the ledger, from 0, strictly increasing across all providers.
+    /// Position in the ledger, from 0, strictly increasing across all providers and across
+    /// resets (a reset forgets entries but never reuses their numbers).
     pub seq: u64,
     /// Nanoseconds since the ledger was created (monotonic clock), when the entry was recorded:
     /// for a send, after the injected latency, just before the response is written.
@@ -138,6 +173,9 @@ pub struct LedgerEntry {
     /// the sender cannot know how it ended. A worker abandoning in-flight sends shows up here.
     #[serde(default)]
     pub client_hung_up: bool,
+    /// SMTP accepted sends only: envelope, headers, size and hashes of the message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<Box<EmailDetail>>,
 }
 
 /// An entry before the ledger stamps it: everything but `seq`, `mono_ns` and `wall`.
@@ -174,6 +212,7 @@ impl LedgerEntry {
             callback_response: None,
             callback_try: None,
             client_hung_up: false,
+            email: None,
         }
     }
 }
@@ -204,8 +243,21 @@ pub trait Hook: Send + Sync {
     }
 }
 
+/// The retained entries and the `seq` of the first of them (entries before it were reset).
+#[derive(Default)]
+struct Entries {
+    base: u64,
+    list: Vec<Arc<LedgerEntry>>,
+}
+
+impl Entries {
+    fn next_seq(&self) -> u64 {
+        self.base + self.list.len() as u64
+    }
+}
+
 struct Inner {
-    entries: std::sync::Mutex<Vec<LedgerEntry>>,
+    entries: std::sync::Mutex<Entries>,
     attempts: std::sync::Mutex<std::collections::HashMap<(Provider, String), u32>>,
     start: std::time::Instant,
     hooks: std::sync::RwLock<Vec<std::sync::Arc<dyn Hook>>>,
@@ -227,7 +279,7 @@ impl Ledger {
     pub fn new() -> Ledger {
         Ledger {
             inner: std::sync::Arc::new(Inner {
-                entries: std::sync::Mutex::new(Vec::new()),
+                entries: std::sync::Mutex::new(Entries::default()),
                 attempts: std::sync::Mutex::new(std::collections::HashMap::new()),
                 start: std::time::Instant::now(),
                 hooks: std::sync::RwLock::new(Vec::new()),
@@ -260,21 +312,23 @@ impl Ledger {
 
     /// Stamps and appends `draft`, runs the `on_entry` hooks, and returns the stored entry.
     pub fn record(&self, mut draft: Draft) -> LedgerEntry {
-        {
+        let stored = {
             let mut entries = self.inner.entries.lock().expect("ledger poisoned");
-            draft.seq = entries.len() as u64;
+            draft.seq = entries.next_seq();
             draft.mono_ns = self.now_ns();
             if draft.received_ns == 0 {
                 draft.received_ns = draft.mono_ns;
             }
             draft.wall = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-            entries.push(draft.clone());
-        }
+            let stored = Arc::new(draft);
+            entries.list.push(stored.clone());
+            stored
+        };
         let hooks = self.hooks();
         for h in &hooks {
-            h.on_entry(&draft);
+            h.on_entry(&stored);
         }
-        draft
+        LedgerEntry::clone(&stored)
     }
 
     /// Awaits every hook's `on_connect` for a connection just accepted from `peer`, for at most
@@ -319,40 +373,133 @@ impl Ledger {
         *n
     }
 
-    /// A copy of every entry so far, in order.
-    pub fn snapshot(&self) -> Vec<LedgerEntry> {
-        self.inner.entries.lock().expect("ledger poisoned").clone()
+    /// The retained entries, in order, shared: only the pointers are copied under the lock.
+    pub fn snapshot_shared(&self) -> Vec<Arc<LedgerEntry>> {
+        self.inner
+            .entries
+            .lock()
+            .expect("ledger poisoned")
+            .list
+            .clone()
     }
 
-    /// Entries with `seq >= from`, for incremental readers.
-    pub fn since(&self, from: u64) -> Vec<LedgerEntry> {
+    /// Retained entries with `seq >= from`, shared (pointers copied under the lock).
+    pub fn since_shared(&self, from: u64) -> Vec<Arc<LedgerEntry>> {
         let entries = self.inner.entries.lock().expect("ledger poisoned");
+        let skip = from.saturating_sub(entries.base) as usize;
         entries
-            .get(from as usize..)
-            .map(|s| s.to_vec())
+            .list
+            .get(skip..)
+            .map(<[_]>::to_vec)
             .unwrap_or_default()
     }
 
+    /// A copy of every retained entry, in order (cloned outside the lock).
+    pub fn snapshot(&self) -> Vec<LedgerEntry> {
+        self.snapshot_shared()
+            .iter()
+            .map(|e| LedgerEntry::clone(e))
+            .collect()
+    }
+
+    /// Retained entries with `seq >= from`, for incremental readers. After a [`Ledger::clear`] a
+    /// reader's `from` may point into the forgotten range: it gets every entry recorded since.
+    pub fn since(&self, from: u64) -> Vec<LedgerEntry> {
+        self.since_shared(from)
+            .iter()
+            .map(|e| LedgerEntry::clone(e))
+            .collect()
+    }
+
+    /// The `seq` the next entry will get.
+    pub fn next_seq(&self) -> u64 {
+        self.inner
+            .entries
+            .lock()
+            .expect("ledger poisoned")
+            .next_seq()
+    }
+
+    /// Entries retained (recorded since the last [`Ledger::clear`]).
     pub fn len(&self) -> usize {
-        self.inner.entries.lock().expect("ledger poisoned").len()
+        self.inner
+            .entries
+            .lock()
+            .expect("ledger poisoned")
+            .list
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Forgets every entry (control API `POST /_mock/reset`).
+    /// Forgets every entry and attempt number (control API `POST /_mock/reset`). Entry numbers
+    /// are not reused: the next entry's `seq` follows the last one recorded before the reset.
     pub fn clear(&self) {
-        self.inner.entries.lock().expect("ledger poisoned").clear();
+        {
+            let mut entries = self.inner.entries.lock().expect("ledger poisoned");
+            let base = entries.next_seq();
+            *entries = Entries {
+                base,
+                list: Vec::new(),
+            };
+        }
         self.inner.attempts.lock().expect("ledger poisoned").clear();
     }
 
-    /// Writes every entry as JSON Lines.
+    /// Writes every retained entry as JSON Lines.
     pub fn write_jsonl(&self, mut w: impl std::io::Write) -> std::io::Result<()> {
-        for e in self.snapshot() {
-            serde_json::to_writer(&mut w, &e)?;
+        for e in self.snapshot_shared() {
+            serde_json::to_writer(&mut w, &*e)?;
             w.write_all(b"\n")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(to: &str) -> Draft {
+        LedgerEntry::draft(Provider::Line, EntryKind::Send, to)
+    }
+
+    #[test]
+    fn seq_stays_monotonic_across_clear_and_since_follows_it() {
+        let l = Ledger::new();
+        for i in 0..3 {
+            assert_eq!(l.record(entry(&format!("a{i}"))).seq, i);
+        }
+        let reader_next = 2; // a reader that has seen seq 0 and 1
+        l.clear();
+        assert!(l.is_empty());
+        assert_eq!(l.next_seq(), 3);
+        let e = l.record(entry("b"));
+        assert_eq!(e.seq, 3, "numbers are never reused after a reset");
+        // The reader's next poll gets what was recorded since the reset, nothing twice.
+        let got: Vec<_> = l.since(reader_next).into_iter().map(|e| e.seq).collect();
+        assert_eq!(got, [3]);
+        assert!(l.since(4).is_empty());
+        assert_eq!(l.snapshot().len(), 1);
+        // Attempt numbers restart.
+        assert_eq!(l.next_attempt(Provider::Line, "b"), 1);
+    }
+
+    #[test]
+    fn shared_snapshot_is_taken_without_copying_entries() {
+        let l = Ledger::new();
+        let mut d = entry("a");
+        d.body = Some("x".repeat(10_000));
+        l.record(d);
+        let a = l.snapshot_shared();
+        let b = l.snapshot_shared();
+        assert!(Arc::ptr_eq(&a[0], &b[0]));
+        let mut out = Vec::new();
+        l.write_jsonl(&mut out).unwrap();
+        let back: LedgerEntry = serde_json::from_slice(out.strip_suffix(b"\n").unwrap()).unwrap();
+        assert_eq!(back.body, a[0].body);
+        assert!(back.email.is_none());
     }
 }

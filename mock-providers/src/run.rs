@@ -1,9 +1,9 @@
 //! Starting and stopping the three fakes together, in-process, on pre-bound listeners: what the
 //! harness and `ting-chaos mocks` call.
 //!
-//! Binding is the caller's choice: [`start`] binds port 0 on the address it is given, and the CLI
-//! passes 127.0.0.1 unless a non-loopback address is asked for explicitly. This module must never
-//! pick an address by itself.
+//! Binding is the caller's choice: [`start`] binds port 0 on the address it is given (or the fixed
+//! [`Ports`] of [`start_with_ports`]), and the CLI passes 127.0.0.1 unless a non-loopback address
+//! is asked for explicitly. This module must never pick an address by itself.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -29,6 +29,16 @@ pub struct Listeners {
     pub smtp_control: TcpListener,
 }
 
+/// Fixed ports for the four listeners; 0 (the default) means any free port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Ports {
+    pub line: u16,
+    pub sms: u16,
+    pub smtp: u16,
+    pub smtp_control: u16,
+}
+
 impl Listeners {
     /// Binds all four on port 0 of `ip`.
     pub async fn bind(ip: IpAddr) -> std::io::Result<Listeners> {
@@ -38,6 +48,22 @@ impl Listeners {
             sms: TcpListener::bind(any).await?,
             smtp: TcpListener::bind(any).await?,
             smtp_control: TcpListener::bind(any).await?,
+        })
+    }
+
+    /// Binds all four on `ip` at `ports` (0: any free port); the error names the listener.
+    pub async fn bind_ports(ip: IpAddr, ports: Ports) -> anyhow::Result<Listeners> {
+        let bind = |what: &'static str, port: u16| async move {
+            let at = SocketAddr::new(ip, port);
+            TcpListener::bind(at)
+                .await
+                .with_context(|| format!("binding the fake {what} on {at}"))
+        };
+        Ok(Listeners {
+            line: bind("LINE", ports.line).await?,
+            sms: bind("SMS", ports.sms).await?,
+            smtp: bind("SMTP", ports.smtp).await?,
+            smtp_control: bind("SMTP control API", ports.smtp_control).await?,
         })
     }
 }
@@ -64,6 +90,19 @@ pub async fn start(
     let listeners = Listeners::bind(bind)
         .await
         .with_context(|| format!("binding the fake providers on {bind}"))?;
+    start_on(seed, cfg, listeners, ledger).await
+}
+
+/// Starts the three fakes on `bind` at fixed `ports` (0: any free port), e.g. so a developer can
+/// point an application at stable addresses.
+pub async fn start_with_ports(
+    seed: u64,
+    cfg: ProvidersConfig,
+    bind: IpAddr,
+    ports: Ports,
+    ledger: Ledger,
+) -> anyhow::Result<Providers> {
+    let listeners = Listeners::bind_ports(bind, ports).await?;
     start_on(seed, cfg, listeners, ledger).await
 }
 

@@ -96,3 +96,53 @@ async fn ledger_stats_faults_reset() {
     assert_eq!(w.entries()[0].attempt, 1);
     w.p.shutdown().await;
 }
+
+/// A reader polling `GET /_mock/ledger?since=N` keeps working across `POST /_mock/reset`: entry
+/// numbers are never reused, so its next poll returns exactly what was recorded after the reset.
+/// The reset, sent to the SMS fake, resets every provider (one shared ledger).
+#[tokio::test]
+async fn reset_keeps_since_polling_monotonic() {
+    let w = world(1, ProvidersConfig::default()).await;
+    let line = w.p.line_base();
+    let poll = |since: u64| {
+        let url = format!("{line}/_mock/ledger?since={since}");
+        let http = w.http.clone();
+        async move {
+            let text = http.get(url).send().await.unwrap().text().await.unwrap();
+            text.lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                        .as_u64()
+                        .unwrap()
+                })
+                .collect::<Vec<u64>>()
+        }
+    };
+    w.line_push(&uid(1), None, "a").await;
+    w.sms_send(&phone(1), "b", None).await;
+    assert_eq!(poll(0).await, [0, 1]);
+    let next = 2;
+    w.line_push(&uid(2), None, "c").await; // seq 2, forgotten by the reset before it is polled
+    let r = w
+        .http
+        .post(format!("{}/_mock/reset", w.p.sms_base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert!(
+        w.p.ledger.is_empty(),
+        "the SMS port reset the LINE entries too"
+    );
+    w.line_push(&uid(1), None, "d").await;
+    w.sms_send(&phone(1), "e", None).await;
+    assert_eq!(poll(next).await, [3, 4], "the poll after the reset");
+    assert_eq!(poll(4).await, [4]);
+    assert_eq!(poll(5).await, Vec::<u64>::new());
+    // Attempt numbers restart; stats count what the ledger holds now.
+    assert!(w.entries().iter().all(|e| e.attempt == 1));
+    let stats: Stats =
+        serde_json::from_value(w.get(format!("{line}/_mock/stats")).await.json).unwrap();
+    assert_eq!(stats.entries, 2);
+    w.p.shutdown().await;
+}

@@ -137,6 +137,47 @@ async fn conformance_table() {
                 Outcome::ProtocolError,
             )
         },
+        // Forms a UUID parser accepts but that are not the canonical 8-4-4-4-12 form.
+        Case {
+            key: Some("{123e4567-e89b-42d3-a456-426614174000}"),
+            ..base(
+                "braced uuid retry key",
+                ProvidersConfig::default(),
+                400,
+                "X-Line-Retry-Key",
+                Outcome::ProtocolError,
+            )
+        },
+        Case {
+            key: Some("urn:uuid:123e4567-e89b-42d3-a456-426614174000"),
+            ..base(
+                "urn uuid retry key",
+                ProvidersConfig::default(),
+                400,
+                "X-Line-Retry-Key",
+                Outcome::ProtocolError,
+            )
+        },
+        Case {
+            key: Some("123e4567e89b42d3a456426614174000"),
+            ..base(
+                "unhyphenated uuid retry key",
+                ProvidersConfig::default(),
+                400,
+                "X-Line-Retry-Key",
+                Outcome::ProtocolError,
+            )
+        },
+        Case {
+            key: Some("123E4567-E89B-42D3-A456-426614174000"),
+            ..base(
+                "upper-case canonical retry key",
+                ProvidersConfig::default(),
+                200,
+                "",
+                Outcome::Accepted,
+            )
+        },
         Case {
             body: push_body("Ubad", "x"),
             ..base(
@@ -387,4 +428,44 @@ async fn rate_limit_answers_429_with_retry_after() {
         (e.outcome, e.fault.as_deref(), e.retry_after_ms),
         (Outcome::Transient, Some("rate_limit"), Some(1000))
     );
+}
+
+/// Responses no push handler writes still carry `x-line-request-id`: unknown path (404), wrong
+/// method (405), body over the limit (413).
+#[tokio::test]
+async fn request_id_on_404_405_and_413() {
+    let w = world(1, ProvidersConfig::default()).await;
+    let base = w.p.line_base();
+    let big = "x".repeat(3 * 1024 * 1024);
+    // (method, path, body, status)
+    let cases = [
+        ("POST", "/v2/bot/message/nope", String::new(), 404),
+        ("GET", "/", String::new(), 404),
+        ("GET", "/v2/bot/message/push", String::new(), 405),
+        ("POST", "/v2/bot/message/push", big, 413),
+    ];
+    for (method, path, body, status) in cases {
+        let r = w
+            .http
+            .request(method.parse().unwrap(), format!("{base}{path}"))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{method} {path}");
+        let id = r
+            .headers()
+            .get("x-line-request-id")
+            .unwrap_or_else(|| panic!("{method} {path}: no x-line-request-id"))
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(uuid::Uuid::parse_str(&id).is_ok(), "{method} {path}: {id}");
+    }
+    // A handled response keeps its own id (exactly one header).
+    let r = w.line_push(&uid(1), None, "hi").await;
+    assert_eq!(r.headers.get_all("x-line-request-id").iter().count(), 1);
+    w.p.shutdown().await;
 }

@@ -108,6 +108,48 @@ async fn each_stage_fault_gives_its_code_and_ledger_entry() {
     }
 }
 
+/// In a multi-recipient transaction each RCPT gets its own seeded decision (the one a lone RCPT
+/// to that recipient would get), not one shared with its co-recipients.
+#[tokio::test]
+async fn each_rcpt_of_a_transaction_gets_its_own_planned_fault() {
+    use mock_providers::smtp::plan::plan_recipient;
+    let seed = 9;
+    let cfg = SmtpConfig {
+        faults: vec![
+            SmtpFault {
+                stage: SmtpStage::Rcpt,
+                code: 451,
+                enhanced: None,
+                rate: Ratio(0.3),
+            },
+            SmtpFault {
+                stage: SmtpStage::Rcpt,
+                code: 552,
+                enhanced: None,
+                rate: Ratio(0.2),
+            },
+        ],
+        bad_addresses: Ratio(0.15),
+        ..SmtpConfig::default()
+    };
+    let rcpts: Vec<String> = (0..12).map(|i| format!("m{i}@x.test")).collect();
+    let w = spawn(seed, cfg.clone()).await;
+    let mut c = w.client().await;
+    c.cmd("EHLO c").await;
+    c.cmd("MAIL FROM:<shop@x.test>").await;
+    let mut kinds = std::collections::BTreeSet::new();
+    for r in &rcpts {
+        let got = c.cmd(&format!("RCPT TO:<{r}>")).await;
+        let want = match plan_recipient(seed, &cfg, r, 1) {
+            Ok(_) => "250 2.1.5".to_string(),
+            Err(f) => f.reply.status(),
+        };
+        assert!(got.starts_with(&want), "{r}: got {got:?}, planned {want}");
+        kinds.insert(want);
+    }
+    assert!(kinds.len() >= 3, "a mix of decisions: {kinds:?}");
+}
+
 fn plan_name(stage: SmtpStage) -> &'static str {
     mock_providers::smtp::plan::stage_name(stage)
 }
@@ -264,6 +306,43 @@ async fn stage_latency_delays_the_reply() {
         "commit {:?}",
         t.elapsed()
     );
+}
+
+/// Greeting, MAIL and DATA latency, each with its own value: every reply comes no earlier than
+/// its stage's latency (measured from the command, or from connect for the greeting).
+#[tokio::test]
+async fn greeting_mail_and_data_latency_delay_their_replies() {
+    let fixed = |ms| Latency::Fixed {
+        value: HumanDuration::from_millis(ms),
+    };
+    let (greeting, mail, data) = (120, 140, 160);
+    let cfg = SmtpConfig {
+        stage_latency: BTreeMap::from([
+            (SmtpStage::Greeting, fixed(greeting)),
+            (SmtpStage::Mail, fixed(mail)),
+            (SmtpStage::Data, fixed(data)),
+        ]),
+        ..SmtpConfig::default()
+    };
+    let w = spawn(3, cfg).await;
+    let ms = |t: Instant| t.elapsed().as_millis() as u64;
+    let t = Instant::now();
+    let mut c = tokio::time::timeout(DEADLINE, w.client()).await.unwrap();
+    assert!(c.greeting.starts_with("220"), "{}", c.greeting);
+    let took = ms(t);
+    assert!(took >= greeting, "greeting after {took} ms");
+    c.cmd("EHLO c").await;
+    let t = Instant::now();
+    assert!(c.cmd("MAIL FROM:<shop@x.test>").await.starts_with("250"));
+    let took = ms(t);
+    assert!(took >= mail, "MAIL reply after {took} ms");
+    c.cmd("RCPT TO:<a@x.test>").await;
+    let t = Instant::now();
+    assert!(c.cmd("DATA").await.starts_with("354"));
+    let took = ms(t);
+    assert!(took >= data, "DATA reply after {took} ms");
+    c.send(stuff(&simple_message("lat@x.test", "s", "b"))).await;
+    assert!(c.reply().await.starts_with("250 2.0.0"));
 }
 
 /// Holds every `before_response` until released, reporting each entry it holds.

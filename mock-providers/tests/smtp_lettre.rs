@@ -1,18 +1,25 @@
 //! The fake SMTP server against `lettre`, a real client the project did not write: decoding of
-//! multipart messages, partial recipient rejection, content hashes across encodings, and the
-//! capacity figure (`cargo test --release -p mock-providers --test smtp_lettre -- --ignored
-//! --nocapture`).
+//! multipart messages, the whole message and envelope in the ledger, partial recipient
+//! rejection, content hashes across encodings, and the capacity figure (`cargo test --release -p
+//! mock-providers --test smtp_lettre -- --ignored --nocapture`).
+//!
+//! lettre does not pipeline: although the server advertises PIPELINING, lettre 0.11 writes MAIL,
+//! each RCPT and DATA one at a time and waits for each reply. PIPELINING conformance (commands
+//! sent in one write, a rejected RCPT among them, replies in order) is therefore covered by the
+//! raw pipelined client in `tests/smtp_protocol.rs`
+//! (`pipelined_transaction_with_a_rejected_rcpt_answers_in_order`), not here.
 
 mod smtp_support;
 
 use std::time::Instant;
 
+use lettre::address::Envelope;
 use lettre::message::header::{
     ContentTransferEncoding, ContentType, Header, HeaderName, HeaderValue,
 };
 use lettre::message::{Body, MultiPart, SinglePart};
 use lettre::transport::smtp::PoolConfig;
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::{Address, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use mock_providers::config::SmtpConfig;
 use mock_providers::faults::is_bad_address;
 use mock_providers::ledger::{Outcome, Provider};
@@ -94,6 +101,107 @@ async fn multipart_message_is_decoded_into_the_ledger() {
     assert!(e.peer.is_some());
     w.wait_ledger("on_commit", |_| w.commits.lock().unwrap().len() == 1)
         .await;
+}
+
+/// The whole accepted message, as the ledger (and its JSON Lines export) keeps it: the envelope
+/// (MAIL FROM distinct from the From header, every RCPT TO), every header in order, the raw size
+/// and hashes, beside the decoded content.
+#[tokio::test]
+async fn whole_message_and_envelope_are_recorded() {
+    use sha2::{Digest, Sha256};
+    let w = spawn(1, SmtpConfig::default()).await;
+    let t = transport(&w, 1);
+    let msg = multipart("whole@shop.test", &["Ana <a@x.test>", "b@x.test"]);
+    let raw = msg.formatted();
+    let envelope = Envelope::new(
+        Some("bounces+42@shop.test".parse::<Address>().unwrap()),
+        vec!["a@x.test".parse().unwrap(), "b@x.test".parse().unwrap()],
+    )
+    .unwrap();
+    t.send_raw(&envelope, &raw).await.unwrap();
+    let sends = w.sends();
+    assert_eq!(sends.len(), 2, "one entry per recipient");
+
+    // What lettre wrote, parsed independently: every header line, unfolded.
+    let text = String::from_utf8(raw.clone()).unwrap();
+    let (head, _) = text.split_once("\r\n\r\n").unwrap();
+    let mut want: Vec<(String, String)> = Vec::new();
+    for line in head.split("\r\n") {
+        if line.starts_with([' ', '\t']) {
+            want.last_mut().unwrap().1.push_str(line);
+        } else {
+            let (n, v) = line.split_once(':').unwrap();
+            want.push((n.to_string(), v.trim_start().to_string()));
+        }
+    }
+    let names: Vec<&str> = want.iter().map(|(n, _)| n.as_str()).collect();
+    for h in [
+        "From",
+        "To",
+        "Date",
+        "Subject",
+        "Message-ID",
+        "X-Events-Url",
+        "MIME-Version",
+    ] {
+        assert!(names.contains(&h), "lettre wrote no {h}: {names:?}");
+    }
+    let hex = |b: &[u8]| hex::encode(Sha256::digest(b));
+    // lettre ends the data with CRLF "." CRLF after the formatted message, whatever its last
+    // bytes: the server receives the message followed by one more CRLF.
+    let received = [raw.as_slice(), b"\r\n"].concat();
+    let body = format!("{}\r\n", &text[head.len() + 4..]);
+
+    for (e, rcpt) in sends.iter().zip(["a@x.test", "b@x.test"]) {
+        assert_eq!((e.recipient.as_str(), e.outcome), (rcpt, Outcome::Accepted));
+        assert_eq!(e.message_id.as_deref(), Some("whole@shop.test"));
+        assert_eq!(e.body.as_deref(), Some(TEXT));
+        let d = e
+            .email
+            .as_deref()
+            .expect("email detail on an accepted send");
+        assert_eq!(d.mail_from, "bounces+42@shop.test");
+        assert_eq!(d.rcpt_to, ["a@x.test", "b@x.test"]);
+        let got: Vec<(String, String)> = d
+            .headers
+            .iter()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect();
+        assert_eq!(got, want);
+        let header = |n: &str| {
+            d.headers
+                .iter()
+                .find(|h| h.name == n)
+                .map(|h| h.value.as_str())
+        };
+        assert_eq!(header("From"), Some("Shop <shop@x.test>"));
+        assert_eq!(header("To"), Some("Ana <a@x.test>, b@x.test"));
+        let date = header("Date").unwrap();
+        chrono::DateTime::parse_from_rfc2822(date).unwrap_or_else(|e| panic!("{date}: {e}"));
+        // The message as received is byte for byte what lettre formatted (dot-stuffing undone).
+        assert_eq!(d.size, received.len() as u64);
+        assert_eq!(d.sha256, hex(&received));
+        assert_eq!(d.body_sha256, hex(body.as_bytes()));
+    }
+
+    // The JSON Lines export carries it all.
+    let mut out = Vec::new();
+    w.ledger.write_jsonl(&mut out).unwrap();
+    let line: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out).unwrap().lines().next().unwrap()).unwrap();
+    let email = &line["email"];
+    assert_eq!(email["mail_from"], "bounces+42@shop.test");
+    assert_eq!(
+        email["rcpt_to"],
+        serde_json::json!(["a@x.test", "b@x.test"])
+    );
+    assert_eq!(email["size"], received.len());
+    assert_eq!(email["sha256"], hex(&received));
+    assert_eq!(email["headers"][0]["name"], want[0].0.as_str());
+    assert_eq!(email["headers"][0]["value"], want[0].1.as_str());
+    assert_eq!(email["headers"].as_array().unwrap().len(), want.len());
+    assert_eq!(line["body"], TEXT);
+    assert_eq!(line["message_id"], "whole@shop.test");
 }
 
 #[tokio::test]

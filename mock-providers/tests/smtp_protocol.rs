@@ -1,5 +1,9 @@
 //! The fake SMTP server over real TCP, driven by a raw client: pipelining, dot-unstuffing,
 //! the small commands, protocol errors, limits, idle timeout and shutdown.
+//!
+//! PIPELINING (RFC 2920) is tested here with a raw client that writes several commands in one
+//! write, because lettre, the third-party client of `tests/smtp_lettre.rs`, does not pipeline
+//! (it waits for each reply before the next command).
 
 mod smtp_support;
 
@@ -68,6 +72,60 @@ async fn pipelined_transaction_with_dot_unstuffing() {
     assert_eq!(w.sends().last().unwrap().attempt, 2);
     assert_eq!(c.cmd("QUIT").await, "221 2.0.0 bye\r\n");
     assert_eq!(c.until_closed().await, "");
+}
+
+/// RFC 2920: MAIL, an accepted RCPT, a rejected RCPT and DATA in a single write; the replies
+/// come back in command order, DATA still gets 354 for the accepted recipient, and the message
+/// is committed for that one only.
+#[tokio::test]
+async fn pipelined_transaction_with_a_rejected_rcpt_answers_in_order() {
+    use mock_providers::faults::is_bad_address;
+    use mock_providers::ledger::Provider;
+    use mock_providers::units::Ratio;
+    let (seed, rate) = (5, Ratio(0.5));
+    let addrs: Vec<String> = (0..50).map(|i| format!("p{i}@x.test")).collect();
+    let bad = |a: &&String| is_bad_address(seed, Provider::Smtp, a, rate);
+    let good = addrs.iter().find(|a| !bad(a)).unwrap();
+    let worst = addrs.iter().find(bad).unwrap();
+    let cfg = SmtpConfig {
+        bad_addresses: rate,
+        ..SmtpConfig::default()
+    };
+    let w = spawn(seed, cfg).await;
+    let mut c = w.client().await;
+    assert!(c.cmd("EHLO client.test").await.contains("PIPELINING"));
+    c.send(format!(
+        "MAIL FROM:<shop@x.test>\r\nRCPT TO:<{good}>\r\nRCPT TO:<{worst}>\r\nDATA\r\n"
+    ))
+    .await;
+    let replies = [
+        c.reply().await,
+        c.reply().await,
+        c.reply().await,
+        c.reply().await,
+    ];
+    let codes: Vec<_> = replies.iter().map(|r| code(r)).collect();
+    assert_eq!(
+        codes,
+        ["250 2.1.0", "250 2.1.5", "550 5.1.1", "354 end d"],
+        "{replies:?}"
+    );
+    c.send("Message-ID: <pl@x.test>\r\nSubject: p\r\n\r\nhi\r\n.\r\nQUIT\r\n")
+        .await;
+    assert!(c.reply().await.starts_with("250 2.0.0"));
+    assert!(c.reply().await.starts_with("221"));
+    let got: Vec<_> = w
+        .sends()
+        .into_iter()
+        .map(|e| (e.recipient, e.outcome, e.email.map(|d| d.rcpt_to)))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (worst.clone(), Outcome::Permanent, None),
+            (good.clone(), Outcome::Accepted, Some(vec![good.clone()])),
+        ]
+    );
 }
 
 #[tokio::test]

@@ -51,13 +51,24 @@ pub struct EnqueueError {
     pub detail: String,
 }
 
-/// Enqueues every batch with the scenario's pacing; returns enqueue latencies (µs).
+/// What the load recorded: every enqueue request's latency, and when each batch was posted.
+pub struct Enqueued {
+    /// Enqueue request latencies (µs).
+    pub latency_us: hdrhistogram::Histogram<u64>,
+    /// Every batch's request in order, its times read from `now_ns` (the run's ledger clock).
+    pub batches: Vec<crate::report::BatchEnqueue>,
+}
+
+/// Enqueues every batch with the scenario's pacing; returns enqueue latencies and, read from
+/// `now_ns`, when each batch's request was sent and answered.
 pub async fn enqueue(
     scenario: &Scenario,
     api_base: &str,
     recipients: &[Recipient],
     plan: &Plan,
-) -> Result<hdrhistogram::Histogram<u64>, EnqueueError> {
+    now_ns: impl Fn() -> u64,
+) -> Result<Enqueued, EnqueueError> {
+    let mut batches = Vec::with_capacity(plan.batches.len());
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)
         .expect("histogram bounds");
     let client = reqwest::Client::builder()
@@ -83,6 +94,7 @@ pub async fn enqueue(
             "recipients": &recipients[range.clone()],
         });
         let sent = Instant::now();
+        let sent_ns = now_ns();
         let fail = |detail: String| EnqueueError {
             batch_id: batch_id.clone(),
             detail,
@@ -96,6 +108,11 @@ pub async fn enqueue(
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
         let _ = hist.record((sent.elapsed().as_micros() as u64).max(1));
+        batches.push(crate::report::BatchEnqueue {
+            batch_id: batch_id.clone(),
+            sent_ns,
+            acked_ns: now_ns(),
+        });
         if !(status.as_u16() == 202 || status.as_u16() == 200) {
             return Err(fail(format!(
                 "HTTP {status}: {}",
@@ -103,7 +120,10 @@ pub async fn enqueue(
             )));
         }
     }
-    Ok(hist)
+    Ok(Enqueued {
+        latency_us: hist,
+        batches,
+    })
 }
 
 /// Fetches the stack's status rows for `batch_ids`; `Ok(None)` when the stack exposes no status

@@ -32,7 +32,7 @@ pub(crate) fn channel_color(channel: &str) -> RGBColor {
 pub(crate) fn event_color(kind: &str) -> RGBColor {
     match kind {
         "sigkill" => RGBColor(0xdc, 0x26, 0x26),
-        "sigterm" => RGBColor(0xf5, 0x9e, 0x0b),
+        "sigterm" | "restart_begin" | "SIGTERM (restart)" => RGBColor(0xf5, 0x9e, 0x0b),
         "sigstop" | "sigcont" => RGBColor(0x93, 0x33, 0xea),
         "restart" => RGBColor(0x08, 0x91, 0xb2),
         k if k.starts_with("db_") => RGBColor(0x92, 0x40, 0x0e),
@@ -194,7 +194,8 @@ pub(crate) fn bars(
             .disable_x_mesh()
             .light_line_style(RGBColor(0xee, 0xf0, 0xf3))
             .bold_line_style(RGBColor(0xdd, 0xe1, 0xe6))
-            .x_labels(bars.len().min(24))
+            // About one label per 70 px, so labels of a narrow chart do not run into each other.
+            .x_labels(bars.len().min(24).min((width / 70) as usize).max(2))
             .x_label_formatter(&label)
             .x_desc(x_desc)
             .y_desc(y_desc)

@@ -252,7 +252,7 @@ impl fmt::Display for Regression {
             };
             return write!(
                 f,
-                "{} {side} threshold: {:.1} (threshold {})",
+                "{} {side} threshold: this run {:.1} (threshold {})",
                 self.metric,
                 self.new,
                 t.as_str()
@@ -262,7 +262,7 @@ impl fmt::Display for Regression {
         let sign = if change < 0.0 { "−" } else { "+" };
         write!(
             f,
-            "{} regressed: {:.1} → {:.1} ({sign}{:.1}%, tolerance {}%)",
+            "{} regressed: baseline {:.1} → this run {:.1} ({sign}{:.1}%, tolerance {}%)",
             self.metric,
             self.baseline,
             self.new,
@@ -301,6 +301,73 @@ pub fn compare_metrics(baseline: &Metrics, new: &Metrics, tolerance: f64) -> Vec
             })
         })
         .collect()
+}
+
+/// One performance gate and how the run fared against it (`report.json` `gates`): an absolute
+/// threshold from `[expect]`, or one metric compared with `--baseline`. CI shows each as a test
+/// case (`junit.xml`), failing with `message`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct GateResult {
+    /// `threshold` or `baseline`.
+    pub kind: String,
+    /// What was checked: the threshold as written (`deliveries_per_s >= 400`), or
+    /// `deliveries_per_s within 15% of baseline`.
+    pub name: String,
+    /// The metric's name in `metrics` (`deliveries_per_s`, `e2e_p99_ms`, …).
+    pub metric: String,
+    /// The threshold's limit, or the baseline's value (ms for latencies, deliveries/s).
+    pub limit: f64,
+    /// This run's value.
+    pub value: f64,
+    pub passed: bool,
+    /// Why it failed, naming the metric, the threshold or baseline and the new value; empty when
+    /// it passed.
+    pub message: String,
+}
+
+/// Every gate of a run: each threshold, then each compared metric of a baseline (a metric the
+/// baseline lacks is not compared; see the module doc). Failed ones carry the [`Regression`] line.
+pub fn evaluate(
+    metrics: &Metrics,
+    thresholds: &[Threshold],
+    baseline: Option<(&Metrics, f64)>,
+) -> Vec<GateResult> {
+    let mut out: Vec<GateResult> = thresholds
+        .iter()
+        .map(|t| {
+            let value = t.metric.of(metrics);
+            let failed = check_thresholds(metrics, std::slice::from_ref(t));
+            GateResult {
+                kind: "threshold".into(),
+                name: t.as_str().to_string(),
+                metric: t.metric.name().into(),
+                limit: t.limit,
+                value,
+                passed: failed.is_empty(),
+                message: failed.first().map(ToString::to_string).unwrap_or_default(),
+            }
+        })
+        .collect();
+    if let Some((base, tolerance)) = baseline {
+        let failed = compare_metrics(base, metrics, tolerance);
+        for metric in Metric::COMPARED {
+            let b = metric.of(base);
+            if !(b.is_finite() && b > 0.0) {
+                continue;
+            }
+            let hit = failed.iter().find(|r| r.metric == metric);
+            out.push(GateResult {
+                kind: "baseline".into(),
+                name: format!("{} within {}% of baseline", metric.name(), pct(tolerance)),
+                metric: metric.name().into(),
+                limit: b,
+                value: metric.of(metrics),
+                passed: hit.is_none(),
+                message: hit.map(ToString::to_string).unwrap_or_default(),
+            });
+        }
+    }
+    out
 }
 
 /// Every threshold the metrics break.

@@ -124,15 +124,15 @@ fn regressions_read_well() {
     assert_eq!(
         lines,
         [
-            "deliveries_per_s regressed: 412.0 → 301.5 (−26.8%, tolerance 15%)",
-            "e2e_p99_ms regressed: 100.0 → 180.0 (+80.0%, tolerance 15%)",
+            "deliveries_per_s regressed: baseline 412.0 → this run 301.5 (−26.8%, tolerance 15%)",
+            "e2e_p99_ms regressed: baseline 100.0 → this run 180.0 (+80.0%, tolerance 15%)",
         ]
     );
     let t: Threshold = "e2e_p99 <= 3s".parse().unwrap();
     let r = check_thresholds(&m(0.0, 0.0, 0.0, 3412.0), &[t]);
     assert_eq!(
         r[0].to_string(),
-        "e2e_p99_ms over threshold: 3412.0 (threshold e2e_p99 <= 3s)"
+        "e2e_p99_ms over threshold: this run 3412.0 (threshold e2e_p99 <= 3s)"
     );
 }
 
@@ -165,4 +165,42 @@ fn thresholds_are_checked() {
             .collect();
         assert_eq!(got, want, "{metrics:?}");
     }
+}
+
+#[test]
+fn every_gate_is_listed_and_failures_carry_their_line() {
+    let ts: Vec<Threshold> = ["deliveries_per_s >= 400", "e2e_p99 <= 3s"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let base = m(4000.0, 5.0, 0.0, 300.0);
+    let new = m(412.0, 5.0, 0.0, 3412.0);
+    let gates = evaluate(&new, &ts, Some((&base, 0.15)));
+    let got: Vec<(&str, &str, bool)> = gates
+        .iter()
+        .map(|g| (g.kind.as_str(), g.name.as_str(), g.passed))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("threshold", "deliveries_per_s >= 400", true),
+            ("threshold", "e2e_p99 <= 3s", false),
+            ("baseline", "deliveries_per_s within 15% of baseline", false),
+            ("baseline", "enqueue_p99_ms within 15% of baseline", true),
+            ("baseline", "e2e_p99_ms within 15% of baseline", false),
+        ]
+    );
+    assert!(gates
+        .iter()
+        .filter(|g| g.passed)
+        .all(|g| g.message.is_empty()));
+    assert_eq!(
+        gates[2].message,
+        "deliveries_per_s regressed: baseline 4000.0 → this run 412.0 (−89.7%, tolerance 15%)"
+    );
+    assert_eq!((gates[2].limit, gates[2].value), (4000.0, 412.0));
+    // A metric the baseline lacks is not a gate at all.
+    let gates = evaluate(&new, &[], Some((&m(0.0, 5.0, 0.0, 0.0), 0.15)));
+    assert_eq!(gates.len(), 1);
+    assert_eq!(gates[0].metric, "enqueue_p99_ms");
 }

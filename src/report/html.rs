@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::charts::{self, Marker};
 use super::html_parts::{counterexample, esc, kv_table, table};
-use super::stats::{self, percentile, Metrics};
+use super::stats::{self, Metrics};
 use super::Report;
 use crate::check::{Status, Verdict};
 
@@ -40,6 +40,7 @@ pub fn render_html(report: &Report, ledger: &[LedgerEntry]) -> String {
     );
     header(&mut page, report);
     page.push_str("<main>");
+    gates(&mut page, report);
     cards(&mut page, report, &metrics, ledger);
     checks(&mut page, &report.checks);
     timeline(&mut page, report, ledger);
@@ -77,10 +78,15 @@ fn header(page: &mut String, r: &Report) {
             .iter()
             .filter(|v| v.status == Status::Holds)
             .count();
-        format!(
+        let mut line = format!(
             "{held} of {} invariants hold, none violated",
             r.checks.len()
-        )
+        );
+        if let Some(gate) = super::gate_failure_line(r) {
+            line.push_str("; ");
+            line.push_str(&gate);
+        }
+        line
     } else {
         format!(
             "{} of {} invariants violated: {}",
@@ -105,6 +111,50 @@ fn header(page: &mut String, r: &Report) {
         r.exit_code,
         esc(&line)
     );
+}
+
+/// Every performance gate, right under the verdict: a failed one is why a run whose invariants
+/// all hold still fails.
+fn gates(page: &mut String, r: &Report) {
+    if r.gates.is_empty() && r.regressions.is_empty() {
+        return;
+    }
+    page.push_str("<section id=\"gates\"><h2>Performance gates</h2>");
+    for msg in &r.regressions {
+        let _ = write!(
+            page,
+            "<div class=\"error-box\"><b>Gate failed:</b> {}</div>",
+            esc(msg)
+        );
+    }
+    if !r.gates.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .gates
+            .iter()
+            .map(|g| {
+                let result = if g.passed {
+                    "<span class=\"pill holds\">PASSED</span>".to_string()
+                } else {
+                    "<span class=\"pill violated\">FAILED</span>".to_string()
+                };
+                vec![
+                    result,
+                    esc(&g.kind).into_owned(),
+                    esc(&g.name).into_owned(),
+                    format!("{:.1}", g.limit),
+                    format!("{:.1}", g.value),
+                ]
+            })
+            .collect();
+        page.push_str(&table(
+            &["result", "gate", "what", "threshold / baseline", "this run"],
+            &rows,
+        ));
+        page.push_str(
+            "<p class=\"note\">Latencies in milliseconds, throughput in deliveries per second.</p>",
+        );
+    }
+    page.push_str("</section>");
 }
 
 fn ms(v: f64) -> String {
@@ -228,10 +278,16 @@ fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
                 .and_then(|p| workers.get(&p))
                 .map(|w| format!(" {w}"))
                 .unwrap_or_default();
+            // The SIGTERM half of a `restart` action (its second half is the `restart` event).
+            let kind = if e.kind == "restart_begin" {
+                "SIGTERM (restart)".to_string()
+            } else {
+                e.kind.clone()
+            };
             Marker {
                 at_s: e.mono_ns as f64 / 1e9,
-                kind: e.kind.clone(),
-                label: format!("{}{who}", e.kind),
+                label: format!("{kind}{who}"),
+                kind,
             }
         })
         .collect();
@@ -266,82 +322,87 @@ fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
     );
 }
 
-fn pct_row(name: &str, sorted: &[f64]) -> Vec<String> {
-    let mut row = vec![esc(name).into_owned(), sorted.len().to_string()];
-    for q in [0.5, 0.9, 0.99] {
-        row.push(format!("{:.1}", percentile(sorted, q)));
-    }
-    row.push(format!("{:.1}", sorted.last().copied().unwrap_or(0.0)));
-    row
+fn pct_row(name: &str, p: &super::Percentiles) -> Vec<String> {
+    vec![
+        esc(name).into_owned(),
+        p.count.to_string(),
+        format!("{:.1}", p.p50),
+        format!("{:.1}", p.p90),
+        format!("{:.1}", p.p99),
+        format!("{:.1}", p.max),
+    ]
+}
+
+/// A histogram's bars labelled by where each bucket starts.
+fn histogram_bars(buckets: &[stats::Bucket]) -> Vec<(String, u64)> {
+    // Seconds once the range reaches two of them: `2.5s` reads better than `2500ms`.
+    let seconds = buckets.last().is_some_and(|b| b.to_ms >= 2000.0);
+    buckets
+        .iter()
+        .map(|b| {
+            let label = if seconds {
+                format!("{}s", b.from_ms.round() / 1000.0)
+            } else {
+                format!("{}ms", b.from_ms)
+            };
+            (label, b.count)
+        })
+        .collect()
 }
 
 fn latency(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
     page.push_str("<section id=\"latency\"><h2>Latency</h2>");
-    let e = &r.load.enqueue_latency_ms;
-    let mut rows = vec![vec![
-        "enqueue (POST /v1/batches)".to_string(),
-        e.count.to_string(),
-        format!("{:.1}", e.p50),
-        format!("{:.1}", e.p90),
-        format!("{:.1}", e.p99),
-        format!("{:.1}", e.max),
-    ]];
-    let by_channel = stats::e2e_ms(r, ledger);
-    let all = stats::merged(&by_channel);
-    if !all.is_empty() {
-        rows.push(pct_row("end-to-end, all channels", &all));
-        for (ch, v) in &by_channel {
-            rows.push(pct_row(&format!("end-to-end, {ch}"), v));
+    let mut rows = vec![pct_row(
+        "enqueue (POST /v1/batches)",
+        &r.load.enqueue_latency_ms,
+    )];
+    let lat = stats::latency_of(r, ledger);
+    if let Some(l) = lat.as_deref().filter(|l| l.e2e.count > 0) {
+        rows.push(pct_row("end-to-end, all channels", &l.e2e));
+        for (ch, p) in &l.e2e_by_channel {
+            rows.push(pct_row(&format!("end-to-end, {ch}"), p));
         }
     }
     page.push_str(&table(
         &["latency (ms)", "count", "p50", "p90", "p99", "max"],
         &rows,
     ));
-    page.push_str("<p class=\"note\">End-to-end: from the start of the load (<code>load_start</code>) to the provider accepting the delivery's first copy.</p>");
-    if !all.is_empty() {
-        page.push_str("<h3>End-to-end latency histogram</h3>");
-        chart_or_note(
+    match lat.as_deref().map(|l| l.e2e_from.as_str()) {
+        Some("load_start") => page.push_str("<p class=\"note\">End-to-end: from the start of the load (<code>load_start</code>; this report predates per-batch enqueue times, and its load was one batch) to the provider accepting the delivery's first copy.</p>"),
+        Some(_) => page.push_str("<p class=\"note\">End-to-end: from the moment the <code>POST /v1/batches</code> of the delivery's own batch was sent to the provider accepting the delivery's first copy.</p>"),
+        None => page.push_str("<p class=\"note\">End-to-end latency is not available: this report predates per-batch enqueue times and its load was more than one batch.</p>"),
+    }
+    page.push_str("<div class=\"row\"><div><h3>Enqueue latency histogram</h3>");
+    match lat.as_deref().filter(|l| !l.enqueue_histogram.is_empty()) {
+        Some(l) => chart_or_note(
             page,
             charts::bars(
-                &histogram(&all),
+                &histogram_bars(&l.enqueue_histogram),
+                charts::channel_color("sms"),
+                "enqueue latency (bucket start)",
+                "batches",
+                540,
+            ),
+        ),
+        None => page.push_str(
+            "<p class=\"note\">Not recorded: this report predates enqueue histograms.</p>",
+        ),
+    }
+    page.push_str("</div><div><h3>End-to-end latency histogram</h3>");
+    match lat.as_deref().filter(|l| !l.e2e_histogram.is_empty()) {
+        Some(l) => chart_or_note(
+            page,
+            charts::bars(
+                &histogram_bars(&l.e2e_histogram),
                 charts::channel_color("email"),
                 "end-to-end latency (bucket start)",
                 "deliveries",
-                1100,
+                540,
             ),
-        );
+        ),
+        None => page.push_str("<p class=\"note\">No delivery was accepted.</p>"),
     }
-    page.push_str("</section>");
-}
-
-/// Buckets of a 1-2-5 width chosen for about 25 bars.
-fn histogram(sorted: &[f64]) -> Vec<(String, u64)> {
-    let max = sorted.last().copied().unwrap_or(0.0).max(1.0);
-    let raw = max / 25.0;
-    let mag = 10f64.powf(raw.log10().floor());
-    let width = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|w| *w >= raw)
-        .unwrap_or(10.0 * mag);
-    let n = (max / width).floor() as usize + 1;
-    let mut counts = vec![0u64; n];
-    for v in sorted {
-        counts[((v / width).floor() as usize).min(n - 1)] += 1;
-    }
-    let label = |x: f64| {
-        if width >= 1000.0 {
-            format!("{}s", x / 1000.0)
-        } else {
-            format!("{x}ms")
-        }
-    };
-    counts
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| (label(i as f64 * width), c))
-        .collect()
+    page.push_str("</div></div></section>");
 }
 
 fn outcomes(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
@@ -356,6 +417,33 @@ fn outcomes(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
     match by_channel {
         Some(m) => page.push_str(&kv_table(m)),
         None => page.push_str("<p class=\"note\">no_loss did not report per-channel outcomes.</p>"),
+    }
+    if let Some(u) = &r.uncertain {
+        page.push_str("<h3>Uncertain sends: how they were settled</h3>");
+        let rows = vec![
+            vec![
+                "LINE".to_string(),
+                "resent with the same retry key; the provider answered 409 (already accepted)"
+                    .into(),
+                u.line_retry_key.to_string(),
+            ],
+            vec![
+                "SMS".to_string(),
+                "found by listing the provider's messages and adopted, not sent again".into(),
+                u.sms_adopted_by_listing.to_string(),
+            ],
+            vec![
+                "e-mail".to_string(),
+                "held as unknown, then resolved by the provider's delivery event".into(),
+                u.email_unknown_resolved.to_string(),
+            ],
+            vec![
+                "e-mail".to_string(),
+                "still held as unknown at the end".into(),
+                u.email_unknown_held.to_string(),
+            ],
+        ];
+        page.push_str(&table(&["channel", "settled by", "deliveries"], &rows));
     }
     page.push_str("<h3>Send attempts by provider answer</h3>");
     let summary: serde_json::Map<String, Value> = r

@@ -14,7 +14,8 @@ use super::Report;
 use crate::check::{Status, Verdict};
 
 /// Renders the report as a JUnit XML document: one `<testsuite>` for the run, one `<testcase>`
-/// per checker (`not_checked` → `<skipped>`, `violated` → `<failure>`), and an `<error>` test case
+/// per checker (`not_checked` → `<skipped>`, `violated` → `<failure>`), one per performance gate
+/// (`gate: <what>`, a failed gate → `<failure>` with its message), and an `<error>` test case
 /// named `run` when the run could not complete.
 pub fn render_junit(report: &Report) -> String {
     let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
@@ -43,11 +44,34 @@ fn count(report: &Report, status: Status) -> usize {
     report.checks.iter().filter(|v| v.status == status).count()
 }
 
+/// The gates as (test case name, failure message when failed). A report written before `gates`
+/// existed has only the failed ones' messages.
+fn gate_cases(r: &Report) -> Vec<(String, Option<String>)> {
+    if r.gates.is_empty() {
+        return r
+            .regressions
+            .iter()
+            .map(|m| (format!("gate: {m}"), Some(m.clone())))
+            .collect();
+    }
+    r.gates
+        .iter()
+        .map(|g| {
+            (
+                format!("gate: {} {}", g.kind, g.name),
+                (!g.passed).then(|| g.message.clone()),
+            )
+        })
+        .collect()
+}
+
 fn write_doc(w: &mut Writer<Vec<u8>>, r: &Report) -> io::Result<()> {
     w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
     let errors = usize::from(r.error.is_some());
-    let tests = (r.checks.len() + errors).to_string();
-    let failures = count(r, Status::Violated).to_string();
+    let gates = gate_cases(r);
+    let gate_failures = gates.iter().filter(|g| g.1.is_some()).count();
+    let tests = (r.checks.len() + gates.len() + errors).to_string();
+    let failures = (count(r, Status::Violated) + gate_failures).to_string();
     let skipped = count(r, Status::NotChecked).to_string();
     let errors = errors.to_string();
     let time = format!("{:.3}", r.duration_ms as f64 / 1000.0);
@@ -94,6 +118,9 @@ fn write_doc(w: &mut Writer<Vec<u8>>, r: &Report) -> io::Result<()> {
                 for v in &r.checks {
                     testcase(w, &suite, v)?;
                 }
+                for (name, failure) in &gates {
+                    gate_case(w, &suite, name, failure.as_deref())?;
+                }
                 Ok(())
             })?;
             Ok(())
@@ -130,6 +157,35 @@ fn failure_text(v: &Verdict) -> String {
         ));
     }
     xml_safe(&lines.join("\n"))
+}
+
+fn gate_case(
+    w: &mut Writer<Vec<u8>>,
+    suite: &str,
+    name: &str,
+    failure: Option<&str>,
+) -> io::Result<()> {
+    let name = xml_safe(name);
+    let case = w.create_element("testcase").with_attributes([
+        ("name", name.as_str()),
+        ("classname", suite),
+        ("time", "0"),
+    ]);
+    match failure {
+        None => {
+            case.write_empty()?;
+        }
+        Some(msg) => {
+            let msg = xml_safe(msg);
+            case.write_inner_content(|w| {
+                w.create_element("failure")
+                    .with_attributes([("message", msg.as_str()), ("type", "performance_gate")])
+                    .write_text_content(text(&msg))?;
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
 }
 
 fn testcase(w: &mut Writer<Vec<u8>>, suite: &str, v: &Verdict) -> io::Result<()> {

@@ -86,6 +86,12 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
     if let Some(e) = &report.error {
         let _ = writeln!(out, "> **The run could not complete:** {}\n", md(e));
     }
+    for msg in &report.regressions {
+        let _ = writeln!(out, "> ❌ **Performance gate failed:** {}\n", md(msg));
+    }
+    if let Some(u) = report.uncertain.as_ref().filter(|u| !u.is_empty()) {
+        let _ = writeln!(out, "Uncertain sends: {}.\n", md(&u.line()));
+    }
     out.push_str("| checker | status | summary |\n|---|---|---|\n");
     for v in &report.checks {
         let status = match v.status {
@@ -99,6 +105,24 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
             md(&v.checker),
             md(&v.summary)
         );
+    }
+    if !report.gates.is_empty() {
+        out.push_str("\n| performance gate | result | threshold / baseline | this run |\n|---|---|---|---|\n");
+        for g in &report.gates {
+            let result = if g.passed {
+                "✅ passed"
+            } else {
+                "❌ **failed**"
+            };
+            let _ = writeln!(
+                out,
+                "| {} {} | {result} | {:.1} | {:.1} |",
+                md(&g.kind),
+                md(&g.name),
+                g.limit,
+                g.value
+            );
+        }
     }
     let violated: Vec<_> = report.violated().collect();
     if !violated.is_empty() {

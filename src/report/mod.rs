@@ -20,8 +20,11 @@ pub mod markdown;
 mod render;
 mod stats;
 
-pub use render::{read_ledger, rerender, write_all, write_rendered};
-pub use stats::{metrics, sends_by_pid, sends_unattributed, Metrics};
+pub use render::{read_ledger, rerender, step_summary_path, write_all, write_rendered};
+pub use stats::{
+    enqueue_times, latency, metrics, sends_by_pid, sends_unattributed, uncertain, Bucket,
+    EnqueueTimes, Latency, Metrics, Uncertain,
+};
 
 /// Version of the report format; bump on incompatible changes (and the schema with it).
 pub const FORMAT: u32 = 1;
@@ -36,7 +39,9 @@ pub struct Report {
     pub scenario: serde_json::Value,
     pub started_at: String,
     pub duration_ms: u64,
-    /// 0 = every checked invariant held, 1 = violation, 3 = infrastructure failure.
+    /// 0 = every checked invariant held and every gate passed, 1 = violation or failed
+    /// performance gate, 3 = infrastructure failure (including renderings that could not be
+    /// written).
     pub exit_code: i32,
     pub verdict: String,
     /// Why the run could not complete, when it could not.
@@ -54,9 +59,14 @@ pub struct Report {
     pub chaos_unfired: Vec<usize>,
     /// Files beside this report.
     pub files: BTreeMap<String, String>,
-    /// Performance gates that failed (thresholds in `[expect]`, or `--baseline` comparisons).
+    /// Performance gates that failed (thresholds in `[expect]`, or `--baseline` comparisons): the
+    /// `message` of every failed entry of `gates`.
     #[serde(default)]
     pub regressions: Vec<String>,
+    /// Every performance gate the run was held to, passed or failed. Empty when the scenario has
+    /// no thresholds and no `--baseline` was given (and in reports written before it existed).
+    #[serde(default)]
+    pub gates: Vec<gate::GateResult>,
     /// pid → send attempts the providers saw from that process (`report::sends_by_pid`); label the
     /// pids with `processes`. Empty in reports written before it existed.
     #[serde(default)]
@@ -76,6 +86,14 @@ pub struct Report {
     /// written before it existed.
     #[serde(default)]
     pub metrics: Metrics,
+    /// Latency distributions (enqueue and end-to-end histograms, end-to-end percentiles). Null when
+    /// the run stopped before its verdict; absent in reports written before it existed.
+    #[serde(default)]
+    pub latency: Option<Latency>,
+    /// How sends whose outcome their sender could not know were settled, per channel. Null when
+    /// the run stopped before its verdict; absent in reports written before it existed.
+    #[serde(default)]
+    pub uncertain: Option<Uncertain>,
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -100,9 +118,23 @@ pub struct LoadSummary {
     /// Deliveries to seeded permanently bad addresses.
     pub bad_address_deliveries: u64,
     pub enqueue_latency_ms: Percentiles,
+    /// Every batch's enqueue request, in order. Empty in reports written before it existed.
+    #[serde(default)]
+    pub batch_enqueues: Vec<BatchEnqueue>,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
+/// One `POST /v1/batches` of the load, on the ledger clock (the timeline's `mono_ns`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BatchEnqueue {
+    pub batch_id: String,
+    /// When the request was sent: the enqueue time of every delivery in the batch (end-to-end
+    /// latency starts here).
+    pub sent_ns: u64,
+    /// When the stack's answer had been read.
+    pub acked_ns: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Percentiles {
     pub count: u64,
     pub p50: f64,
@@ -190,8 +222,38 @@ pub fn summary_text(r: &Report) -> String {
             }
         }
     }
+    for g in &r.gates {
+        if g.passed {
+            out.push_str(&format!(
+                "  gate ok      {:<18} {} (this run {:.1})\n",
+                g.kind, g.name, g.value
+            ));
+        } else {
+            out.push_str(&format!("  GATE FAILED  {:<18} {}\n", g.kind, g.message));
+        }
+    }
+    // Regressions of a report written before `gates` existed.
+    if r.gates.is_empty() {
+        for msg in &r.regressions {
+            out.push_str(&format!("  GATE FAILED  {msg}\n"));
+        }
+    }
+    if let Some(u) = r.uncertain.as_ref().filter(|u| !u.is_empty()) {
+        out.push_str(&format!("  uncertain sends: {}\n", u.line()));
+    }
     if let Some(note) = attribution_note(r) {
         out.push_str(&format!("  senders: {note}\n"));
     }
     out
+}
+
+/// One line naming why the verdict is FAIL when no invariant was violated: the failed gates.
+pub fn gate_failure_line(r: &Report) -> Option<String> {
+    if r.regressions.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "performance gate failed: {}",
+        r.regressions.join("; ")
+    ))
 }

@@ -1,5 +1,7 @@
 //! Writes the human and CI renderings beside `report.json`: `report.html`, `junit.xml`,
-//! `summary.md`, and appends the summary to `$GITHUB_STEP_SUMMARY` when CI sets it.
+//! `summary.md`, and appends the summary to `$GITHUB_STEP_SUMMARY` when CI sets it. Only
+//! `ting-chaos run` appends by default; `ting-chaos report DIR` re-renders without appending unless
+//! asked to (`--step-summary`), so re-rendering inside the job that ran never lists a run twice.
 //!
 //! Every file is written atomically (temporary file, then rename) so a reader never sees half a
 //! page. Rendering reads the report and the ledger only; it must never change `report.json`.
@@ -77,9 +79,17 @@ pub fn write_rendered(
     Ok(written)
 }
 
-/// Renders everything for a run folder: reads `dir/ledger.jsonl` when present and appends the
-/// summary to the file `$GITHUB_STEP_SUMMARY` names when that is set (and not empty).
-pub fn write_all(dir: &Path, report: &Report) -> anyhow::Result<Vec<PathBuf>> {
+/// `$GITHUB_STEP_SUMMARY`, where CI wants a Markdown summary appended (None when unset or empty).
+pub fn step_summary_path() -> Option<PathBuf> {
+    std::env::var_os("GITHUB_STEP_SUMMARY")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Renders everything for a run folder: reads `dir/ledger.jsonl` when present and, when
+/// `step_summary` is true, appends the summary to the file `$GITHUB_STEP_SUMMARY` names when that
+/// is set (and not empty).
+pub fn write_all(dir: &Path, report: &Report, step_summary: bool) -> anyhow::Result<Vec<PathBuf>> {
     let ledger_path = dir.join("ledger.jsonl");
     let ledger = if ledger_path.exists() {
         let (entries, skipped) = read_ledger(&ledger_path)?;
@@ -93,17 +103,16 @@ pub fn write_all(dir: &Path, report: &Report) -> anyhow::Result<Vec<PathBuf>> {
     } else {
         Vec::new()
     };
-    let step_summary = std::env::var_os("GITHUB_STEP_SUMMARY")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
+    let step_summary = step_summary.then(step_summary_path).flatten();
     write_rendered(dir, report, &ledger, step_summary.as_deref())
 }
 
-/// Loads `dir/report.json` and renders it again (`ting-chaos report DIR`).
-pub fn rerender(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+/// Loads `dir/report.json` and renders it again (`ting-chaos report DIR`); appends to
+/// `$GITHUB_STEP_SUMMARY` only when `step_summary` is true (the run already did).
+pub fn rerender(dir: &Path, step_summary: bool) -> anyhow::Result<Vec<PathBuf>> {
     let path = dir.join("report.json");
     let data = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
     let report: Report =
         serde_json::from_slice(&data).with_context(|| format!("parse {}", path.display()))?;
-    write_all(dir, &report)
+    write_all(dir, &report, step_summary)
 }

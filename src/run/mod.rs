@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use mock_providers::ledger::{EntryKind, Ledger};
 
-use crate::check::{self, Expected, Quiescence, StatusDelivery};
+use crate::check::{self, Quiescence, StatusDelivery};
 use crate::exit;
 use crate::load::{self, recipients, Plan};
 use crate::report::{self, Report};
@@ -191,10 +191,13 @@ impl Resources {
             chaos_unfired: Vec::new(),
             files: BTreeMap::new(),
             regressions: Vec::new(),
+            gates: Vec::new(),
             sends_by_pid: Default::default(),
             sends_unattributed: None,
             sends_sender_gone: None,
             metrics: Default::default(),
+            latency: None,
+            uncertain: None,
         }
     }
 }
@@ -354,6 +357,11 @@ async fn execute(
     let plan = Plan::new(scenario, people.len());
     let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
     let acceptable = expected.iter().filter(|e| !e.bad).count() as u64;
+    // Per channel, the deliveries the providers can accept: the progress display's "expected".
+    let mut acceptable_by: BTreeMap<Channel, u64> = BTreeMap::new();
+    for e in &expected {
+        *acceptable_by.entry(e.channel).or_default() += u64::from(!e.bad);
+    }
     let chaos = chaos::Chaos::new(
         world.clone(),
         chaos::DbHandle {
@@ -427,7 +435,7 @@ async fn execute(
         ),
     );
     chaos.start(load_start);
-    let enqueue = load::enqueue(scenario, &api_base, &people, &plan)
+    let enqueue = load::enqueue(scenario, &api_base, &people, &plan, || ledger.now_ns())
         .await
         .map_err(|e| infra(format!("{e}")))?;
     world.event(
@@ -488,19 +496,17 @@ async fn execute(
         };
         if opts.progress && last_print.elapsed() >= Duration::from_millis(250) {
             last_print = Instant::now();
-            let done: BTreeMap<Channel, (usize, usize)> =
-                tracker.done_by_channel(&expected).into_iter().collect();
-            let status = format!(
-                "accepted {} | faults {} | callbacks due {} | workers alive {} | {:.0}s",
-                world.accepted_total(),
-                world.faults_injected(),
-                pending,
-                world.live_workers().len(),
-                t0.elapsed().as_secs_f64()
-            );
-            progress.update(&done, &status, || {
-                progress_line(t0, &tracker, &expected, &world, pending)
-            });
+            let snap = progress::Snapshot {
+                elapsed_s: t0.elapsed().as_secs_f64(),
+                accepted: acceptable_by
+                    .iter()
+                    .map(|(c, n)| (*c, (world.accepted_on(c.provider()), *n)))
+                    .collect(),
+                faults: world.faults_injected(),
+                callbacks_due: pending,
+                workers_alive: world.live_workers().len(),
+            };
+            progress.update(&snap);
         }
         if calm_since.is_some_and(|t| t.elapsed() >= settle_for) {
             break Quiescence {
@@ -560,7 +566,7 @@ async fn execute(
         status: status.as_deref(),
         timeline: &timeline,
         processes: &processes,
-        enqueue_us: &enqueue,
+        enqueue_us: &enqueue.latency_us,
         quiescence: &quiescence,
     };
     let checks = check::run_all(&input);
@@ -614,13 +620,15 @@ async fn execute(
             batches: plan.batches.len() as u32,
             expected_deliveries: expected.len() as u64,
             bad_address_deliveries: expected.iter().filter(|e| e.bad).count() as u64,
-            enqueue_latency_ms: report::Percentiles::from_us(&enqueue),
+            enqueue_latency_ms: report::Percentiles::from_us(&enqueue.latency_us),
+            batch_enqueues: enqueue.batches.clone(),
         },
         ledger_summary: ledger_summary(&entries),
         callbacks_sent: entries
             .iter()
             .filter(|e| e.kind == EntryKind::Callback)
             .count() as u64,
+        uncertain: Some(report::uncertain(&entries, &checks)),
         checks,
         quiescence: Some(quiescence),
         timeline,
@@ -628,33 +636,58 @@ async fn execute(
         chaos_unfired: unfired,
         files,
         regressions: Vec::new(),
+        gates: Vec::new(),
         sends_by_pid: report::sends_by_pid(&entries, &pids),
         sends_unattributed: Some(report::sends_unattributed(&entries, &pids)),
         sends_sender_gone: Some(world.sends_sender_gone()),
         metrics: Default::default(),
+        latency: Some(report::latency(
+            &entries,
+            &enqueue.latency_us,
+            &report::enqueue_times(&expected, &enqueue.batches),
+        )),
     };
     report.metrics = report::metrics(&report, &entries);
     report.started_at = started_at.to_string();
     report.duration_ms = started.elapsed().as_millis() as u64;
     // Performance gates: absolute thresholds from [expect], then a baseline report if given.
-    let mut regressions: Vec<String> =
-        report::gate::check_thresholds(&report.metrics, &scenario.expect.thresholds)
-            .iter()
-            .map(|r| r.to_string())
-            .collect();
-    if let Some((base, tol)) = &opts.baseline {
-        regressions.extend(
-            report::gate::compare(base, &report, *tol)
-                .iter()
-                .map(|r| r.to_string()),
-        );
-    }
-    if !regressions.is_empty() {
-        report.regressions = regressions;
+    report.gates = report::gate::evaluate(
+        &report.metrics,
+        &scenario.expect.thresholds,
+        opts.baseline
+            .as_ref()
+            .map(|(base, tol)| (&base.metrics, *tol)),
+    );
+    report.regressions = report
+        .gates
+        .iter()
+        .filter(|g| !g.passed)
+        .map(|g| g.message.clone())
+        .collect();
+    if !report.regressions.is_empty() {
         report.exit_code = exit::VIOLATION;
         report.verdict = "fail".into();
     }
-    match report::write_rendered(report_dir, &report, &entries, step_summary().as_deref()) {
+    render_outputs(
+        report_dir,
+        &mut report,
+        &entries,
+        report::step_summary_path().as_deref(),
+    );
+    Ok(report)
+}
+
+/// Writes `report.html`, `junit.xml` and `summary.md` (and appends to the step summary) and
+/// lists them in `report.files`. A rendering that fails makes the run an infrastructure failure
+/// (exit 3, verdict `error`, the reason in `error`): CI must not pass a run whose results it
+/// cannot show.
+fn render_outputs(
+    dir: &Path,
+    report: &mut Report,
+    entries: &[mock_providers::ledger::LedgerEntry],
+    step_summary: Option<&Path>,
+) {
+    match report::write_rendered(dir, report, entries, step_summary) {
         Ok(written) => {
             for w in written {
                 let name = w
@@ -670,16 +703,14 @@ async fn execute(
                 report.files.insert(key, name);
             }
         }
-        Err(e) => eprintln!("warning: could not render HTML/JUnit/Markdown: {e:#}"),
+        Err(e) => {
+            let msg = format!("could not render report.html, junit.xml and summary.md: {e:#}");
+            eprintln!("error: {msg}");
+            report.error = Some(msg);
+            report.exit_code = exit::INFRA;
+            report.verdict = "error".into();
+        }
     }
-    Ok(report)
-}
-
-/// `$GITHUB_STEP_SUMMARY`, where CI wants a Markdown summary appended.
-fn step_summary() -> Option<PathBuf> {
-    std::env::var_os("GITHUB_STEP_SUMMARY")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
 }
 
 async fn server_version(url: &str) -> Option<String> {
@@ -725,27 +756,33 @@ async fn wait_healthy(
     }
 }
 
-fn progress_line(
-    t0: Instant,
-    tracker: &settle::Tracker,
-    expected: &[Expected],
-    world: &world::World,
-    pending: usize,
-) -> String {
-    let done = tracker.done_by_channel(expected);
-    let mut parts = Vec::new();
-    for c in Channel::ALL {
-        if let Some((d, n)) = done.get(&c) {
-            parts.push(format!("{} {d}/{n}", c.as_str()));
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        let data = include_str!("../../tests/fixtures/report-sample/report.json");
+        serde_json::from_str(data).expect("fixture report")
     }
-    format!(
-        "[{:>5.1}s] {} | accepted {} | faults {} | callbacks due {} | workers alive {}",
-        t0.elapsed().as_secs_f64(),
-        parts.join("  "),
-        world.accepted_total(),
-        world.faults_injected(),
-        pending,
-        world.live_workers().len()
-    )
+
+    #[test]
+    fn a_failed_rendering_is_an_infrastructure_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = report();
+        assert_eq!(r.exit_code, exit::VIOLATION);
+        // Written where no file can be: a folder that does not exist.
+        render_outputs(&dir.path().join("missing"), &mut r, &[], None);
+        assert_eq!((r.exit_code, r.verdict.as_str()), (exit::INFRA, "error"));
+        let err = r.error.as_deref().unwrap_or_default();
+        assert!(err.starts_with("could not render report.html"), "{err}");
+
+        // The same report renders into a folder that exists, and lists the files.
+        let mut r = report();
+        r.files.clear();
+        render_outputs(dir.path(), &mut r, &[], None);
+        assert_eq!(r.exit_code, exit::VIOLATION);
+        assert!(r.error.is_none());
+        let files: Vec<&str> = r.files.values().map(String::as_str).collect();
+        assert_eq!(files, ["report.html", "junit.xml", "summary.md"]);
+    }
 }

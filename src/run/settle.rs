@@ -112,19 +112,6 @@ impl Tracker {
         }
         open
     }
-
-    /// Per channel: deliveries with a final ledger outcome.
-    pub fn done_by_channel(&self, expected: &[Expected]) -> HashMap<Channel, (usize, usize)> {
-        let mut m: HashMap<Channel, (usize, usize)> = HashMap::new();
-        for (i, e) in expected.iter().enumerate() {
-            let c = m.entry(e.channel).or_default();
-            c.1 += 1;
-            if self.ledger_final(i) {
-                c.0 += 1;
-            }
-        }
-        m
-    }
 }
 
 #[cfg(test)]

@@ -111,8 +111,14 @@ impl World {
                 (None, Some(p)) => format!(" pid {p}"),
                 _ => String::new(),
             };
+            // The SIGTERM half of a `restart` action, said as people know it.
+            let shown = if kind == "restart_begin" {
+                "SIGTERM (restart)"
+            } else {
+                kind
+            };
             p.line(&format!(
-                "[{:>5.1}s] {kind}{who} {}",
+                "[{:>5.1}s] {shown}{who} {}",
                 ev.mono_ns as f64 / 1e9,
                 ev.detail
             ));
@@ -199,6 +205,11 @@ impl World {
 
     pub fn accepted_total(&self) -> u64 {
         self.accepted_total.load(Ordering::Relaxed)
+    }
+
+    /// Sends `provider` accepted so far (new deliveries; idempotent repeats are not counted).
+    pub fn accepted_on(&self, provider: Provider) -> u64 {
+        self.accepted[idx(provider)].load(Ordering::Relaxed)
     }
 
     pub fn faults_injected(&self) -> u64 {

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use super::keys::{leaf, parent, place, Keys};
+
 /// A scenario that cannot be run, and exactly where it went wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScenarioError {
@@ -10,7 +12,8 @@ pub struct ScenarioError {
     pub line: usize,
     pub col: usize,
     pub message: String,
-    /// The offending key, when the error is about one.
+    /// The offending key, when the error is about one (its last segment: `rate`; the message
+    /// names its table, or its whole path inside an array: `providers.line.transient[0].rate`).
     pub key: Option<String>,
     /// The nearest valid key, for unknown keys.
     pub suggestion: Option<String>,
@@ -46,106 +49,90 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
-/// The `[table]` (or `[[table]]`) header in force at byte `offset`, or "" for the root table.
-pub fn table_at(text: &str, offset: usize) -> String {
-    let mut current = String::new();
-    let mut pos = 0;
-    for line in text.split_inclusive('\n') {
-        if pos > offset {
-            break;
-        }
-        let t = line.trim();
-        if t.starts_with('[') {
-            let name = t.trim_start_matches('[');
-            if let Some(end) = name.find(']') {
-                current = name[..end].trim().to_string();
-            }
-        }
-        pos += line.len();
-    }
-    current
-}
-
-/// Finds where `key` is set inside `[table]` ("" = root), for errors that serde could not place.
-/// Returns 1-based (line, col) of the key, or of the table header when the key is not written.
-pub fn locate(text: &str, table: &str, key: &str) -> (usize, usize) {
-    let mut current = String::new();
-    let mut header_line = 1;
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim_start();
-        if t.starts_with('[') {
-            let name = t.trim_start_matches('[');
-            if let Some(end) = name.find(']') {
-                current = name[..end].trim().to_string();
-                if current == table {
-                    header_line = i + 1;
-                }
-            }
-            continue;
-        }
-        if current == table {
-            if let Some(rest) = t.strip_prefix(key) {
-                if rest.trim_start().starts_with('=') {
-                    return (i + 1, line.len() - t.len() + 1);
-                }
-            }
-        }
-    }
-    (header_line, 1)
-}
-
-/// The candidate closest to `word`, if it is close enough to be a plausible typo.
+/// The candidate closest to `word`, if it is close enough to be a plausible typo: at most one
+/// edit per three characters of `word` (at least one), counting an adjacent transposition as one
+/// edit (optimal string alignment), so `nht` finds `nth` and `maks` finds `max`. Ties go to the
+/// candidate that shares the longer prefix (Jaro-Winkler).
 pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let w = word.to_lowercase();
+    let allowed = w.chars().count().div_ceil(3).max(1);
     candidates
         .into_iter()
-        .map(|c| (strsim::jaro_winkler(word, c), c))
-        .filter(|(score, _)| *score >= 0.7)
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, c)| c.to_string())
+        .filter(|c| *c != word)
+        .map(|c| (strsim::osa_distance(&w, c), strsim::jaro_winkler(&w, c), c))
+        .filter(|(d, _, _)| *d <= allowed)
+        .min_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)))
+        .map(|(_, _, c)| c.to_string())
 }
 
-/// Turns a `toml` parse/deserialize error into a [`ScenarioError`], recognising serde's
-/// "unknown field `x`, expected one of `a`, `b`" to name the table and suggest the nearest key.
+/// Turns a `toml` parse/deserialize error into a [`ScenarioError`] placed at the key or value it
+/// is about, recognising serde's "unknown field `x`, expected one of `a`, `b`" to name the table
+/// the key sits in and suggest the nearest valid key.
 pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError {
-    let offset = err.span().map(|s| s.start).unwrap_or(0);
-    let (line, col) = if err.span().is_some() {
-        line_col(text, offset)
-    } else {
-        (0, 0)
-    };
+    let offset = err.span().map(|s| s.start);
     let msg = err.message().trim().to_string();
+    let Some(keys) = Keys::parse(text) else {
+        // Not TOML at all: the parser's message and position are all there is.
+        let (line, col) = offset.map_or((0, 0), |o| line_col(text, o));
+        return ScenarioError {
+            file: file.into(),
+            line,
+            col,
+            message: format!("invalid TOML: {msg}"),
+            key: offset.and_then(|o| key_on_line(text, o)),
+            suggestion: None,
+        };
+    };
+    let at = |o: Option<usize>| o.map_or((0, 0), |o| line_col(text, o));
     if let Some(rest) = msg.strip_prefix("unknown field `") {
         if let Some((key, tail)) = rest.split_once('`') {
             let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+            // The deserializer points at the key; a dotted key may come without a span, so fall
+            // back to the written key of that name closest to where it points.
+            let entry = offset.and_then(|o| keys.key_at(o)).or_else(|| {
+                let o = offset.unwrap_or(0);
+                keys.named(key)
+                    .min_by_key(|e| (e.key.start < o, e.key.start.abs_diff(o)))
+            });
+            let (path, pos) = match entry {
+                Some(e) => (e.path.clone(), Some(e.key.start)),
+                None => (key.to_string(), offset),
+            };
+            let (line, col) = at(pos);
             return ScenarioError {
                 file: file.into(),
                 line,
                 col,
-                message: format!("unknown key `{key}` {}", place(text, offset)),
+                message: format!("unknown key `{key}` {}", place(parent(&path).unwrap_or(""))),
                 key: Some(key.to_string()),
                 suggestion: nearest(key, expected.iter().copied()),
             };
         }
     }
+    // The innermost key whose value holds the error; for an element of an array of plain values
+    // (`channels = ["line", "fax"]`) the array's key.
+    let mut path = offset
+        .and_then(|o| keys.value_at(o))
+        .map(|e| e.path.clone());
+    while let Some(p) = path.as_deref().filter(|p| p.ends_with(']')) {
+        path = parent(p).map(str::to_string);
+    }
+    let path = path.filter(|p| !p.is_empty());
+    let (line, col) = at(offset);
     if let Some(rest) = msg.strip_prefix("unknown variant `") {
         if let Some((word, tail)) = rest.split_once('`') {
             let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
-            let key = key_on_line(text, offset);
-            let table = table_at(text, offset);
-            let place = match (&key, table.is_empty()) {
-                (Some(k), true) => format!(" for `{k}`"),
-                (Some(k), false) => format!(" for `{k}` in [{table}]"),
-                (None, _) => String::new(),
-            };
+            let what = path.as_deref().map(|p| format!(" for {}", describe(p)));
             return ScenarioError {
                 file: file.into(),
                 line,
                 col,
                 message: format!(
-                    "unknown value `{word}`{place}; expected one of {}",
+                    "unknown value `{word}`{}; expected one of {}",
+                    what.unwrap_or_default(),
                     list(&expected)
                 ),
-                key,
+                key: path.as_deref().map(|p| leaf(p).to_string()),
                 suggestion: nearest(word, expected.iter().copied()),
             };
         }
@@ -155,27 +142,23 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
         .and_then(|r| r.split_once('`'))
         .map(|(k, _)| k)
     {
+        // The deserializer points at the table that lacks the key.
+        let table = offset
+            .and_then(|o| keys.value_at(o))
+            .map(|e| e.path.clone())
+            .unwrap_or_default();
         return ScenarioError {
             file: file.into(),
             line,
             col,
-            message: format!("missing key `{k}` {}", place(text, offset)),
+            message: format!("missing key `{k}` {}", place(&table)),
             key: Some(k.to_string()),
             suggestion: None,
         };
     }
-    // A bad value: name the key written on that line, and its table.
-    let key = err.span().and_then(|_| key_on_line(text, offset));
-    let message = match &key {
-        Some(k) => {
-            let table = table_at(text, offset);
-            let place = if table.is_empty() {
-                String::new()
-            } else {
-                format!(" in [{table}]")
-            };
-            format!("bad value for `{k}`{place}: {msg}")
-        }
+    // A bad value: name its key and table.
+    let message = match &path {
+        Some(p) => format!("bad value for {}: {msg}", describe(p)),
         None => msg,
     };
     ScenarioError {
@@ -183,16 +166,18 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
         line,
         col,
         message,
-        key,
+        key: path.as_deref().map(|p| leaf(p).to_string()),
         suggestion: None,
     }
 }
 
-/// "in [table]" or "at the top level" for byte `offset`.
-fn place(text: &str, offset: usize) -> String {
-    match table_at(text, offset) {
-        t if t.is_empty() => "at the top level".to_string(),
-        t => format!("in [{t}]"),
+/// "`lease` in [stack]", "`seed`", or for a key inside an array element its whole path,
+/// "`providers.line.transient[0].rate`".
+pub fn describe(path: &str) -> String {
+    match parent(path) {
+        None | Some("") => format!("`{path}`"),
+        Some(t) if t.contains('[') => format!("`{path}`"),
+        Some(t) => format!("`{}` in [{t}]", leaf(path)),
     }
 }
 
@@ -212,4 +197,39 @@ pub fn list(items: &[&str]) -> String {
         .map(|s| format!("`{s}`"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_counts_a_transposition_as_one_edit() {
+        let chaos = ["at", "progress", "on_accept", "action", "target", "for"];
+        assert_eq!(nearest("nht", ["channel", "nth"]).as_deref(), Some("nth"));
+        assert_eq!(nearest("ofr", chaos).as_deref(), Some("for"));
+        assert_eq!(nearest("taregt", chaos).as_deref(), Some("target"));
+        assert_eq!(nearest("maks", ["min", "max"]).as_deref(), Some("max"));
+        assert_eq!(
+            nearest("worker", ["workers", "lease"]).as_deref(),
+            Some("workers")
+        );
+        assert_eq!(
+            nearest("bad_adresses", ["recipients", "bad_addresses"]).as_deref(),
+            Some("bad_addresses")
+        );
+        // Too far to be a typo.
+        assert_eq!(nearest("fax", ["line", "email", "sms"]), None);
+        assert_eq!(nearest("zzz", chaos), None);
+    }
+
+    #[test]
+    fn invalid_toml_keeps_the_parsers_message_and_position() {
+        let text = "[stack]\nworkers = 1\nworkers = 2\n";
+        let err = toml::from_str::<toml::Value>(text).unwrap_err();
+        let e = from_toml("x.toml", text, &err);
+        assert!(e.message.starts_with("invalid TOML: duplicate key"), "{e}");
+        assert_eq!((e.line, e.col), (3, 1));
+        assert_eq!(e.key.as_deref(), Some("workers"));
+    }
 }

@@ -6,7 +6,9 @@
 //! downstream sees a raw struct.
 
 pub mod error;
+mod keys;
 pub mod raw;
+mod template;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -18,6 +20,7 @@ use serde::Serialize;
 
 pub use error::ScenarioError;
 pub use raw::{Channel, ChaosAction, RawTemplate, StackKind};
+pub use template::TEMPLATE_VARS;
 
 /// The flaws the reference stack knows (`docs/flaws.md`); `[stack].flaws` is checked against it.
 pub const KNOWN_FLAWS: &[&str] = &[
@@ -197,8 +200,21 @@ pub struct Expect {
     pub thresholds: Vec<crate::report::gate::Threshold>,
 }
 
+/// Command-line values that replace the file's before validation, so every cross-field rule
+/// sees the values the run will use (`run --workers 2` with a chaos `target = 4` is an error).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `run --workers N`: replaces `[stack].workers`.
+    pub workers: Option<u32>,
+}
+
 /// Reads and validates a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    load_with(path, &Overrides::default())
+}
+
+/// Reads and validates a scenario file with command-line `overrides` applied.
+pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Scenario, ScenarioError> {
     let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
         file: path.display().to_string(),
         line: 0,
@@ -207,18 +223,26 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
         key: None,
         suggestion: None,
     })?;
-    parse(path, &text)
+    parse_with(path, &text, overrides)
 }
 
 /// Validates scenario `text` as if read from `path`.
 pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
-    let file = path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    parse_with(path, text, &Overrides::default())
+}
+
+/// Validates scenario `text` as if read from `path`, with command-line `overrides` applied.
+/// Errors name the file as `path` was given (`scenarios/x.toml`, not just `x.toml`), so two files
+/// of the same name in different folders can be told apart.
+pub fn parse_with(
+    path: &Path,
+    text: &str,
+    overrides: &Overrides,
+) -> Result<Scenario, ScenarioError> {
+    let file = path.display().to_string();
     let raw: raw::RawScenario =
         toml::from_str(text).map_err(|e| error::from_toml(&file, text, &e))?;
-    validate::validate(raw, path, &file, text)
+    validate::validate(raw, path, &file, text, overrides)
 }
 
 /// The JSON Schema of scenario files, generated from the raw types.

@@ -207,7 +207,8 @@ pub struct RawBadAddresses {
     pub sms: Ratio,
 }
 
-/// `[load.template]`: Mustache bodies; the context is the recipient's `vars` plus `id` and `name`.
+/// `[load.template]`: Mustache bodies. The variables are those every generated recipient has:
+/// `id`, `name`, `order_id`, `item`, `total`; any other, or a syntax error, is rejected.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawTemplate {

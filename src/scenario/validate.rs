@@ -2,39 +2,48 @@
 
 use std::path::Path;
 
-use super::error::{line_col, locate, nearest, ScenarioError};
+use super::error::{line_col, nearest, ScenarioError};
+use super::keys::{leaf, Keys};
 use super::raw::{self, ChaosAction, RawScenario};
 use super::*;
 
 struct Ctx<'a> {
     file: &'a str,
     text: &'a str,
+    keys: Keys,
+    overrides: &'a Overrides,
 }
 
 impl Ctx<'_> {
-    /// An error about `key` in `[table]`, placed where the key is written.
-    fn at(&self, table: &str, key: &str, message: impl Into<String>) -> ScenarioError {
-        let (line, col) = locate(self.text, table, key);
+    /// An error about the key at `path` (`stack.workers`, `chaos[0].target`), placed where that
+    /// key is written: under a header, as a dotted key, in an inline table or in an array. A key
+    /// left at its default is placed at its nearest written table.
+    fn at(&self, path: &str, message: impl Into<String>) -> ScenarioError {
+        let (line, col) = self
+            .keys
+            .offset_of(path)
+            .map_or((1, 1), |o| line_col(self.text, o));
         ScenarioError {
             file: self.file.into(),
             line,
             col,
             message: message.into(),
-            key: Some(key.into()),
+            key: Some(leaf(path).to_string()),
             suggestion: None,
         }
     }
 
-    fn at_offset(&self, offset: usize, key: &str, message: impl Into<String>) -> ScenarioError {
-        let (line, col) = line_col(self.text, offset);
-        ScenarioError {
-            file: self.file.into(),
-            line,
-            col,
-            message: message.into(),
-            key: Some(key.into()),
-            suggestion: None,
-        }
+    /// [`Ctx::at`] for the first of `paths` that is written (else the first).
+    fn at_first(&self, paths: &[&str], message: impl Into<String>) -> ScenarioError {
+        let path = paths
+            .iter()
+            .find(|p| self.keys.get(p).is_some())
+            .unwrap_or(&paths[0]);
+        self.at(path, message)
+    }
+
+    fn written(&self, path: &str) -> bool {
+        self.keys.get(path).is_some()
     }
 }
 
@@ -43,8 +52,14 @@ pub(super) fn validate(
     path: &Path,
     file: &str,
     text: &str,
+    overrides: &Overrides,
 ) -> Result<Scenario, ScenarioError> {
-    let cx = Ctx { file, text };
+    let cx = Ctx {
+        file,
+        text,
+        keys: Keys::parse(text).unwrap_or_default(),
+        overrides,
+    };
 
     if raw.name.trim().is_empty()
         || !raw
@@ -53,7 +68,6 @@ pub(super) fn validate(
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     {
         return Err(cx.at(
-            "",
             "name",
             format!(
                 "`name` must be non-empty and use only letters, digits, `-`, `_`, `.` (got {:?})",
@@ -62,8 +76,11 @@ pub(super) fn validate(
         ));
     }
 
+    if let Some(url) = &raw.database.url {
+        validate_database_url(&cx, url)?;
+    }
     let stack = validate_stack(&cx, raw.stack, path)?;
-    let load = validate_load(&cx, &raw.load)?;
+    let load = validate_load(&cx, &raw.load, &stack)?;
     let mut providers = mock_providers::config::ProvidersConfig {
         line: raw.providers.line,
         smtp: raw.providers.smtp,
@@ -88,27 +105,20 @@ pub(super) fn validate(
         &mut providers.sms.bad_addresses,
     )?;
     validate_latencies(&cx, &providers)?;
+    validate_faults(&cx, &providers)?;
 
     let mut chaos = Vec::new();
     for (i, spanned) in raw.chaos.iter().enumerate() {
-        chaos.push(validate_chaos(&cx, i, spanned, &stack, &load)?);
+        chaos.push(validate_chaos(&cx, i, spanned.get_ref(), &stack, &load)?);
     }
 
     let e = raw.expect;
     if e.quiescence.0.is_zero() {
-        return Err(cx.at(
-            "expect",
-            "quiescence",
-            "`quiescence` must be greater than 0",
-        ));
+        return Err(cx.at("expect.quiescence", "`quiescence` must be greater than 0"));
     }
     let max_attempts = e.max_attempts.unwrap_or(stack.max_attempts);
     if max_attempts == 0 {
-        return Err(cx.at(
-            "expect",
-            "max_attempts",
-            "`max_attempts` must be at least 1",
-        ));
+        return Err(cx.at("expect.max_attempts", "`max_attempts` must be at least 1"));
     }
     let expect = Expect {
         exactly_once: e.exactly_once,
@@ -150,21 +160,57 @@ pub(super) fn validate(
     })
 }
 
+/// `[database].url` must name a PostgreSQL server; the URL itself is not echoed (it may hold a
+/// password).
+fn validate_database_url(cx: &Ctx, url: &str) -> Result<(), ScenarioError> {
+    match url.split_once("://") {
+        Some(("postgres" | "postgresql", rest)) if !rest.is_empty() => Ok(()),
+        Some((scheme, _)) if scheme != "postgres" && scheme != "postgresql" => Err(cx.at(
+            "database.url",
+            format!(
+                "`url` must be a PostgreSQL URL (`postgres://…` or `postgresql://…`), not `{scheme}://…`"
+            ),
+        )),
+        _ => Err(cx.at(
+            "database.url",
+            "`url` must be a PostgreSQL URL such as `postgres://user:password@host:5432/postgres`",
+        )),
+    }
+}
+
 fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, ScenarioError> {
     if !(1..=64).contains(&s.workers) {
         return Err(cx.at(
-            "stack",
-            "workers",
+            "stack.workers",
             format!("`workers` must be between 1 and 64 (got {})", s.workers),
         ));
     }
+    let workers = match cx.overrides.workers {
+        Some(w) if !(1..=64).contains(&w) => {
+            return Err(ScenarioError {
+                file: cx.file.into(),
+                line: 0,
+                col: 0,
+                message: format!("--workers must be between 1 and 64 (got {w})"),
+                key: None,
+                suggestion: None,
+            })
+        }
+        Some(w) => w,
+        None => s.workers,
+    };
+    if s.shutdown_grace.0.is_zero() {
+        return Err(cx.at(
+            "stack.shutdown_grace",
+            "`shutdown_grace` must be greater than 0: it is how long a worker may finish its sends after SIGTERM",
+        ));
+    }
     if s.lease.0 < Duration::from_millis(100) {
-        return Err(cx.at("stack", "lease", "`lease` must be at least 100ms"));
+        return Err(cx.at("stack.lease", "`lease` must be at least 100ms"));
     }
     if s.heartbeat.0.is_zero() || s.heartbeat.0 >= s.lease.0 {
-        return Err(cx.at(
-            "stack",
-            "heartbeat",
+        return Err(cx.at_first(
+            &["stack.heartbeat", "stack.lease"],
             format!(
                 "`heartbeat` ({}) must be greater than 0 and shorter than `lease` ({})",
                 s.heartbeat, s.lease
@@ -173,30 +219,23 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
     }
     if !(1..=10_000).contains(&s.claim_batch) {
         return Err(cx.at(
-            "stack",
-            "claim_batch",
+            "stack.claim_batch",
             "`claim_batch` must be between 1 and 10000",
         ));
     }
     if !(1..=100).contains(&s.max_attempts) {
         return Err(cx.at(
-            "stack",
-            "max_attempts",
+            "stack.max_attempts",
             "`max_attempts` must be between 1 and 100",
         ));
     }
     let b = &s.backoff;
     if !(1.0..=100.0).contains(&b.factor) {
-        return Err(cx.at(
-            "stack.backoff",
-            "factor",
-            "`factor` must be between 1 and 100",
-        ));
+        return Err(cx.at("stack.backoff.factor", "`factor` must be between 1 and 100"));
     }
     if b.base.0.is_zero() || b.base > b.max {
-        return Err(cx.at(
-            "stack.backoff",
-            "base",
+        return Err(cx.at_first(
+            &["stack.backoff.base", "stack.backoff.max"],
             format!(
                 "`base` ({}) must be greater than 0 and at most `max` ({})",
                 b.base, b.max
@@ -205,8 +244,7 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
     }
     if !["hold", "resend"].contains(&s.email_unknown_policy.as_str()) {
         let mut err = cx.at(
-            "stack",
-            "email_unknown_policy",
+            "stack.email_unknown_policy",
             format!(
                 "unknown `email_unknown_policy` {:?}; expected `hold` or `resend`",
                 s.email_unknown_policy
@@ -215,9 +253,13 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
         err.suggestion = nearest(&s.email_unknown_policy, ["hold", "resend"]);
         return Err(err);
     }
-    for f in &s.flaws {
+    for (i, f) in s.flaws.iter().enumerate() {
         if !KNOWN_FLAWS.contains(&f.as_str()) {
-            let mut err = cx.at("stack", "flaws", format!("unknown flaw `{f}`"));
+            let mut err = cx.at_first(
+                &[&format!("stack.flaws[{i}]"), "stack.flaws"],
+                format!("unknown flaw `{f}`"),
+            );
+            err.key = Some("flaws".into());
             err.suggestion = nearest(f, KNOWN_FLAWS.iter().copied());
             return Err(err);
         }
@@ -226,17 +268,12 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
         None => None,
         Some(x) => {
             if !s.flaws.is_empty() {
-                return Err(cx.at(
-                    "stack",
-                    "flaws",
-                    "`flaws` only applies to the built-in stack",
-                ));
+                return Err(cx.at("stack.flaws", "`flaws` only applies to the built-in stack"));
             }
             let argv = |key: &str, v: &Vec<String>| {
                 if v.is_empty() || v[0].is_empty() {
                     Err(cx.at(
-                        "stack.external",
-                        key,
+                        &format!("stack.external.{key}"),
                         format!(
                         "`{key}` must be a command as an argv array, e.g. {key} = [\"./bin/{key}\"]"
                     ),
@@ -245,13 +282,28 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
                     Ok(v.clone())
                 }
             };
-            let base = path.parent().unwrap_or(Path::new("."));
+            // Relative to the scenario's folder; checked now so a typo fails here, not after the
+            // database and the fake providers have been started.
+            let base = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            let cwd = base.join(x.cwd.clone().unwrap_or_default());
+            if x.cwd.is_some() && !cwd.is_dir() {
+                return Err(cx.at(
+                    "stack.external.cwd",
+                    format!(
+                        "`cwd` {} is not a directory (relative paths start at the scenario's folder)",
+                        cwd.display()
+                    ),
+                ));
+            }
             Some(ExternalStack {
                 api: argv("api", &x.api)?,
                 worker: argv("worker", &x.worker)?,
                 migrate: argv("migrate", &x.migrate)?,
                 env: x.env.clone(),
-                cwd: base.join(x.cwd.clone().unwrap_or_default()),
+                cwd,
             })
         }
     };
@@ -262,7 +314,7 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
             StackKind::Builtin
         },
         external,
-        workers: s.workers,
+        workers,
         shutdown_grace: s.shutdown_grace.0,
         lease: s.lease.0,
         heartbeat: s.heartbeat.0,
@@ -279,11 +331,10 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
     })
 }
 
-fn validate_load(cx: &Ctx, l: &raw::RawLoad) -> Result<Load, ScenarioError> {
+fn validate_load(cx: &Ctx, l: &raw::RawLoad, stack: &StackSpec) -> Result<Load, ScenarioError> {
     if !(1..=1_000_000).contains(&l.recipients) {
         return Err(cx.at(
-            "load",
-            "recipients",
+            "load.recipients",
             format!(
                 "`recipients` must be between 1 and 1000000 (got {})",
                 l.recipients
@@ -292,35 +343,30 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad) -> Result<Load, ScenarioError> {
     }
     let channels = l.channels.get_ref().clone();
     if channels.is_empty() {
-        return Err(cx.at_offset(
-            l.channels.span().start,
-            "channels",
+        return Err(cx.at(
+            "load.channels",
             "`channels` must name at least one of `line`, `email`, `sms`",
         ));
     }
     let mut seen = std::collections::BTreeSet::new();
-    for c in &channels {
+    for (i, c) in channels.iter().enumerate() {
         if !seen.insert(*c) {
-            return Err(cx.at_offset(
-                l.channels.span().start,
-                "channels",
+            let mut err = cx.at(
+                &format!("load.channels[{i}]"),
                 format!("channel `{}` is listed twice", c.as_str()),
-            ));
+            );
+            err.key = Some("channels".into());
+            return Err(err);
         }
     }
     let pacing = match (l.batches, l.rate) {
         (Some(_), Some(_)) => {
-            return Err(cx.at(
-                "load",
-                "rate",
-                "`batches` and `rate` are exclusive: give one",
-            ));
+            return Err(cx.at("load.rate", "`batches` and `rate` are exclusive: give one"));
         }
         (Some(n), None) => {
             if n == 0 || n > l.recipients {
                 return Err(cx.at(
-                    "load",
-                    "batches",
+                    "load.batches",
                     format!(
                         "`batches` must be between 1 and `recipients` ({}) (got {n})",
                         l.recipients
@@ -329,8 +375,7 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad) -> Result<Load, ScenarioError> {
             }
             if l.duration.is_some() {
                 return Err(cx.at(
-                    "load",
-                    "duration",
+                    "load.duration",
                     "`duration` goes with `rate`, not `batches`",
                 ));
             }
@@ -339,13 +384,12 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad) -> Result<Load, ScenarioError> {
         (None, Some(r)) => {
             if !(r > 0.0 && r <= 1000.0) {
                 return Err(cx.at(
-                    "load",
-                    "rate",
+                    "load.rate",
                     format!("`rate` must be in (0, 1000] batches per second (got {r})"),
                 ));
             }
             let Some(d) = l.duration.filter(|d| !d.0.is_zero()) else {
-                return Err(cx.at("load", "rate", "`rate` needs a `duration` greater than 0"));
+                return Err(cx.at("load.rate", "`rate` needs a `duration` greater than 0"));
             };
             let pacing = Pacing::Rate {
                 per_second: r,
@@ -353,8 +397,7 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad) -> Result<Load, ScenarioError> {
             };
             if pacing.batch_count() > l.recipients {
                 return Err(cx.at(
-                    "load",
-                    "rate",
+                    "load.rate",
                     "`rate` × `duration` gives more batches than recipients",
                 ));
             }
@@ -362,9 +405,7 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad) -> Result<Load, ScenarioError> {
         }
         (None, None) => Pacing::Batches(1),
     };
-    if l.template.id.trim().is_empty() {
-        return Err(cx.at("load.template", "id", "template `id` must not be empty"));
-    }
+    validate_template(cx, &l.template, &channels, stack)?;
     Ok(Load {
         recipients: l.recipients,
         channels,
@@ -372,6 +413,64 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad) -> Result<Load, ScenarioError> {
         template: l.template.clone(),
         tricky_names: l.tricky_names.get(),
     })
+}
+
+/// Every body parses, uses only variables the load generator provides, and the bodies the chosen
+/// channels need are not empty.
+fn validate_template(
+    cx: &Ctx,
+    t: &raw::RawTemplate,
+    channels: &[Channel],
+    stack: &StackSpec,
+) -> Result<(), ScenarioError> {
+    if t.id.trim().is_empty() {
+        return Err(cx.at("load.template.id", "template `id` must not be empty"));
+    }
+    let parts = [
+        ("subject", &t.subject),
+        ("text", &t.text),
+        ("html", &t.html),
+        ("line", &t.line),
+        ("sms", &t.sms),
+    ];
+    for ch in channels {
+        let needed: &[&str] = match ch {
+            Channel::Line => &["line"],
+            Channel::Sms => &["sms"],
+            Channel::Email => &["subject", "text"],
+        };
+        for part in needed {
+            let body = parts.iter().find(|(p, _)| p == part).map(|(_, b)| b);
+            if body.is_some_and(|b| b.trim().is_empty()) {
+                return Err(cx.at(
+                    &format!("load.template.{part}"),
+                    format!(
+                        "template `{part}` must not be empty: channel `{}` sends it",
+                        ch.as_str()
+                    ),
+                ));
+            }
+        }
+    }
+    // The built-in stack refuses unescaped slots unless its flaw switch puts them back.
+    let allow_unescaped =
+        stack.kind == StackKind::External || stack.flaws.iter().any(|f| f == "unescaped-template");
+    // The built-in stack's renderer takes escaped variables and comments only (stack/src/render.rs).
+    let rules = template::Rules {
+        allow_unescaped,
+        variables_only: stack.kind != StackKind::External,
+    };
+    for (part, body) in parts {
+        if let Err(e) = template::check(body, rules) {
+            let mut err = cx.at(
+                &format!("load.template.{part}"),
+                format!("template `{part}`: {}", e.message),
+            );
+            err.suggestion = e.suggestion;
+            return Err(err);
+        }
+    }
+    Ok(())
 }
 
 fn merge_bad(
@@ -382,7 +481,7 @@ fn merge_bad(
 ) -> Result<(), ScenarioError> {
     if from_load.get() > 0.0 {
         if provider.get() > 0.0 && provider.get() != from_load.get() {
-            return Err(cx.at("load.bad_addresses", channel, format!(
+            return Err(cx.at(&format!("load.bad_addresses.{channel}"), format!(
                 "bad-address share for `{channel}` is set both here ({}) and in its [providers] table ({}); keep one",
                 from_load.get(), provider.get()
             )));
@@ -398,38 +497,183 @@ fn validate_latencies(
 ) -> Result<(), ScenarioError> {
     use mock_providers::config::Latency;
     let check = |table: &str, l: &Latency| match l {
-        Latency::Uniform { min, max } if min > max => Err(cx.at(
-            table,
-            "latency",
+        Latency::Uniform { min, max } if min > max => Err(cx.at_first(
+            &[&format!("{table}.min"), &format!("{table}.max"), table],
             format!("uniform latency has min {min} > max {max}"),
         )),
-        Latency::Lognormal { p50, p99 } if p50 > p99 => Err(cx.at(
-            table,
-            "latency",
+        Latency::Lognormal { p50, p99 } if p50 > p99 => Err(cx.at_first(
+            &[&format!("{table}.p50"), &format!("{table}.p99"), table],
             format!("lognormal latency has p50 {p50} > p99 {p99}"),
         )),
         _ => Ok(()),
     };
-    check("providers.line", &p.line.latency)?;
-    check("providers.sms", &p.sms.latency)?;
-    check("providers.smtp", &p.smtp.latency)?;
-    for l in p.smtp.stage_latency.values() {
-        check("providers.smtp", l)?;
+    check("providers.line.latency", &p.line.latency)?;
+    check("providers.sms.latency", &p.sms.latency)?;
+    check("providers.smtp.latency", &p.smtp.latency)?;
+    for (stage, l) in &p.smtp.stage_latency {
+        check(
+            &format!("providers.smtp.stage_latency.{}", stage_name(*stage)),
+            l,
+        )?;
     }
     Ok(())
+}
+
+fn stage_name(stage: mock_providers::config::SmtpStage) -> &'static str {
+    use mock_providers::config::SmtpStage;
+    match stage {
+        SmtpStage::Greeting => "greeting",
+        SmtpStage::Mail => "mail",
+        SmtpStage::Rcpt => "rcpt",
+        SmtpStage::Data => "data",
+        SmtpStage::DataEnd => "data_end",
+    }
+}
+
+/// Tolerance for shares written as percentages that add up to exactly 100%.
+const SUM_SLACK: f64 = 1e-9;
+
+/// Fault statuses and codes that are failures, fault shares that fit in one draw, positive rate
+/// limits, callback delay ranges the right way round.
+fn validate_faults(
+    cx: &Ctx,
+    p: &mock_providers::config::ProvidersConfig,
+) -> Result<(), ScenarioError> {
+    use mock_providers::config::{CallbackConfig, HttpFault};
+    let http = |list: &str, faults: &[HttpFault]| -> Result<(), ScenarioError> {
+        let mut sum = 0.0;
+        for (i, f) in faults.iter().enumerate() {
+            if !(400..=599).contains(&f.status) {
+                return Err(cx.at(
+                    &format!("{list}[{i}].status"),
+                    format!(
+                        "a fault's `status` must be an HTTP error between 400 and 599 (got {})",
+                        f.status
+                    ),
+                ));
+            }
+            sum += f.rate.get();
+            if sum > 1.0 + SUM_SLACK {
+                return Err(over_one(cx, list, i, sum));
+            }
+        }
+        Ok(())
+    };
+    http("providers.line.transient", &p.line.transient)?;
+    http("providers.line.permanent", &p.line.permanent)?;
+    http("providers.sms.transient", &p.sms.transient)?;
+    http("providers.sms.permanent", &p.sms.permanent)?;
+
+    let mut per_stage: BTreeMap<&str, f64> = BTreeMap::new();
+    for (i, f) in p.smtp.faults.iter().enumerate() {
+        let stage = stage_name(f.stage);
+        let at = |key: &str| format!("providers.smtp.faults[{i}].{key}");
+        // RFC 5321 §4.2.1: 4yz is a transient, 5yz a permanent negative reply; the second digit
+        // is 0..=5.
+        if !(400..=599).contains(&f.code) || (f.code / 10) % 10 > 5 {
+            return Err(cx.at(
+                &at("code"),
+                format!(
+                    "SMTP fault at stage `{stage}` has `code` {}, which is not a negative reply: \
+                     use a 4yz (transient) or 5yz (permanent) code such as 451 or 550",
+                    f.code
+                ),
+            ));
+        }
+        if let Some(e) = &f.enhanced {
+            let parts: Vec<&str> = e.split('.').collect();
+            let class = (f.code / 100).to_string();
+            let well_formed = parts.len() == 3
+                && parts[0] == class
+                && parts[1..]
+                    .iter()
+                    .all(|p| (1..=3).contains(&p.len()) && p.chars().all(|c| c.is_ascii_digit()));
+            if !well_formed {
+                return Err(cx.at(
+                    &at("enhanced"),
+                    format!(
+                        "`enhanced` {e:?} does not fit `code` {}: write `{class}.x.y` (RFC 3463), e.g. \"{class}.0.0\"",
+                        f.code
+                    ),
+                ));
+            }
+        }
+        let sum = per_stage.entry(stage).or_default();
+        *sum += f.rate.get();
+        if *sum > 1.0 + SUM_SLACK {
+            let mut err = over_one(cx, "providers.smtp.faults", i, *sum);
+            err.message = format!(
+                "the `rate`s of the SMTP faults at stage `{stage}` add up to {}; one draw per attempt picks at most one of them, so together they must be at most 100%",
+                share(*sum)
+            );
+            return Err(err);
+        }
+    }
+
+    for (table, limit) in [
+        ("providers.line", p.line.rate_limit),
+        ("providers.sms", p.sms.rate_limit),
+    ] {
+        if let Some(r) = limit.filter(|r| !(r.is_finite() && *r > 0.0)) {
+            return Err(cx.at(
+                &format!("{table}.rate_limit"),
+                format!(
+                    "`rate_limit` must be requests per second greater than 0 (got {r}); leave it out for no limit"
+                ),
+            ));
+        }
+    }
+
+    let callbacks = |table: &str, c: &CallbackConfig| {
+        if c.delay_min > c.delay_max {
+            let min_default = !cx.written(&format!("{table}.delay_min"));
+            let max_default = !cx.written(&format!("{table}.delay_max"));
+            let note = |default: bool| if default { " (the default)" } else { "" };
+            return Err(cx.at_first(
+                &[&format!("{table}.delay_min"), &format!("{table}.delay_max")],
+                format!(
+                    "`delay_min` ({}{}) must be at most `delay_max` ({}{})",
+                    c.delay_min,
+                    note(min_default),
+                    c.delay_max,
+                    note(max_default)
+                ),
+            ));
+        }
+        Ok(())
+    };
+    callbacks("providers.sms.callbacks", &p.sms.callbacks)?;
+    callbacks("providers.smtp.events", &p.smtp.events)?;
+    Ok(())
+}
+
+/// The fault at `list[i]` takes the shares of `list` past 100%.
+fn over_one(cx: &Ctx, list: &str, i: usize, sum: f64) -> ScenarioError {
+    cx.at(
+        &format!("{list}[{i}].rate"),
+        format!(
+            "the `rate`s of `{list}` add up to {}; one draw per attempt picks at most one fault, so together they must be at most 100%",
+            share(sum)
+        ),
+    )
+}
+
+/// `1.6 (160%)`.
+fn share(v: f64) -> String {
+    let v = (v * 1e6).round() / 1e6;
+    format!("{v} ({}%)", (v * 1000.0).round() / 10.0)
 }
 
 fn validate_chaos(
     cx: &Ctx,
     index: usize,
-    spanned: &toml::Spanned<raw::RawChaos>,
+    c: &raw::RawChaos,
     stack: &StackSpec,
     load: &Load,
 ) -> Result<ChaosStep, ScenarioError> {
-    let c = spanned.get_ref();
-    let at = spanned.span().start;
-    let err =
-        |key: &str, msg: String| cx.at_offset(at, key, format!("[[chaos]] #{}: {msg}", index + 1));
+    let base = format!("chaos[{index}]");
+    let key = |k: &str| format!("{base}.{k}");
+    let err = |k: &str, msg: String| cx.at(&key(k), format!("[[chaos]] #{}: {msg}", index + 1));
     let trigger = match (&c.at, &c.progress, &c.on_accept) {
         (Some(t), None, None) => Trigger::At(t.0),
         (None, Some(p), None) => {
@@ -440,11 +684,11 @@ fn validate_chaos(
         }
         (None, None, Some(o)) => {
             if o.nth == 0 {
-                return Err(err("on_accept", "`on_accept.nth` counts from 1".into()));
+                return Err(err("on_accept.nth", "`on_accept.nth` counts from 1".into()));
             }
             if !load.channels.contains(&o.channel) {
                 return Err(err(
-                    "on_accept",
+                    "on_accept.channel",
                     format!(
                         "`on_accept` watches channel `{}`, which [load] does not send on",
                         o.channel.as_str()
@@ -457,26 +701,47 @@ fn validate_chaos(
             }
         }
         (None, None, None) => {
-            return Err(err(
-                "at",
-                "needs a trigger: one of `at`, `progress`, `on_accept`".into(),
-            ));
+            // Nothing to point at but the entry itself.
+            let mut e = cx.at(
+                &base,
+                format!(
+                    "[[chaos]] #{}: needs a trigger: one of `at`, `progress`, `on_accept`",
+                    index + 1
+                ),
+            );
+            e.key = None;
+            return Err(e);
         }
         _ => {
+            // Point at the second trigger written: the first one is fine on its own.
+            let mut given: Vec<(&str, usize)> = ["at", "progress", "on_accept"]
+                .into_iter()
+                .filter_map(|k| cx.keys.get(&key(k)).map(|e| (k, e.key.start)))
+                .collect();
+            given.sort_by_key(|(_, o)| *o);
+            let names: Vec<String> = given.iter().map(|(k, _)| format!("`{k}`")).collect();
+            let extra = given.get(1).map_or("at", |(k, _)| *k);
             return Err(err(
-                "at",
-                "give exactly one trigger of `at`, `progress`, `on_accept`".into(),
-            ))
+                extra,
+                format!(
+                    "{} are both given; give exactly one trigger of `at`, `progress`, `on_accept`",
+                    names.join(" and ")
+                ),
+            ));
         }
     };
     let target = match &c.target {
         None => Target::Random,
         Some(toml::Value::Integer(i)) => {
             if *i < 1 || *i > stack.workers as i64 {
+                let why = match cx.overrides.workers {
+                    Some(w) => format!(" (`--workers {w}` replaces [stack].workers)"),
+                    None => String::new(),
+                };
                 return Err(err(
                     "target",
                     format!(
-                        "`target` worker {i} does not exist: workers are numbered 1..={}",
+                        "`target` worker {i} does not exist: workers are numbered 1..={}{why}",
                         stack.workers
                     ),
                 ));
@@ -510,17 +775,22 @@ fn validate_chaos(
         ));
     }
     let needs_for = matches!(c.action, ChaosAction::Sigstop | ChaosAction::DbIdleTx);
+    let action = serde_json::to_value(c.action)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
     match (needs_for, c.duration) {
         (true, None) => {
+            // `for` is missing: point at the action that needs it.
             return Err(err(
-                "for",
-                format!("`{:?}` needs `for`, how long it lasts", c.action).to_lowercase(),
+                "action",
+                format!("`{action}` needs `for`, how long it lasts"),
             ));
         }
         (false, Some(_)) => {
             return Err(err(
                 "for",
-                "`for` only applies to `sigstop` and `db_idle_tx`".into(),
+                format!("`for` only applies to `sigstop` and `db_idle_tx`, not `{action}`"),
             ));
         }
         _ => {}

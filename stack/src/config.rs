@@ -9,6 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::backoff::Backoff;
+use crate::channels::Channel;
 
 /// An environment variable that is present but unusable. Missing variables take defaults.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +115,24 @@ impl FromStr for Flaws {
     }
 }
 
+/// Optional per-channel limits (`None`: the shared `TING_CHANNEL_CONCURRENCY`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelLimits {
+    pub line: Option<usize>,
+    pub email: Option<usize>,
+    pub sms: Option<usize>,
+}
+
+impl ChannelLimits {
+    pub fn get(&self, channel: Channel) -> Option<usize> {
+        match channel {
+            Channel::Line => self.line,
+            Channel::Email => self.email,
+            Channel::Sms => self.sms,
+        }
+    }
+}
+
 /// Everything a stack process needs. Build it with [`Config::from_env`] or, in tests, start from
 /// [`Config::for_tests`] and override fields.
 #[derive(Clone, Debug)]
@@ -142,6 +161,9 @@ pub struct Config {
     pub concurrency: usize,
     /// Sends in flight per worker and channel (`TING_CHANNEL_CONCURRENCY`, default = concurrency).
     pub channel_concurrency: usize,
+    /// Per-channel overrides of `channel_concurrency` (`TING_CHANNEL_CONCURRENCY_LINE`, `_EMAIL`,
+    /// `_SMS`); read them through [`Config::channel_limit`].
+    pub channel_overrides: ChannelLimits,
     /// Idle wait between empty claims (`TING_POLL_MS`, default 50 ms).
     pub poll_interval: Duration,
     /// A delivery older than this is not retried any more (`TING_MAX_AGE_MS`, default 1 h).
@@ -207,6 +229,11 @@ impl Config {
                 .map_err(|e: String| invalid("TING_STACK_FLAWS", &s("TING_STACK_FLAWS", ""), &e))?,
             concurrency: num(env, "TING_WORKER_CONCURRENCY", 32)?,
             channel_concurrency: num(env, "TING_CHANNEL_CONCURRENCY", 0)?,
+            channel_overrides: ChannelLimits {
+                line: opt_num(env, "TING_CHANNEL_CONCURRENCY_LINE")?,
+                email: opt_num(env, "TING_CHANNEL_CONCURRENCY_EMAIL")?,
+                sms: opt_num(env, "TING_CHANNEL_CONCURRENCY_SMS")?,
+            },
             poll_interval: ms("TING_POLL_MS", 50)?,
             max_age: ms("TING_MAX_AGE_MS", 3_600_000)?,
             provider_timeout: ms("TING_PROVIDER_TIMEOUT_MS", 10_000)?,
@@ -269,7 +296,33 @@ impl Config {
         if self.channel_concurrency == 0 || self.channel_concurrency > self.concurrency {
             self.channel_concurrency = self.concurrency;
         }
+        for (var, v) in [
+            ("TING_CHANNEL_CONCURRENCY_LINE", self.channel_overrides.line),
+            (
+                "TING_CHANNEL_CONCURRENCY_EMAIL",
+                self.channel_overrides.email,
+            ),
+            ("TING_CHANNEL_CONCURRENCY_SMS", self.channel_overrides.sms),
+        ] {
+            pos(var, v != Some(0), format!("{v:?}"))?;
+        }
         Ok(self)
+    }
+
+    /// Sends of `channel` one worker may have in flight: its `TING_CHANNEL_CONCURRENCY_<CHANNEL>`
+    /// if set, else `TING_CHANNEL_CONCURRENCY`, never more than `TING_WORKER_CONCURRENCY` and
+    /// never less than 1.
+    pub fn channel_limit(&self, channel: Channel) -> usize {
+        let shared = if self.channel_concurrency == 0 {
+            self.concurrency
+        } else {
+            self.channel_concurrency
+        };
+        self.channel_overrides
+            .get(channel)
+            .unwrap_or(shared)
+            .min(self.concurrency)
+            .max(1)
     }
 
     /// A config with short timings for in-process tests; point the URLs at your fakes.
@@ -303,6 +356,20 @@ fn num<T: FromStr>(
         Some(v) => v
             .trim()
             .parse()
+            .map_err(|_| invalid(var, v, "not a number")),
+    }
+}
+
+/// An optional number: unset or empty is `None`.
+fn opt_num<T: FromStr>(
+    env: &HashMap<String, String>,
+    var: &'static str,
+) -> Result<Option<T>, ConfigError> {
+    match env.get(var).map(|v| v.trim()) {
+        None | Some("") => Ok(None),
+        Some(v) => v
+            .parse()
+            .map(Some)
             .map_err(|_| invalid(var, v, "not a number")),
     }
 }
@@ -358,6 +425,59 @@ mod tests {
             let err = Config::from_map(&env(pairs)).unwrap_err().to_string();
             assert!(err.starts_with(var), "{pairs:?}: {err}");
         }
+    }
+
+    #[test]
+    fn per_channel_concurrency_overrides_the_shared_limit() {
+        let limits = |pairs: &[(&str, &str)]| {
+            let cfg = Config::from_map(&env(pairs)).unwrap();
+            Channel::ALL.map(|c| cfg.channel_limit(c))
+        };
+        // [line, email, sms]
+        type Case<'a> = (&'a [(&'a str, &'a str)], [usize; 3]);
+        let cases: &[Case] = &[
+            (&[], [32, 32, 32]),
+            (&[("TING_WORKER_CONCURRENCY", "8")], [8, 8, 8]),
+            (&[("TING_CHANNEL_CONCURRENCY", "4")], [4, 4, 4]),
+            (
+                &[
+                    ("TING_CHANNEL_CONCURRENCY", "4"),
+                    ("TING_CHANNEL_CONCURRENCY_LINE", "16"),
+                    ("TING_CHANNEL_CONCURRENCY_SMS", "1"),
+                ],
+                [16, 4, 1],
+            ),
+            // An override never exceeds the worker's own limit.
+            (
+                &[
+                    ("TING_WORKER_CONCURRENCY", "8"),
+                    ("TING_CHANNEL_CONCURRENCY_EMAIL", "100"),
+                ],
+                [8, 8, 8],
+            ),
+            (&[("TING_CHANNEL_CONCURRENCY_EMAIL", " ")], [32, 32, 32]),
+        ];
+        for (pairs, want) in cases {
+            assert_eq!(limits(pairs), *want, "{pairs:?}");
+        }
+        for var in [
+            "TING_CHANNEL_CONCURRENCY_LINE",
+            "TING_CHANNEL_CONCURRENCY_EMAIL",
+            "TING_CHANNEL_CONCURRENCY_SMS",
+        ] {
+            for bad in ["0", "x", "-1"] {
+                let err = Config::from_map(&env(&[(var, bad)]))
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.starts_with(var), "{var}={bad}: {err}");
+            }
+        }
+        // Tests set the fields directly; the limit follows.
+        let mut cfg = Config::from_map(&HashMap::new()).unwrap();
+        cfg.concurrency = 4;
+        cfg.channel_concurrency = 2;
+        cfg.channel_overrides.sms = Some(3);
+        assert_eq!(Channel::ALL.map(|c| cfg.channel_limit(c)), [2, 2, 3]);
     }
 
     #[test]

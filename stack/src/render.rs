@@ -1,9 +1,13 @@
 //! Rendering a batch's template once per recipient at enqueue time, and the per-delivery
 //! identities derived from its key (LINE retry key, e-mail Message-ID).
 //!
-//! Mustache-style `{{var}}` via `handlebars` in strict mode: every variable is HTML-escaped and a
-//! missing variable is an error, not an empty string. Templates with an unescaped slot
-//! (`{{{var}}}`, `{{&var}}`) are refused, so recipient data can never reach the output raw.
+//! The Mustache subset this stack supports, rendered by `handlebars` in strict mode with none of
+//! its helpers registered: escaped variables (`{{name}}`, `{{vars.a}}`) and comments
+//! (`{{! … }}`). Every variable is HTML-escaped and a missing one is an error, not an empty
+//! string. Anything else — unescaped slots (`{{{var}}}`, `{{&var}}`), sections, block helpers
+//! (`{{#each}}`, `{{#if}}`), helper calls, partials, decorators, `{{else}}`, `@data`, whitespace
+//! control, delimiter changes — is refused at compile time with the template field named, so
+//! recipient data can never reach the output raw and no Handlebars-only feature slips in.
 //! This module must never be called on the retry path: workers send the stored payload.
 
 use handlebars::{Handlebars, RenderErrorReason};
@@ -75,6 +79,9 @@ impl Renderer {
     ) -> Result<Renderer, RenderError> {
         let mut hb = Handlebars::new();
         hb.set_strict_mode(true);
+        for helper in HANDLEBARS_HELPERS {
+            hb.unregister_helper(helper);
+        }
         if unescaped {
             hb.register_escape_fn(handlebars::no_escape);
         }
@@ -103,11 +110,7 @@ impl Renderer {
         }
         for part in PARTS {
             let Some(s) = src(part) else { continue };
-            if !unescaped {
-                if let Some(slot) = unescaped_slot(s) {
-                    return Err(err(part, format!("unescaped slot {slot:?} is not allowed")));
-                }
-            }
+            check_subset(s, unescaped).map_err(|m| err(part, m))?;
             hb.register_template_string(part, s)
                 .map_err(|e| err(part, e.reason().to_string()))?;
         }
@@ -158,31 +161,153 @@ impl Renderer {
     }
 }
 
-/// The first `{{{`, `{{&` (or their `~` whitespace-control forms) in `s`.
-fn unescaped_slot(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut i = 0;
-    while let Some(pos) = s[i..].find("{{") {
-        let start = i + pos;
-        let mut j = start + 2;
-        if b.get(j) == Some(&b'~') {
-            j += 1;
+/// Every helper `Handlebars::new()` may register (the `string_helpers` feature's included): all
+/// unregistered, so a name can only ever be a variable.
+const HANDLEBARS_HELPERS: [&str; 25] = [
+    "if",
+    "unless",
+    "each",
+    "with",
+    "lookup",
+    "raw",
+    "log",
+    "eq",
+    "ne",
+    "gt",
+    "gte",
+    "lt",
+    "lte",
+    "and",
+    "or",
+    "not",
+    "len",
+    "lowerCamelCase",
+    "upperCamelCase",
+    "snakeCase",
+    "kebabCase",
+    "shoutySnakeCase",
+    "shoutyKebabCase",
+    "titleCase",
+    "trainCase",
+];
+
+/// Checks that `s` uses only the supported Mustache subset: escaped variables `{{name}}` /
+/// `{{a.b}}` and comments `{{! … }}`. Everything else Handlebars would accept is refused with
+/// the reason: unescaped slots `{{{x}}}` / `{{&x}}` (unless `unescaped`, the flaw), sections and
+/// inverted sections `{{#x}}` / `{{^x}}`, block helpers (`{{#each xs}}`, `{{#if x}}`), helper
+/// calls with arguments, partials `{{> p}}`, decorators `{{* d}}`, `{{else}}`, `@data`
+/// variables, `this` and parent paths, whitespace control `{{~`, delimiter changes `{{=`, and
+/// escaped mustaches `\{{`.
+fn check_subset(s: &str, unescaped: bool) -> Result<(), String> {
+    let mut rest = s;
+    while let Some(pos) = rest.find("{{") {
+        if rest[..pos].ends_with('\\') {
+            return Err("escaped mustache \\{{ is not supported".into());
         }
-        if matches!(b.get(j), Some(b'{') | Some(b'&')) {
-            return Some(s[start..(j + 1).min(s.len())].to_string());
+        let tag = &rest[pos..];
+        let (inner, len) = if let Some(body) = tag.strip_prefix("{{!--") {
+            let end = body
+                .find("--}}")
+                .ok_or_else(|| format!("unclosed comment {}", preview(tag)))?;
+            rest = &body[end + 4..];
+            continue;
+        } else if let Some(body) = tag.strip_prefix("{{{") {
+            let end = body
+                .find("}}}")
+                .ok_or_else(|| format!("unclosed tag {}", preview(tag)))?;
+            if !unescaped {
+                return Err(format!("unescaped slot {} is not allowed", preview(tag)));
+            }
+            (&body[..end], 3 + end + 3)
+        } else {
+            let body = &tag[2..];
+            let end = body
+                .find("}}")
+                .ok_or_else(|| format!("unclosed tag {}", preview(tag)))?;
+            (&body[..end], 2 + end + 2)
+        };
+        let shown = &tag[..len];
+        rest = &tag[len..];
+        if inner.starts_with('!') {
+            continue;
         }
-        i = start + 2;
+        if inner.starts_with('~') || inner.ends_with('~') {
+            return Err(format!("whitespace control in {shown} is not supported"));
+        }
+        let inner = inner.trim();
+        let name = match inner.chars().next() {
+            Some('&') if unescaped => inner[1..].trim(),
+            Some('&') => return Err(format!("unescaped slot {shown} is not allowed")),
+            Some('#') | Some('^') | Some('/') => {
+                let what = inner[1..].trim();
+                return Err(if what.starts_with('*') {
+                    format!("decorator {shown} is not supported")
+                } else if what.contains(char::is_whitespace) {
+                    format!("block helper {shown} is not supported")
+                } else {
+                    format!("section {shown} is not supported (variables only)")
+                });
+            }
+            Some('>') => return Err(format!("partial {shown} is not supported")),
+            Some('*') => return Err(format!("decorator {shown} is not supported")),
+            Some('=') => return Err(format!("delimiter change {shown} is not supported")),
+            Some('@') => return Err(format!("data variable {shown} is not supported")),
+            _ => inner,
+        };
+        if name == "else" {
+            return Err(format!("{shown} is not supported"));
+        }
+        if name.contains(char::is_whitespace) {
+            return Err(format!("helper call {shown} is not supported"));
+        }
+        if !is_variable(name) {
+            return Err(format!(
+                "{shown} is not a variable name (letters, digits, _ and -, dotted)"
+            ));
+        }
     }
-    None
+    Ok(())
+}
+
+/// `name` or `a.b.c`: segments of ASCII letters, digits, `_` and `-`, starting with a letter or
+/// `_`, and not `this`.
+fn is_variable(name: &str) -> bool {
+    name.split('.').enumerate().all(|(i, seg)| {
+        let mut chars = seg.chars();
+        let first_ok = match chars.next() {
+            Some(c) if i == 0 => c.is_ascii_alphabetic() || c == '_',
+            Some(c) => c.is_ascii_alphanumeric() || c == '_' || c == '-',
+            None => false,
+        };
+        first_ok
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            && seg != "this"
+    })
+}
+
+/// The start of a tag, for error messages.
+fn preview(tag: &str) -> String {
+    let end = tag
+        .char_indices()
+        .nth(24)
+        .map(|(i, _)| i)
+        .unwrap_or(tag.len());
+    format!("{:?}", &tag[..end])
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// `batch:recipient:channel`.
+/// What joins the parts of a delivery key; the API refuses batch and recipient ids containing it.
+pub const KEY_SEPARATOR: char = ':';
+
+/// `batch:recipient:channel`. Unambiguous because neither id may contain [`KEY_SEPARATOR`].
 pub fn delivery_key(batch: &str, recipient: &str, channel: Channel) -> String {
-    format!("{batch}:{recipient}:{}", channel.as_str())
+    format!(
+        "{batch}{KEY_SEPARATOR}{recipient}{KEY_SEPARATOR}{}",
+        channel.as_str()
+    )
 }
 
 /// The stable `X-Line-Retry-Key`: a version-5-shaped UUID from SHA-256 of the key.
@@ -262,6 +387,64 @@ mod tests {
             .render(Channel::Sms, &json!({"name": "<b>"}), "v")
             .unwrap();
         assert_eq!(p.text, "Hi <b>");
+    }
+
+    /// The supported subset is Mustache variables and comments; every Handlebars-only feature
+    /// (and every unescaped slot) is refused at compile time, naming the template field.
+    #[test]
+    fn only_the_mustache_subset_compiles() {
+        let refused = [
+            ("Hi {{{name}}}", "unescaped slot"),
+            ("Hi {{& name}}", "unescaped slot"),
+            ("Hi {{{{raw}}}} x {{{{/raw}}}}", "unescaped slot"),
+            ("{{#each items}}{{name}}{{/each}}", "block helper"),
+            ("{{#if name}}yes{{/if}}", "block helper"),
+            ("{{#unless name}}no{{/unless}}", "block helper"),
+            ("{{#with vars}}{{a}}{{/with}}", "block helper"),
+            ("{{#name}}x{{/name}}", "section"),
+            ("{{^name}}x{{/name}}", "section"),
+            ("{{lookup vars \"a\"}}", "helper call"),
+            ("{{log name}}", "helper call"),
+            ("{{len name}}", "helper call"),
+            ("{{upper name}}", "helper call"),
+            ("{{> footer}}", "partial"),
+            ("{{#> layout}}x{{/layout}}", "block helper"),
+            ("{{#*inline \"p\"}}x{{/inline}}", "decorator"),
+            ("{{*dec}}", "decorator"),
+            ("{{else}}", "not supported"),
+            ("{{@index}}", "data variable"),
+            ("{{this}}", "not a variable"),
+            ("{{.}}", "not a variable"),
+            ("{{../name}}", "not a variable"),
+            ("{{vars.[a b]}}", "helper call"),
+            ("{{~name}}", "whitespace control"),
+            ("{{name~}}", "whitespace control"),
+            ("{{=<% %>=}}", "delimiter change"),
+            ("\\{{name}}", "escaped mustache"),
+            ("{{!-- never closed", "unclosed comment"),
+            ("{{name}", "unclosed tag"),
+        ];
+        for (src, why) in refused {
+            match Renderer::compile(&tpl(src), &[Channel::Sms], false) {
+                Ok(_) => panic!("{src:?} compiled"),
+                Err(e) => {
+                    assert_eq!(e.field, "template.sms", "{src}");
+                    assert!(e.message.contains(why), "{src}: {}", e.message);
+                }
+            }
+        }
+        // What is supported renders as Mustache would, escaped.
+        let ok = "{{! a comment }}Hi {{ name }}, {{vars.city}} {{!-- {{#each}} --}}{{order_id}}";
+        let r = Renderer::compile(&tpl(ok), &[Channel::Sms], false).unwrap();
+        let ctx = json!({"name": "<A>", "order_id": "1", "vars": {"city": "Q&A"}});
+        let p = r.render(Channel::Sms, &ctx, "v").unwrap();
+        assert_eq!(p.text, "Hi &lt;A&gt;, Q&amp;A 1");
+        // Helper names are plain variables: no helper is registered.
+        let r = Renderer::compile(&tpl("{{len}} {{if}}"), &[Channel::Sms], false).unwrap();
+        let p = r
+            .render(Channel::Sms, &json!({"len": "3", "if": "<"}), "v")
+            .unwrap();
+        assert_eq!(p.text, "3 &lt;");
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! Rescue: rows whose lease expired are recovered within one lease plus one rescuer interval.
 //! Never-started claims go back to ready without counting an attempt; started-but-unconfirmed
 //! attempts are reconciled per channel: LINE → resend with the same retry key (409 = it had
-//! landed); SMS → back to ready marked ambiguous, so the next attempt lists the provider's
-//! messages and adopts a sid before it would resend; e-mail → `unknown`, resolved by a delivery
-//! event, or after the horizon by `TING_EMAIL_UNKNOWN_POLICY`. One rescuer at a time runs the
+//! landed); SMS → back to ready marked ambiguous, so the next attempt (a worker's) lists the
+//! provider's messages and adopts a sid before it would resend; e-mail → `unknown`, resolved by a
+//! delivery event, or after the horizon by `TING_EMAIL_UNKNOWN_POLICY`. A row whose attempts are
+//! spent (`TING_MAX_ATTEMPTS`) or that is past the age cap (`TING_MAX_AGE_MS`) is never handed
+//! back for a resend: it ends `failed`, with what is known of its last attempt. One rescuer at a time runs the
 //! database part, under a transaction-scoped advisory lock; every change is a fenced
 //! compare-and-set, so even two rescuers could not both move a row.
 //!
@@ -32,6 +34,8 @@ pub struct Rescued {
     pub resend: u64,
     pub unknown: u64,
     pub policy: u64,
+    /// Started attempts lost mid-way on a row whose attempts or age were spent: `failed`.
+    pub exhausted: u64,
     /// False when another rescuer held the lock.
     pub ran: bool,
 }
@@ -52,7 +56,7 @@ pub async fn run(
             _ = async { let _ = stopping.wait_for(|s| *s).await; } => return,
         }
         match rescue_once(&pool, &cfg).await {
-            Ok(r) if r.released + r.resend + r.unknown + r.policy > 0 => {
+            Ok(r) if r.released + r.resend + r.unknown + r.policy + r.exhausted > 0 => {
                 tracing::info!(?r, "rescued")
             }
             Ok(_) => {}
@@ -60,6 +64,13 @@ pub async fn run(
         }
         if let Err(e) = poll_sms_once(&pool, &cfg, &sms).await {
             tracing::warn!(error = %format!("{e:#}"), "sms poll failed");
+        }
+        match settle_unconfirmed_sms(&pool, &cfg).await {
+            Ok(n) if n > 0 => {
+                tracing::info!(n, "sms without a final status past the horizon: unknown")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "sms horizon sweep failed"),
         }
     }
 }
@@ -72,6 +83,7 @@ struct Expired {
     lease_owner: Option<String>,
     lease_token: i64,
     started: bool,
+    too_old: bool,
 }
 
 /// One rescue pass over expired leases and e-mails held past the horizon.
@@ -89,10 +101,11 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
     let expired: Vec<Expired> = sqlx::query_as(
         "SELECT id, channel, attempts, lease_owner, lease_token, \
          (attempt_started_at IS NOT NULL AND attempt_lease_token IS NOT DISTINCT FROM lease_token) \
-         AS started \
+         AS started, created_at + $1 * interval '1 millisecond' <= now() AS too_old \
          FROM deliveries WHERE state = 'sending' AND lease_expires_at < now() \
          ORDER BY lease_expires_at LIMIT 1000",
     )
+    .bind(cfg.max_age.as_millis() as f64)
     .fetch_all(&mut *tx)
     .await?;
     for e in expired {
@@ -113,6 +126,23 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
                 set,
                 format!("lease of {owner} expired before the attempt started"),
             )
+        } else if channel != Channel::Email && (e.attempts >= cfg.max_attempts || e.too_old) {
+            // No resend past the caps. What the lost attempt did is not known; the row says so.
+            let why = if e.attempts >= cfg.max_attempts {
+                format!("{} attempts made (max {})", e.attempts, cfg.max_attempts)
+            } else {
+                format!("older than the age cap of {}ms", cfg.max_age.as_millis())
+            };
+            let text = format!(
+                "attempt {} lost mid-way (lease of {owner} expired), outcome unknown; not resent: {why}",
+                e.attempts
+            );
+            let set = Updates {
+                error: Some((class::EXHAUSTED.to_string(), text.clone())),
+                outcome_class: Some(class::AMBIGUOUS),
+                ..Updates::default()
+            };
+            (State::Failed, set, text)
         } else if channel == Channel::Email {
             let err = Some((
                 class::AMBIGUOUS.to_string(),
@@ -120,6 +150,7 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
             ));
             let set = Updates {
                 error: err,
+                outcome_class: Some(class::AMBIGUOUS),
                 ..Updates::default()
             };
             (
@@ -138,6 +169,7 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
                     class::AMBIGUOUS.to_string(),
                     format!("lease of {owner} expired mid-attempt"),
                 )),
+                outcome_class: Some(class::AMBIGUOUS),
                 ..Updates::default()
             };
             (
@@ -172,23 +204,33 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
             match (e.started, t.to) {
                 (false, _) => out.released += 1,
                 (true, State::Unknown) => out.unknown += 1,
+                (true, State::Failed) => out.exhausted += 1,
                 (true, _) => out.resend += 1,
             }
         }
     }
     if cfg.email_unknown_policy == UnknownPolicy::Resend {
-        let held: Vec<(i64, i32)> = sqlx::query_as(
-            "SELECT id, attempts FROM deliveries WHERE state = 'unknown' \
+        // E-mail only: an SMS in `unknown` (no final status within the horizon) was accepted by
+        // the provider; resending it would send it twice.
+        let held: Vec<(i64, i32, bool)> = sqlx::query_as(
+            "SELECT id, attempts, created_at + $2 * interval '1 millisecond' <= now() \
+             FROM deliveries WHERE state = 'unknown' AND channel = 'email' \
              AND updated_at < now() - $1 * interval '1 millisecond' LIMIT 1000",
         )
         .bind(cfg.reconcile_horizon.as_millis() as f64)
+        .bind(cfg.max_age.as_millis() as f64)
         .fetch_all(&mut *tx)
         .await?;
-        for (id, attempts) in held {
+        for (id, attempts, too_old) in held {
             let (to, detail) = if attempts >= cfg.max_attempts {
                 (
                     State::Failed,
                     "no delivery event within the horizon; attempts exhausted",
+                )
+            } else if too_old {
+                (
+                    State::Failed,
+                    "no delivery event within the horizon; past the age cap",
                 )
             } else {
                 (
@@ -269,4 +311,45 @@ pub async fn poll_sms_once(
         state::transition(&mut conn, &t).await?;
     }
     Ok(n)
+}
+
+/// SMS rows still `submitted` once the reconciliation horizon (`TING_RECONCILE_HORIZON_MS`) has
+/// passed since the provider accepted them, with no final status from callbacks or polls, become
+/// `unknown` (by `poll`, with an event saying so): the message was accepted, whether it reached
+/// the handset is not known, and it is never resent. A late callback can still resolve it.
+/// Returns how many rows it moved.
+pub async fn settle_unconfirmed_sms(pool: &PgPool, cfg: &Config) -> anyhow::Result<usize> {
+    let due: Vec<(i64, Option<String>)> = sqlx::query_as(
+        "SELECT id, provider_message_id FROM deliveries WHERE state = 'submitted' \
+         AND channel = 'sms' AND submitted_at <= now() - $1 * interval '1 millisecond' \
+         ORDER BY submitted_at LIMIT 100",
+    )
+    .bind(cfg.reconcile_horizon.as_millis() as f64)
+    .fetch_all(pool)
+    .await?;
+    let mut moved = 0;
+    for (id, sid) in due {
+        let text = format!(
+            "no final status for {} within the reconciliation horizon of {}ms after acceptance",
+            sid.as_deref().unwrap_or("(no sid)"),
+            cfg.reconcile_horizon.as_millis()
+        );
+        let t = Transition {
+            delivery_id: id,
+            from: &[State::Submitted],
+            to: State::Unknown,
+            source: Source::Poll,
+            detail: Some(text.clone()),
+            fence: Fence::None,
+            set: Updates {
+                error: Some((class::AMBIGUOUS.to_string(), text)),
+                ..Updates::default()
+            },
+        };
+        let mut conn = pool.acquire().await?;
+        if state::transition(&mut conn, &t).await?.is_some() {
+            moved += 1;
+        }
+    }
+    Ok(moved)
 }

@@ -4,8 +4,9 @@
 //! callbacks, polls and the rescuer all call [`transition`], which refuses an edge [`legal`]
 //! does not list (so nothing ever leaves a terminal state) and applies the change only if the row
 //! is still in one of the expected states (and, when fenced, still under the caller's lease). The
-//! claim (`claim.rs`) is the one bulk form of the `pending|retryable → sending` edge and appends
-//! its events the same way. This module must never call a provider or hold a lock past one
+//! claim (`claim.rs`) is the one bulk form of the `pending|retryable → sending` edge, the one
+//! state change outside [`transition`]: still a compare-and-set (`WHERE state IN ('pending',
+//! 'retryable')` on the row it locks, `SKIP LOCKED`), and it appends its events the same way. This module must never call a provider or hold a lock past one
 //! statement.
 
 use std::fmt;
@@ -99,20 +100,25 @@ impl Source {
     }
 }
 
-/// The edges of the state machine and who may take each. See `STATE_MACHINE.md` for why.
+/// The edges of the state machine and who may take each, exactly the edges some code path takes
+/// (a unit test checks this against the diagram in `STATE_MACHINE.md`). See that file for why.
+///
+/// `pending|retryable → sending` is the claim (`claim::CLAIM_SQL`), the one bulk statement that
+/// changes a state outside [`transition`]; a test checks that its `WHERE state IN (…)` is exactly
+/// the set of states this function lets the worker move to `sending`.
 pub fn legal(from: State, to: State, source: Source) -> bool {
     use Source::*;
     use State::*;
     match (from, to) {
         (Pending | Retryable, Sending) => source == Worker,
-        (Sending, Pending) => matches!(source, Worker | Rescuer),
-        (Sending, Retryable) => matches!(source, Worker | Rescuer),
-        (Sending, Submitted) => matches!(source, Worker | Rescuer | Callback),
+        (Sending, Pending | Retryable) => matches!(source, Worker | Rescuer),
+        (Sending, Submitted) => matches!(source, Worker | Callback),
         (Sending, Delivered | PermanentFailure) => matches!(source, Worker | Callback),
         (Sending, Failed) => matches!(source, Worker | Rescuer),
         (Sending, Unknown) => matches!(source, Worker | Rescuer),
         (Submitted, Delivered | PermanentFailure) => matches!(source, Callback | Poll),
-        (Unknown, Delivered | PermanentFailure | Submitted) => source == Callback,
+        (Submitted, Unknown) => source == Poll,
+        (Unknown, Delivered | PermanentFailure) => source == Callback,
         (Unknown, Retryable | Failed) => source == Rescuer,
         _ => false,
     }
@@ -128,6 +134,10 @@ pub struct Updates {
     pub error: Option<(String, String)>,
     /// First status poll no earlier than now + this (rows entering `submitted`).
     pub poll_in: Option<Duration>,
+    /// The class of the attempt outcome this change records (`channels::class`: accepted,
+    /// transient, ambiguous, permanent). Kept on the event, and only on an edge that leaves
+    /// `sending` (one per attempt): `/metrics` counts attempts by it.
+    pub outcome_class: Option<&'static str>,
 }
 
 /// Whose lease the change is conditional on.
@@ -179,6 +189,10 @@ WITH old AS (
         provider_message_id = COALESCE($5, d.provider_message_id),
         last_error_class = CASE WHEN $6::text IS NULL THEN d.last_error_class ELSE $6 END,
         last_error = CASE WHEN $6::text IS NULL THEN d.last_error ELSE $7 END,
+        uncertain_since = CASE WHEN $6::text IS NULL THEN d.uncertain_since
+                               WHEN $6 = 'ambiguous'
+                               THEN COALESCE(d.uncertain_since, d.attempt_started_at)
+                               ELSE NULL END,
         submitted_at = CASE WHEN $3 = 'submitted' THEN now() ELSE d.submitted_at END,
         next_poll_at = CASE WHEN $3 = 'submitted'
                             THEN now() + COALESCE($8, 0) * interval '1 millisecond'
@@ -189,10 +203,13 @@ WITH old AS (
     WHERE d.id = old.id
       AND ($9::text IS NULL OR (d.lease_owner = $9 AND d.lease_token = $10
            AND (NOT $13 OR d.attempt_lease_token IS DISTINCT FROM d.lease_token)))
-    RETURNING old.state AS from_state
+    RETURNING old.state AS from_state, d.channel
 ), ev AS (
-    INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail)
-    SELECT $1, from_state, $3, $11, $12 FROM upd
+    INSERT INTO delivery_events
+        (delivery_id, from_state, to_state, source, detail, channel, outcome_class)
+    SELECT $1, from_state, $3, $11, $12, channel,
+           CASE WHEN from_state = 'sending' THEN $14::text END
+    FROM upd
 )
 SELECT from_state FROM upd
 "#;
@@ -237,6 +254,7 @@ pub async fn transition(
         .bind(t.source.as_str())
         .bind(t.detail.as_deref())
         .bind(unstarted)
+        .bind(t.set.outcome_class)
         .fetch_optional(conn)
         .await?;
     Ok(row.map(|(s,)| s.parse().unwrap_or(State::Unknown)))
@@ -266,6 +284,9 @@ mod tests {
             "rescue_unstarted" => (Pending, Rescuer),
             "rescue_resend" => (Retryable, Rescuer),
             "rescue_adopt" => (Submitted, Rescuer),
+            "rescue_exhausted" => (Failed, Rescuer),
+            "poll_unconfirmed" => (Unknown, Poll),
+            "cb_unknown_sent" => (Submitted, Callback),
             "rescue_unknown" => (Unknown, Rescuer),
             "policy_resend" => (Retryable, Rescuer),
             "api_anything" => (Delivered, Api),
@@ -299,7 +320,14 @@ mod tests {
             (Unknown, "transient", None),
             (Sending, "rescue_unstarted", Some(Pending)),
             (Sending, "rescue_resend", Some(Retryable)),
-            (Sending, "rescue_adopt", Some(Submitted)),
+            // The worker adopts SMS sids (its lookup before a resend), never the rescuer.
+            (Sending, "rescue_adopt", None),
+            (Sending, "rescue_exhausted", Some(Failed)),
+            (Submitted, "poll_unconfirmed", Some(Unknown)),
+            (Sending, "poll_unconfirmed", None),
+            (Unknown, "cb_failed", Some(PermanentFailure)),
+            (Unknown, "cb_unknown_sent", None),
+            (Unknown, "poll_delivered", None),
             (Sending, "rescue_unknown", Some(Unknown)),
             (Pending, "rescue_resend", None),
             (Submitted, "rescue_resend", None),
@@ -329,6 +357,84 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The mermaid diagram in `STATE_MACHINE.md` and [`legal`] list exactly the same edges, each
+    /// with the same takers (the parenthesised names in the edge's label).
+    #[test]
+    fn the_diagram_and_legal_agree() {
+        let doc = include_str!("../STATE_MACHINE.md");
+        let diagram = doc
+            .split("```mermaid")
+            .nth(1)
+            .and_then(|d| d.split("```").next())
+            .expect("a mermaid block");
+        let sources = [Worker, Callback, Poll, Rescuer, Api];
+        let mut drawn = std::collections::BTreeSet::new();
+        for line in diagram.lines().map(str::trim).filter(|l| l.contains("-->")) {
+            let (edge, label) = line.split_once(':').unwrap_or((line, ""));
+            let (from, to) = edge.split_once("-->").unwrap();
+            let (from, to) = (from.trim(), to.trim());
+            if from == "[*]" || to == "[*]" {
+                continue;
+            }
+            let from: State = from.parse().unwrap();
+            let to: State = to.parse().unwrap();
+            let mut takers = 0;
+            for group in label.split('(').skip(1) {
+                let names = group.split(')').next().unwrap();
+                for name in names.split(',').map(str::trim) {
+                    let src = sources
+                        .into_iter()
+                        .find(|s| s.as_str() == name)
+                        .unwrap_or_else(|| panic!("{line}: unknown taker {name:?}"));
+                    drawn.insert((from, to, src.as_str()));
+                    takers += 1;
+                }
+            }
+            assert!(takers > 0, "{line}: no taker named");
+        }
+        let mut coded = std::collections::BTreeSet::new();
+        for from in State::ALL {
+            for to in State::ALL {
+                for src in sources {
+                    if legal(from, to, src) {
+                        coded.insert((from, to, src.as_str()));
+                    }
+                }
+            }
+        }
+        let only_drawn: Vec<_> = drawn.difference(&coded).collect();
+        let only_coded: Vec<_> = coded.difference(&drawn).collect();
+        assert!(
+            only_drawn.is_empty() && only_coded.is_empty(),
+            "drawn but not legal: {only_drawn:?}; legal but not drawn: {only_coded:?}"
+        );
+    }
+
+    /// The claim is the one bulk state change outside [`transition`]: the states its
+    /// `WHERE state IN (…)` takes rows from are exactly those `legal` lets the worker move to
+    /// `sending`, so it can never take a row out of a terminal state.
+    #[test]
+    fn the_claim_takes_exactly_the_states_legal_allows() {
+        let allowed: Vec<State> = State::ALL
+            .into_iter()
+            .filter(|s| legal(*s, Sending, Worker))
+            .collect();
+        assert_eq!(allowed, [Pending, Retryable]);
+        let sql = crate::claim::CLAIM_SQL;
+        let (_, rest) = sql
+            .split_once("WHERE state IN (")
+            .expect("the claim picks by state");
+        let list = rest.split(')').next().unwrap();
+        let mut taken: Vec<State> = list
+            .split(',')
+            .map(|s| s.trim().trim_matches('\'').parse().unwrap())
+            .collect();
+        taken.sort();
+        assert_eq!(taken, allowed, "{sql}");
+        assert!(sql.contains("FOR UPDATE SKIP LOCKED"));
+        assert!(allowed.iter().all(|s| !s.is_terminal()));
     }
 
     #[test]

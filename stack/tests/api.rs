@@ -109,6 +109,25 @@ async fn bad_batches_are_rejected_naming_the_field_and_write_nothing() {
             422,
             "batch_id",
         ),
+        // `:` joins the delivery key: `a:b` + `c` and `a` + `b:c` would collide.
+        (
+            "key separator in batch id",
+            with(&|v| v["batch_id"] = json!("a:b")),
+            422,
+            "batch_id",
+        ),
+        (
+            "key separator in recipient id",
+            with(&|v| v["recipients"][2]["id"] = json!("b:c")),
+            422,
+            "recipients[2].id",
+        ),
+        (
+            "handlebars helper",
+            with(&|v| v["template"]["sms"] = json!("{{#each vars}}{{this}}{{/each}}")),
+            422,
+            "template.sms",
+        ),
         (
             "no batch id",
             with(&|v| {
@@ -212,6 +231,16 @@ async fn batch_is_enqueued_once_rendered_and_visible() {
     assert_eq!(d["key"], json!("big-1:r000000:line"));
     assert_eq!(d["state"], json!("pending"));
     assert_eq!(d["attempts"], json!(0));
+    // The hash is written at enqueue, in the same insert, and is the payload's own.
+    let (stored,): (Value,) =
+        sqlx::query_as("SELECT payload FROM deliveries WHERE key = 'big-1:r000000:line'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let stored: stack::render::Payload = serde_json::from_value(stored).unwrap();
+    assert_eq!(stored.text, "Hi Ana &lt;b&gt;&amp;&lt;/b&gt; 0 A-0");
+    assert_eq!(d["payload_sha256"], json!(stored.sha256()));
+    assert_eq!(d["transitions"], json!([]));
     assert_eq!(v["deliveries"].as_array().unwrap().len(), 6000);
     let r = http
         .get(format!("http://{addr}/v1/batches/nope"))

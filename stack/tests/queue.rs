@@ -186,11 +186,34 @@ async fn state_of(pool: &PgPool, id: i64) -> (String, String, i32, i64) {
     .unwrap()
 }
 
+/// Replaces the seeded stand-in hashes with the payloads' real SHA-256, as the API stores them.
+async fn real_hashes(pool: &PgPool) -> Vec<(i64, String)> {
+    let rows: Vec<(i64, serde_json::Value)> =
+        sqlx::query_as("SELECT id, payload FROM deliveries ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let mut out = Vec::new();
+    for (id, payload) in rows {
+        let p: stack::render::Payload = serde_json::from_value(payload).unwrap();
+        let sha = p.sha256();
+        sqlx::query("UPDATE deliveries SET payload_sha256 = $2 WHERE id = $1")
+            .bind(id)
+            .bind(&sha)
+            .execute(pool)
+            .await
+            .unwrap();
+        out.push((id, sha));
+    }
+    out
+}
+
 #[tokio::test]
 async fn mixed_outcomes_only_the_transient_one_is_eligible_again() {
     let db = common::fresh_db().await;
     let pool = common::pool(&db.url).await;
     seed(&pool, "b", 3).await;
+    let enqueued = real_hashes(&pool).await;
     let cfg = stack::Config::for_tests(&db.url);
     let mut conn = pool.acquire().await.unwrap();
     let rows = claim::claim(&mut conn, "w1", 3, Duration::from_secs(60))
@@ -229,10 +252,25 @@ async fn mixed_outcomes_only_the_transient_one_is_eligible_again() {
         .unwrap();
     assert_eq!(again.len(), 1, "only the transient one is claimable");
     assert_eq!(again[0].id, rows[1].id);
+    // Same payload hash on the retry: the hash the claim hands back is the one written at
+    // enqueue, the payload it hands back still hashes to it, and so does what the retry would
+    // send (`payload_to_send` is what the worker sends).
+    let at_enqueue = &enqueued.iter().find(|(id, _)| *id == rows[1].id).unwrap().1;
+    assert_eq!(&hashes[1], at_enqueue, "the outcome did not touch the hash");
+    assert_eq!(&again[0].payload_sha256, at_enqueue);
+    assert_eq!(&again[0].payload.sha256(), at_enqueue);
+    let retry_no = again[0].attempts + 1;
+    let sent = stack::worker::payload_to_send(&cfg, &again[0], retry_no);
     assert_eq!(
-        again[0].payload_sha256, hashes[1],
-        "same payload hash on the retry"
+        &sent.sha256(),
+        at_enqueue,
+        "the retry sends the stored payload"
     );
+    // The same check sees a retry that re-renders.
+    let mut rerender = cfg.clone();
+    rerender.flaws = stack::config::Flaws::default().with(stack::config::Flaw::RerenderOnRetry);
+    let sent = stack::worker::payload_to_send(&rerender, &again[0], retry_no);
+    assert_ne!(&sent.sha256(), at_enqueue, "a re-render must not pass");
     assert_eq!(again[0].attempts, 1);
     assert_eq!(state_of(&pool, rows[0].id).await.0, "delivered");
     assert_eq!(state_of(&pool, rows[2].id).await.0, "permanent_failure");
@@ -551,6 +589,285 @@ async fn an_unstarted_give_back_loses_to_a_start() {
     );
     assert_eq!(state_of(&pool, rows[0].id).await.0, "sending");
     assert_eq!(state_of(&pool, rows[1].id).await.0, "pending");
+    drop(conn);
+    pool.close().await;
+}
+
+/// The claim is the one state change outside `transition`; it must still never take a row that
+/// is not `pending` or `retryable`, terminal rows above all, however due they look.
+#[tokio::test]
+async fn the_claim_never_takes_a_row_out_of_any_other_state() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", State::ALL.len() as i64).await;
+    let ids: Vec<(i64,)> = sqlx::query_as("SELECT id FROM deliveries ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    for ((id,), st) in ids.iter().zip(State::ALL) {
+        sqlx::query(
+            "UPDATE deliveries SET state = $2, next_attempt_at = now() - interval '1 hour' \
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(st.as_str())
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    let got = claim::claim(&mut conn, "w1", 100, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut took: Vec<State> = got.iter().map(|d| d.from_state).collect();
+    took.sort();
+    assert_eq!(took, [State::Pending, State::Retryable]);
+    let states: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM deliveries GROUP BY state ORDER BY state")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for (st, n) in states {
+        let want = match st.as_str() {
+            "sending" => 3,
+            "pending" | "retryable" => 0,
+            _ => 1,
+        };
+        assert_eq!(n, want, "{st}");
+    }
+    let (events,): (i64,) = sqlx::query_as("SELECT count(*) FROM delivery_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(events, 2, "one event per claimed row, none for the others");
+    drop(conn);
+    pool.close().await;
+}
+
+/// Inserts, for recipients r1..=n, one delivery per channel (batch `b`).
+async fn seed_recipients(pool: &PgPool, n: i64) {
+    seed(pool, "b", 0).await;
+    sqlx::query(
+        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
+         payload_sha256, correlation_id) \
+         SELECT 'b', 'b:r' || g || ':' || c, 'r' || g, c, 'a' || g, 1, '{\"text\": \"hi\"}'::jsonb, 'h', \
+         c || g FROM generate_series(1, $1) g, unnest(ARRAY['line', 'email', 'sms']) c",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// A rescue never hands back for a resend what the attempt cap or the age cap forbid: such a
+/// LINE or SMS attempt lost mid-way ends `failed`, saying its outcome is unknown; the e-mail
+/// policy resend respects both caps too.
+#[tokio::test]
+async fn rescuer_resends_respect_the_attempt_and_age_caps() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed_recipients(&pool, 3).await;
+    let mut cfg = stack::Config::for_tests(&db.url);
+    cfg.max_attempts = 2;
+    cfg.max_age = Duration::from_secs(3600);
+    // r1: past the age cap (one attempt made); r2: its last attempt allowed; r3: neither.
+    sqlx::query(
+        "UPDATE deliveries SET created_at = now() - interval '2 hours' WHERE recipient = 'r1'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE deliveries SET attempts = 1, state = 'retryable' WHERE recipient = 'r2'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "dead", 20, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 9);
+    for d in &rows {
+        claim::start_attempt(&pool, d, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    common::wait_for("lease expiry", Duration::from_secs(5), || async {
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM deliveries WHERE lease_expires_at < now()")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        n == 9
+    })
+    .await;
+    let r = stack::rescuer::rescue_once(&pool, &cfg).await.unwrap();
+    assert_eq!((r.exhausted, r.resend, r.unknown, r.released), (4, 2, 3, 0));
+    type Row = (String, String, i32, Option<String>, Option<String>);
+    let got: Vec<Row> = sqlx::query_as(
+        "SELECT key, state, attempts, last_error_class, last_error FROM deliveries ORDER BY key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let want = [
+        ("b:r1:email", "unknown", 1),
+        ("b:r1:line", "failed", 1),
+        ("b:r1:sms", "failed", 1),
+        ("b:r2:email", "unknown", 2),
+        ("b:r2:line", "failed", 2),
+        ("b:r2:sms", "failed", 2),
+        ("b:r3:email", "unknown", 1),
+        ("b:r3:line", "retryable", 1),
+        ("b:r3:sms", "retryable", 1),
+    ];
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!((g.0.as_str(), g.1.as_str(), g.2), w);
+        if g.1 == "failed" {
+            assert_eq!(g.3.as_deref(), Some("exhausted"), "{g:?}");
+            let text = g.4.as_deref().unwrap_or("");
+            assert!(text.contains("outcome unknown; not resent"), "{text}");
+            let cap = if g.0.contains(":r1:") {
+                "age cap"
+            } else {
+                "max 2"
+            };
+            assert!(text.contains(cap), "{text}");
+        }
+    }
+    // Each lost attempt is counted once, as ambiguous, on the event that left `sending`.
+    let (lost,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM delivery_events WHERE source = 'rescuer' AND outcome_class = 'ambiguous'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(lost, 9);
+    // The e-mail policy resend: only r3's e-mail may go again.
+    cfg.email_unknown_policy = stack::config::UnknownPolicy::Resend;
+    cfg.reconcile_horizon = Duration::ZERO;
+    common::wait_for("policy pass", Duration::from_secs(5), || async {
+        stack::rescuer::rescue_once(&pool, &cfg)
+            .await
+            .unwrap()
+            .policy
+            == 3
+    })
+    .await;
+    let emails: Vec<(String, String)> =
+        sqlx::query_as("SELECT key, state FROM deliveries WHERE channel = 'email' ORDER BY key")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let emails: Vec<(&str, &str)> = emails
+        .iter()
+        .map(|(k, s)| (k.as_str(), s.as_str()))
+        .collect();
+    assert_eq!(
+        emails,
+        [
+            ("b:r1:email", "failed"),
+            ("b:r2:email", "failed"),
+            ("b:r3:email", "retryable")
+        ]
+    );
+    drop(conn);
+    pool.close().await;
+}
+
+/// An SMS still `submitted` when the reconciliation horizon has passed is not left there for
+/// ever: it becomes `unknown` (by poll, with an event), is never resent by the e-mail policy,
+/// and a late report still settles it.
+#[tokio::test]
+async fn sms_past_the_poll_horizon_becomes_unknown_with_an_event() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed_recipients(&pool, 2).await;
+    let mut cfg = stack::Config::for_tests(&db.url);
+    cfg.reconcile_horizon = Duration::from_secs(600);
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 20, Duration::from_secs(60))
+        .await
+        .unwrap();
+    for d in rows.iter().filter(|d| d.key.ends_with(":sms")) {
+        let set = Updates {
+            provider_message_id: Some(format!("SM-{}", d.id)),
+            ..Updates::default()
+        };
+        assert!(transition(&mut conn, &fenced(d, State::Submitted, set))
+            .await
+            .unwrap()
+            .is_some());
+    }
+    // r1's SMS was accepted long ago and never heard of again; r2's just now.
+    sqlx::query(
+        "UPDATE deliveries SET submitted_at = now() - interval '11 minutes' WHERE key = 'b:r1:sms'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        stack::rescuer::settle_unconfirmed_sms(&pool, &cfg)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        stack::rescuer::settle_unconfirmed_sms(&pool, &cfg)
+            .await
+            .unwrap(),
+        0
+    );
+    let (state, class, error): (String, Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT state, last_error_class, last_error FROM deliveries WHERE key = 'b:r1:sms'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(state, "unknown");
+    assert_eq!(class.as_deref(), Some("ambiguous"));
+    assert!(error.unwrap_or_default().contains("no final status"));
+    let (source, detail): (String, Option<String>) = sqlx::query_as(
+        "SELECT e.source, e.detail FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id \
+         WHERE d.key = 'b:r1:sms' AND e.to_state = 'unknown'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(source, "poll");
+    assert!(detail
+        .unwrap_or_default()
+        .contains("reconciliation horizon"));
+    let (r2,): (String,) = sqlx::query_as("SELECT state FROM deliveries WHERE key = 'b:r2:sms'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(r2, "submitted");
+    // The e-mail unknown policy never resends an SMS.
+    cfg.email_unknown_policy = stack::config::UnknownPolicy::Resend;
+    cfg.reconcile_horizon = Duration::ZERO;
+    assert_eq!(
+        stack::rescuer::rescue_once(&pool, &cfg)
+            .await
+            .unwrap()
+            .policy,
+        0
+    );
+    // A late report still resolves it.
+    let id = rows.iter().find(|d| d.key == "b:r1:sms").unwrap().id;
+    let late = Transition {
+        delivery_id: id,
+        from: &[State::Sending, State::Submitted, State::Unknown],
+        to: State::Delivered,
+        source: Source::Callback,
+        detail: None,
+        fence: Fence::None,
+        set: Updates::default(),
+    };
+    assert_eq!(
+        transition(&mut conn, &late).await.unwrap(),
+        Some(State::Unknown)
+    );
     drop(conn);
     pool.close().await;
 }

@@ -273,3 +273,502 @@ async fn email_outcomes_are_classified_and_resends_are_byte_identical() {
     assert_eq!(smtp.accepted.lock().unwrap().len(), 3);
     pool.close().await;
 }
+
+async fn api_deliveries(api: &str, batch: &str) -> serde_json::Value {
+    reqwest::get(format!("http://{api}/v1/batches/{batch}/deliveries"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Attempts exhausted by transient faults end `failed`, visible in the API with the attempt
+/// count, the provider's last text and the reason; every attempt sent the stored payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exhausted_deliveries_end_failed_and_visible_in_the_api() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
+    enqueue(&api, "tired", 2, &["line"]).await;
+    *fake.line_fail.lock().unwrap() = Some((429, Some("0".into())));
+
+    let mut cfg = worker_cfg(&db.url, &fakes, &api, "w1");
+    cfg.max_attempts = 3;
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    common::wait_for("both failed", Duration::from_secs(20), || async {
+        count_where(&pool, "state = 'failed'").await == 2
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    w.await.unwrap().unwrap();
+
+    let v = api_deliveries(&api, "tired").await;
+    let rows = v["deliveries"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for d in rows {
+        assert_eq!(d["state"], "failed", "{d}");
+        assert_eq!(d["attempts"], 3, "{d}");
+        assert_eq!(d["last_error_class"], "exhausted", "{d}");
+        assert_eq!(
+            d["last_error"], "429 fake says 429 Too Many Requests",
+            "the provider's own text: {d}"
+        );
+        let last = d["transitions"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(
+            (last["from"].as_str(), last["to"].as_str()),
+            (Some("sending"), Some("failed"))
+        );
+        assert_eq!(last["source"], "worker");
+        assert!(
+            last["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("gave up after 3 attempts (max 3)"),
+            "{last}"
+        );
+        // Three attempts, all with the bytes stored at enqueue (and hashed then).
+        let address = d["address"].as_str().unwrap();
+        let texts: Vec<String> = fake
+            .line_texts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(to, _)| to == address)
+            .map(|(_, t)| t.clone())
+            .collect();
+        assert_eq!(texts.len(), 3, "{address}");
+        let stored = stack::render::Payload {
+            text: texts[0].clone(),
+            ..Default::default()
+        };
+        assert!(texts.iter().all(|t| *t == texts[0]), "{texts:?}");
+        assert_eq!(d["payload_sha256"], serde_json::json!(stored.sha256()));
+    }
+    assert_eq!(
+        fake.line_requests.load(Ordering::SeqCst),
+        6,
+        "nothing after failed"
+    );
+    pool.close().await;
+}
+
+/// The age cap is enforced before a send (a row already past it fails without being sent once
+/// more) and when scheduling a retry (a Retry-After that would land past it fails now).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_age_cap_is_enforced_before_sending_and_on_retry_after() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
+    let http = reqwest::Client::new();
+    for (batch, user) in [("old", "Uold"), ("late", "Ulate")] {
+        let mut body = common::batch_body(batch, 1, &["line"]);
+        body["recipients"][0]["line_user_id"] = serde_json::json!(user);
+        let r = http
+            .post(format!("http://{api}/v1/batches"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    sqlx::query(
+        "UPDATE deliveries SET created_at = now() - interval '2 hours' WHERE batch_id = 'old'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The provider asks for two minutes; the age cap is one.
+    *fake.line_fail.lock().unwrap() = Some((429, Some("120".into())));
+    let mut cfg = worker_cfg(&db.url, &fakes, &api, "w1");
+    cfg.max_age = Duration::from_secs(60);
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    common::wait_for("both failed", Duration::from_secs(20), || async {
+        count_where(&pool, "state = 'failed'").await == 2
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    w.await.unwrap().unwrap();
+
+    let texts = fake.line_texts.lock().unwrap().clone();
+    assert!(
+        texts.iter().all(|(to, _)| to != "Uold"),
+        "too old: never sent"
+    );
+    assert_eq!(texts.iter().filter(|(to, _)| to == "Ulate").count(), 1);
+    let old = &api_deliveries(&api, "old").await["deliveries"][0];
+    assert_eq!(
+        (old["state"].as_str(), old["attempts"].as_i64()),
+        (Some("failed"), Some(0))
+    );
+    assert_eq!(old["last_error_class"], "exhausted");
+    let detail = old["transitions"].as_array().unwrap().last().unwrap()["detail"].clone();
+    assert_eq!(
+        detail,
+        "not attempted again: older than the age cap of 60000ms"
+    );
+    let late = &api_deliveries(&api, "late").await["deliveries"][0];
+    assert_eq!(
+        (late["state"].as_str(), late["attempts"].as_i64()),
+        (Some("failed"), Some(1))
+    );
+    assert_eq!(late["last_error"], "429 fake says 429 Too Many Requests");
+    let detail = late["transitions"].as_array().unwrap().last().unwrap()["detail"].clone();
+    assert!(
+        detail
+            .as_str()
+            .unwrap()
+            .contains("would be past the age cap of 60000ms"),
+        "{detail}"
+    );
+    pool.close().await;
+}
+
+/// `/metrics` after a small run: deliveries by state, oldest ready age, lease expirations,
+/// attempts by channel and outcome class, time in submitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_after_a_small_run() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
+    enqueue(&api, "m", 3, &["line", "sms"]).await;
+    // Each LINE address's first push is a 429: one transient attempt per LINE delivery.
+    fake.line_fail_first.store(true, Ordering::SeqCst);
+    // A worker that died right after claiming one row: its lease expires and is rescued.
+    let mut conn = pool.acquire().await.unwrap();
+    let dead = stack::claim::claim(&mut conn, "dead", 1, Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    drop(conn);
+
+    let cfg = worker_cfg(&db.url, &fakes, &api, "w1");
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    common::wait_for("all delivered", Duration::from_secs(20), || async {
+        count_where(&pool, "state = 'delivered'").await == 6
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    w.await.unwrap().unwrap();
+
+    let m = common::metrics(&api).await;
+    let at = |series: &str| common::sample(&m, series).unwrap_or_else(|| panic!("{series}\n{m}"));
+    assert_eq!(
+        at(r#"ting_deliveries{channel="line",state="delivered"}"#),
+        3.0
+    );
+    assert_eq!(
+        at(r#"ting_deliveries{channel="sms",state="delivered"}"#),
+        3.0
+    );
+    assert_eq!(at("ting_oldest_ready_age_seconds"), 0.0, "nothing ready");
+    assert_eq!(at("ting_lease_expirations_total"), 1.0);
+    assert_eq!(
+        at(r#"ting_attempts_total{channel="line",class="transient"}"#),
+        3.0
+    );
+    assert_eq!(
+        at(r#"ting_attempts_total{channel="line",class="accepted"}"#),
+        3.0
+    );
+    assert_eq!(
+        at(r#"ting_attempts_total{channel="sms",class="accepted"}"#),
+        3.0
+    );
+    assert_eq!(
+        common::sample(
+            &m,
+            r#"ting_attempts_total{channel="sms",class="transient"}"#
+        ),
+        None
+    );
+    // Only the SMS went through `submitted` (LINE is final at once).
+    assert_eq!(at("ting_submitted_seconds_count"), 3.0);
+    assert!(at("ting_submitted_seconds_sum") > 0.0, "{m}");
+    assert_eq!(at("ting_submitted_oldest_seconds"), 0.0);
+    assert!(m.contains("# TYPE ting_attempts_total counter"));
+
+    // With no worker, a new row waits: the oldest ready age grows.
+    enqueue(&api, "waiting", 1, &["line"]).await;
+    common::wait_for("ready age", Duration::from_secs(10), || async {
+        common::sample(
+            &common::metrics(&api).await,
+            "ting_oldest_ready_age_seconds",
+        )
+        .is_some_and(|s| s >= 0.2)
+    })
+    .await;
+    pool.close().await;
+}
+
+/// A shutdown during start-up (here: the database never answers the connection) ends the
+/// worker at once with `Ok`, instead of after the connect timeout or with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_start_up_exits_at_once() {
+    let (url, accepted) = common::start_silent_db().await;
+    let cfg = stack::Config::for_tests(&url);
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    common::wait_for("connecting", Duration::from_secs(10), || async {
+        accepted.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    let t0 = Instant::now();
+    stop_tx.send(true).unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("returned")
+        .unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+}
+
+/// The drain ends within the grace period even when the database stops answering: give-backs,
+/// the final bookkeeping and the pool's close are all bounded by what is left of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_drain_ends_within_the_grace_period_when_the_database_is_gone() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (frozen, via_proxy) = common::start_freezable_proxy(&db.url).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
+    enqueue(&api, "gone", 30, &["line"]).await;
+
+    fake.hang.store(true, Ordering::SeqCst);
+    let mut cfg = worker_cfg(&via_proxy, &fakes, &api, "w1");
+    cfg.shutdown_grace = Duration::from_secs(3);
+    let grace = cfg.shutdown_grace;
+    let capacity = (cfg.concurrency + cfg.claim_batch as usize) as i64;
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    common::wait_for("claims in flight", Duration::from_secs(20), || async {
+        fake.hanging.load(Ordering::SeqCst) == 2
+            && count_where(&pool, "state = 'sending'").await == capacity
+    })
+    .await;
+    frozen.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    stop_tx.send(true).unwrap();
+    let r = tokio::time::timeout(grace * 2, w)
+        .await
+        .expect("the worker returned")
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(r.is_ok(), "{r:?}");
+    assert!(took < grace, "took {took:?} with a grace of {grace:?}");
+    frozen.store(false, Ordering::SeqCst);
+    fake.release_all();
+    pool.close().await;
+}
+
+/// Two SMS deliveries' shared text and number, and the deliveries' keys.
+async fn sms_text(pool: &PgPool, key: &str) -> String {
+    let (t,): (String,) = sqlx::query_as("SELECT payload->>'text' FROM deliveries WHERE key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    t
+}
+
+/// Makes `key` look like an SMS whose attempt started `ago` and whose answer was lost.
+async fn make_uncertain(pool: &PgPool, key: &str, ago: &str) {
+    sqlx::query(&format!(
+        "UPDATE deliveries SET state = 'retryable', attempts = 1, last_error_class = 'ambiguous', \
+         last_error = '503', attempt_started_at = now() - interval '{ago}', \
+         uncertain_since = now() - interval '{ago}', next_attempt_at = now() WHERE key = $1"
+    ))
+    .bind(key)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The SMS lookup before a resend adopts only a message that can be this delivery's: not one
+/// another delivery owns (same number, same text), not one from before the uncertain attempt,
+/// and it reads every page of the provider's list to find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sms_lookup_adopts_only_this_deliverys_message() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
+    let http = reqwest::Client::new();
+    // twins: two recipients on one shared phone with the same text; early, paged: one each.
+    for (batch, phones) in [
+        ("twins", vec!["+15550000001", "+15550000001"]),
+        ("early", vec!["+15550000002"]),
+        ("paged", vec!["+15550000003"]),
+    ] {
+        let mut body = common::batch_body(batch, phones.len(), &["sms"]);
+        for (i, phone) in phones.iter().enumerate() {
+            body["recipients"][i]["phone"] = serde_json::json!(phone);
+            body["recipients"][i]["name"] = serde_json::json!("Ana");
+            body["recipients"][i]["vars"] = serde_json::json!({"order_id": "A-1"});
+        }
+        let r = http
+            .post(format!("http://{api}/v1/batches"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    let text = sms_text(&pool, "twins:r000000:sms").await;
+    assert_eq!(text, sms_text(&pool, "twins:r000001:sms").await);
+    let now = chrono::Utc::now();
+
+    // twins: r0 really was sent and recorded; r1's attempt (a second earlier) never reached the
+    // provider. The only candidate is r0's.
+    let owned = fake.inject_sms("+15550000001", &text, now);
+    sqlx::query(
+        "UPDATE deliveries SET state = 'submitted', provider_message_id = $1, attempts = 1, \
+         submitted_at = now(), next_poll_at = now() + interval '1 hour' WHERE key = 'twins:r000000:sms'",
+    )
+    .bind(&owned)
+    .execute(&pool)
+    .await
+    .unwrap();
+    make_uncertain(&pool, "twins:r000001:sms", "1 second").await;
+    // early: the only message with its number and text is from ten minutes before its attempt.
+    let stale = fake.inject_sms("+15550000002", &text, now - chrono::Duration::minutes(10));
+    make_uncertain(&pool, "early:r000000:sms", "1 second").await;
+    // paged: its message landed; two newer ones (other texts) come first, one per page.
+    let landed = fake.inject_sms("+15550000003", &text, now - chrono::Duration::seconds(2));
+    fake.inject_sms(
+        "+15550000003",
+        "other 1",
+        now - chrono::Duration::seconds(1),
+    );
+    fake.inject_sms("+15550000003", "other 2", now);
+    fake.sms_page_size.store(1, Ordering::SeqCst);
+    make_uncertain(&pool, "paged:r000000:sms", "5 seconds").await;
+
+    let mut cfg = worker_cfg(&db.url, &fakes, &api, "w1");
+    cfg.sms_poll_after = Duration::from_secs(3600);
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    common::wait_for("all reconciled", Duration::from_secs(20), || async {
+        count_where(&pool, "state = 'submitted'").await == 4
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    w.await.unwrap().unwrap();
+
+    let sid = |key: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let (s,): (Option<String>,) =
+                sqlx::query_as("SELECT provider_message_id FROM deliveries WHERE key = $1")
+                    .bind(key)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            s.unwrap()
+        }
+    };
+    let to = |phone: &str| {
+        fake.sms
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| m.to == phone)
+            .count()
+    };
+    // Not adopted: another delivery owns it. Sent instead.
+    let twin = sid("twins:r000001:sms").await;
+    assert_ne!(twin, owned);
+    assert_eq!(to("+15550000001"), 2, "each twin got its own message");
+    assert_eq!(sid("twins:r000000:sms").await, owned);
+    // Not adopted: from before the attempt (less the skew allowance). Sent instead.
+    assert_ne!(sid("early:r000000:sms").await, stale);
+    assert_eq!(to("+15550000002"), 2);
+    // Adopted from the third page, not sent again.
+    assert_eq!(sid("paged:r000000:sms").await, landed);
+    assert_eq!(to("+15550000003"), 3);
+    assert!(
+        fake.sms_lookups.load(Ordering::SeqCst) >= 5,
+        "three lookups, one of three pages"
+    );
+    let (adopted,): (String,) = sqlx::query_as(
+        "SELECT e.detail FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id \
+         WHERE d.key = 'paged:r000000:sms' AND e.to_state = 'submitted'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        adopted.starts_with(&format!("adopted {landed}")),
+        "{adopted}"
+    );
+    pool.close().await;
+}
+
+/// A worker frozen during the lookup that precedes an SMS resend (here: its database unreachable,
+/// so its lease renewals stall, while the provider's list takes longer than the lease) must not
+/// wake up and send: by then the lease is gone and another worker may have looked up, found
+/// nothing and sent. It takes its start back instead, and the delivery is sent once, later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_stalled_in_the_sms_lookup_does_not_send_after_its_lease() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (frozen, via_proxy) = common::start_freezable_proxy(&db.url).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
+    enqueue(&api, "stall", 1, &["sms"]).await;
+    let key = "stall:r000000:sms";
+    make_uncertain(&pool, key, "1 second").await;
+
+    let mut cfg = worker_cfg(&via_proxy, &fakes, &api, "w1");
+    // The lookup must answer (slowly), not time out: a timed-out lookup is "cannot tell".
+    cfg.provider_timeout = Duration::from_secs(10);
+    let lease = cfg.lease;
+    fake.sms_list_delay_ms
+        .store(lease.as_millis() as u64 * 5 / 2, Ordering::SeqCst);
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    common::wait_for("the lookup in flight", Duration::from_secs(20), || async {
+        fake.sms_lookups.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    frozen.store(true, Ordering::SeqCst);
+    common::wait_for("the lookup answered", Duration::from_secs(20), || async {
+        fake.sms_lookups_done.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    // The lookup found nothing and the lease has lapsed: a send now would be the zombie's.
+    let deadline = Instant::now() + lease;
+    while Instant::now() < deadline {
+        assert!(
+            fake.sms.lock().unwrap().is_empty(),
+            "sent after the lease was lost"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fake.sms_list_delay_ms.store(0, Ordering::SeqCst);
+    frozen.store(false, Ordering::SeqCst);
+    common::wait_for("sent once, later", Duration::from_secs(20), || async {
+        count_where(&pool, "state IN ('submitted', 'delivered')").await == 1
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    w.await.unwrap().unwrap();
+    assert_eq!(fake.sms.lock().unwrap().len(), 1);
+    // Given back either by the worker itself (start taken back) or, if the rescuer got to the
+    // expired lease first once the database answered again, by the rescuer; never sent by both.
+    let (given_back,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM delivery_events WHERE from_state = 'sending' \
+         AND to_state = 'retryable'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(given_back, 1, "the stalled attempt was given back once");
+    pool.close().await;
+}

@@ -25,6 +25,7 @@ use plan::Planned;
 pub struct SmsReport {
     pub sid: String,
     pub to: String,
+    /// The sender number: `From`, or the Messaging Service's number for a service send.
     pub from: String,
     pub messaging_service_sid: Option<String>,
     pub status_callback: String,

@@ -13,6 +13,8 @@ use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 
@@ -21,6 +23,9 @@ use crate::ledger::Provider;
 use crate::ratelimit::RateLimiter;
 
 pub use body::{is_user_id, MAX_MESSAGES, MAX_TEXT};
+
+/// The header LINE puts on every response.
+const REQUEST_ID: &str = "x-line-request-id";
 
 /// One message LINE reports as sent.
 #[derive(Clone, Debug)]
@@ -74,13 +79,34 @@ impl LineState {
     }
 }
 
-/// The LINE fake's routes, control API included.
+/// The LINE fake's routes, control API included. Every response carries an
+/// `x-line-request-id`, also the ones no handler wrote: 404 (unknown path), 405 (wrong method)
+/// and 413 (body over the 2 MB limit).
 pub fn router(state: LineState) -> Router {
     let control = crate::control::router(state.inner.hub.clone(), Provider::Line);
     Router::new()
         .route("/v2/bot/message/push", post(push::push))
         .with_state(state)
         .merge(control)
+        .fallback(not_found)
+        .layer(axum::middleware::map_response(with_request_id))
+}
+
+async fn not_found() -> (StatusCode, axum::Json<serde_json::Value>) {
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(serde_json::json!({ "message": "Not found" })),
+    )
+}
+
+/// Adds an `x-line-request-id` to a response that has none.
+async fn with_request_id(mut resp: Response) -> Response {
+    if !resp.headers().contains_key(REQUEST_ID) {
+        if let Ok(v) = HeaderValue::from_str(&crate::http::fast_uuid()) {
+            resp.headers_mut().insert(REQUEST_ID, v);
+        }
+    }
+    resp
 }
 
 /// Serves the LINE fake on `listener` until `shutdown` resolves.

@@ -80,12 +80,8 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
     }
     let retry_key = match headers.get("x-line-retry-key") {
         None => None,
-        Some(v) => match v
-            .to_str()
-            .ok()
-            .and_then(|s| uuid::Uuid::parse_str(s.trim()).ok())
-        {
-            Some(u) => Some(u.hyphenated().to_string()),
+        Some(v) => match v.to_str().ok().and_then(canonical_uuid) {
+            Some(k) => Some(k),
             None => {
                 let raw_key = String::from_utf8_lossy(v.as_bytes()).into_owned();
                 protocol_error("", 400, BAD_KEY, Some(raw_key));
@@ -261,6 +257,19 @@ fn decide_push(
     }
 }
 
+/// A retry key in the canonical 8-4-4-4-12 hyphenated form (hex digits of either case),
+/// lowercased; `None` for anything else, including the braced, `urn:uuid:` and unhyphenated
+/// forms `Uuid::parse_str` would accept.
+pub(crate) fn canonical_uuid(key: &str) -> Option<String> {
+    let b = key.as_bytes();
+    let ok = b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        });
+    ok.then(|| key.to_ascii_lowercase())
+}
+
 fn new_sent(st: &LineState, n: usize) -> Vec<SentMessage> {
     (0..n)
         .map(|_| SentMessage {
@@ -289,5 +298,33 @@ fn fault_message(fault: &crate::config::HttpFault) -> &'static str {
         500 => "An error occurred in the server",
         502..=504 => "The server is temporarily unavailable",
         _ => "Request failed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_uuid;
+
+    #[test]
+    fn only_the_canonical_uuid_form_is_a_retry_key() {
+        let cases = [
+            ("123e4567-e89b-12d3-a456-426614174000", true),
+            ("123E4567-E89B-12D3-A456-426614174000", true),
+            ("{123e4567-e89b-12d3-a456-426614174000}", false),
+            ("urn:uuid:123e4567-e89b-12d3-a456-426614174000", false),
+            ("123e4567e89b12d3a456426614174000", false),
+            ("123e4567-e89b-12d3-a456-42661417400g", false),
+            ("123e4567-e89b-12d3-a456_426614174000", false),
+            (" 123e4567-e89b-12d3-a456-426614174000", false),
+            ("", false),
+            ("not-a-uuid", false),
+        ];
+        for (key, ok) in cases {
+            assert_eq!(canonical_uuid(key).is_some(), ok, "{key:?}");
+        }
+        assert_eq!(
+            canonical_uuid("123E4567-E89B-12D3-A456-426614174000").unwrap(),
+            "123e4567-e89b-12d3-a456-426614174000"
+        );
     }
 }

@@ -196,7 +196,7 @@ async fn handle(
         let report = SmsReport {
             sid: msg.sid.clone(),
             to: msg.to.clone(),
-            from: msg.from.clone().unwrap_or_default(),
+            from: msg.sender().unwrap_or_default(),
             messaging_service_sid: msg.messaging_service_sid.clone(),
             status_callback: msg.status_callback.clone().unwrap_or_default(),
             attempt: msg.attempt,

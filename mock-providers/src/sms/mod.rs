@@ -4,6 +4,12 @@
 //!
 //! Twilio has no idempotency key on create, so by default neither does this fake: a resend is a
 //! second delivery. It must never answer a create before the ledger holds it.
+//!
+//! Dates in Message resources are written as Twilio writes them, with a two-digit day
+//! (`Wed, 01 May 2024 10:00:00 +0000`, [`store::twilio_date`]). A message sent through a
+//! `MessagingServiceSid` starts `accepted` with `from: null`, as on Twilio; once sent, its
+//! resource and its status callbacks carry `From` = the service's number
+//! ([`store::service_number`], one fixed number per service SID).
 
 mod create;
 mod read;

@@ -137,7 +137,7 @@ pub(super) async fn list(
         .store
         .list(to)
         .into_iter()
-        .filter(|m| from.is_none_or(|f| m.from.as_deref() == Some(f)))
+        .filter(|m| from.is_none_or(|f| m.sender().as_deref() == Some(f)))
         .filter(|m| {
             dates
                 .iter()

@@ -41,11 +41,37 @@ pub struct StatusAt {
     pub error_code: Option<u32>,
 }
 
+/// A date as Twilio writes it in a Message resource: RFC 2822 with a two-digit day and `+0000`,
+/// e.g. `Wed, 01 May 2024 10:00:00 +0000` (chrono's `to_rfc2822` writes `Wed, 1 May 2024`, which
+/// strict RFC 1123 parsers such as Go's `time.RFC1123Z` reject).
+pub fn twilio_date(t: DateTime<Utc>) -> String {
+    t.format("%a, %d %b %Y %H:%M:%S +0000").to_string()
+}
+
+/// The number a Messaging Service sends from, in this fake: one fixed number per service SID,
+/// derived from it (`+1555` and seven digits), as a service with a one-number sender pool.
+pub fn service_number(messaging_service_sid: &str) -> String {
+    let d = crate::faults::unit(
+        0,
+        crate::ledger::Provider::Sms,
+        messaging_service_sid,
+        "pool",
+    );
+    format!("+1555{:07}", (d * 10_000_000.0) as u64)
+}
+
 fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     t + chrono::Duration::from_std(d).unwrap_or_else(|_| chrono::Duration::zero())
 }
 
 impl Stored {
+    /// The sender number: `From`, or the Messaging Service's number ([`service_number`]).
+    pub fn sender(&self) -> Option<String> {
+        self.from
+            .clone()
+            .or_else(|| self.messaging_service_sid.as_deref().map(service_number))
+    }
+
     pub fn status_at(&self, now: Instant) -> StatusAt {
         let age = now.saturating_duration_since(self.created_at);
         let initial = if self.from.is_some() {
@@ -93,13 +119,14 @@ impl Stored {
             "account_sid": self.account_sid,
             "api_version": API_VERSION,
             "body": self.body,
-            "date_created": self.created.to_rfc2822(),
-            "date_sent": s.date_sent.map(|d| d.to_rfc2822()),
-            "date_updated": s.date_updated.to_rfc2822(),
+            "date_created": twilio_date(self.created),
+            "date_sent": s.date_sent.map(twilio_date),
+            "date_updated": twilio_date(s.date_updated),
             "direction": "outbound-api",
             "error_code": s.error_code,
             "error_message": s.error_code.map(|c| crate::sms::error_message(c, &self.to)),
-            "from": self.from,
+            // A Messaging Service picks the sender when it sends: `null` while `accepted`.
+            "from": if s.status == "accepted" { None } else { self.sender() },
             "messaging_service_sid": self.messaging_service_sid,
             "num_media": "0",
             "num_segments": segments.to_string(),
@@ -183,5 +210,83 @@ impl Store {
 
     pub fn clear(&self) {
         *self.lock() = Maps::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::callbacks::plan::SmsPlan;
+
+    #[test]
+    fn dates_have_two_digit_days_like_twilio() {
+        // (instant, Twilio's rendering)
+        let cases = [
+            ("2024-05-01T10:00:00Z", "Wed, 01 May 2024 10:00:00 +0000"),
+            ("2021-10-04T23:32:01Z", "Mon, 04 Oct 2021 23:32:01 +0000"),
+            ("2024-12-25T07:08:09Z", "Wed, 25 Dec 2024 07:08:09 +0000"),
+        ];
+        for (t, want) in cases {
+            let t: DateTime<Utc> = t.parse().unwrap();
+            assert_eq!(twilio_date(t), want);
+            // What a strict RFC 1123 parser expects: the fixed-width form round-trips.
+            let back = chrono::NaiveDateTime::parse_from_str(want, "%a, %d %b %Y %H:%M:%S +0000")
+                .unwrap()
+                .and_utc();
+            assert_eq!(back, t);
+        }
+    }
+
+    fn stored(created: &str, from: Option<&str>, ms: Option<&str>) -> Stored {
+        Stored {
+            sid: "SM0".into(),
+            account_sid: "AC0".into(),
+            to: "+15550000001".into(),
+            from: from.map(str::to_string),
+            messaging_service_sid: ms.map(str::to_string),
+            body: "hello".into(),
+            status_callback: None,
+            created: created.parse().unwrap(),
+            created_at: Instant::now(),
+            attempt: 1,
+            plan: SmsPlan {
+                final_status: "delivered",
+                error_code: None,
+                sent_after: Duration::from_secs(60),
+                final_after: Duration::from_secs(120),
+                reports: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn resource_dates_and_sender() {
+        let m = stored("2024-05-01T10:00:00Z", Some("+15550009999"), None);
+        let now = m.created_at;
+        let r = m.resource(now);
+        assert_eq!(r["date_created"], "Wed, 01 May 2024 10:00:00 +0000");
+        assert_eq!(r["date_updated"], "Wed, 01 May 2024 10:00:00 +0000");
+        assert_eq!(r["date_sent"], Value::Null);
+        assert_eq!(
+            (r["status"].as_str(), r["from"].as_str()),
+            (Some("queued"), Some("+15550009999"))
+        );
+        let r = m.resource(now + Duration::from_secs(200));
+        assert_eq!(r["date_sent"], "Wed, 01 May 2024 10:01:00 +0000");
+        assert_eq!(r["date_updated"], "Wed, 01 May 2024 10:02:00 +0000");
+
+        // A Messaging Service send: no sender while accepted, then the service's number.
+        let m = stored("2024-05-09T10:00:00Z", None, Some("MG1"));
+        let r = m.resource(m.created_at);
+        assert_eq!(
+            (r["status"].as_str(), &r["from"]),
+            (Some("accepted"), &Value::Null)
+        );
+        let r = m.resource(m.created_at + Duration::from_secs(90));
+        assert_eq!(r["status"], "sent");
+        assert_eq!(r["from"].as_str(), Some(service_number("MG1").as_str()));
+        assert!(crate::sms::is_e164(&service_number("MG1")));
+        assert_eq!(service_number("MG1"), m.sender().unwrap());
+        assert_ne!(service_number("MG1"), service_number("MG2"));
     }
 }

@@ -5,14 +5,16 @@
 //! ledger before any reply is written and the ledger never under-reports a send. This module
 //! must never write to the socket.
 //!
-//! A transaction has several recipients but a single reply, so the earliest planned fault of any
-//! recipient (first in RCPT order) decides for all of them, and each recipient gets its own
-//! ledger entry with its own attempt number carrying that fault.
+//! A transaction has several recipients but a single reply, so the end of DATA is decided once
+//! for the transaction ([`plan::transaction_plan`]: the recipient's own plan when there is one,
+//! one draw for the recipient set otherwise), and each recipient gets its own ledger entry with
+//! its own attempt number carrying that decision.
 
 use std::time::Duration;
 
 use crate::config::SmtpStage;
-use crate::ledger::{Draft, EntryKind, LedgerEntry, Outcome, Provider};
+use crate::http::sha256_hex;
+use crate::ledger::{Draft, EmailDetail, EntryKind, LedgerEntry, Outcome, Provider};
 
 use super::data::DataProblem;
 use super::mime;
@@ -60,14 +62,9 @@ impl LivePolicy {
         data: Result<Vec<u8>, DataProblem>,
         received_ns: u64,
     ) -> EndOfData {
-        let first = &env.rcpts[0];
-        let delay = plan::delay(
-            self.seed,
-            &self.cfg,
-            SmtpStage::DataEnd,
-            &first.addr,
-            first.attempt,
-        );
+        let (subject, attempt) = plan::transaction_key(&env.rcpts);
+        let delay = plan::delay(self.seed, &self.cfg, SmtpStage::DataEnd, &subject, attempt);
+        let tx = plan::transaction_plan(self.seed, &self.cfg, &env.rcpts);
         let reject = |reply: Reply, outcome, fault: Option<&str>| {
             let mut records = self.reject_all(&env.rcpts, outcome, &reply, fault);
             for d in &mut records {
@@ -92,12 +89,21 @@ impl LivePolicy {
                 return reject(reply, Outcome::ProtocolError, None);
             }
         };
-        if let Some(f) = env.rcpts.iter().find_map(|r| r.plan.data_end.as_ref()) {
+        if let Some(f) = &tx.data_end {
             return reject(f.reply.clone(), f.outcome(), Some(&f.label));
         }
-        let drop = env.rcpts.iter().any(|r| r.plan.accept_then_drop);
+        let drop = tx.accept_then_drop;
         let msg = mime::parse(&raw);
         let hash = msg.payload_hash();
+        let (_, body) = mime::split(&raw);
+        let detail = EmailDetail {
+            mail_from: env.from.clone(),
+            rcpt_to: env.rcpts.iter().map(|r| r.addr.clone()).collect(),
+            headers: msg.headers.clone(),
+            size: raw.len() as u64,
+            sha256: sha256_hex(&raw),
+            body_sha256: sha256_hex(body),
+        };
         // A message without Message-ID gets one, as real MTAs do; it is then not an
         // idempotency key the sender could know.
         let message_id = msg.message_id.clone().unwrap_or_else(|| {
@@ -126,6 +132,7 @@ impl LivePolicy {
                 d.peer = Some(self.peer);
                 // Send entries have no callback of their own: carry the per-message events URL.
                 d.callback_url = msg.events_url.clone();
+                d.email = Some(Box::new(detail.clone()));
                 d
             })
             .collect();

@@ -8,6 +8,8 @@
 use mail_parser::{MessageParser, PartType};
 use sha2::{Digest, Sha256};
 
+use crate::ledger::HeaderField;
+
 /// The fields of an accepted message the fake provider remembers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ParsedMessage {
@@ -25,6 +27,8 @@ pub struct ParsedMessage {
     pub html: Option<String>,
     /// The `X-Events-Url` header: where this message's delivery events go, overriding config.
     pub events_url: Option<String>,
+    /// Every header field in order, as sent (see [`headers`]).
+    pub headers: Vec<HeaderField>,
 }
 
 impl ParsedMessage {
@@ -51,8 +55,12 @@ pub fn payload_hash(subject: &str, text: &str, html: &str) -> String {
 
 /// Parses the DATA of a message (dot-unstuffed, CRLF line endings).
 pub fn parse(raw: &[u8]) -> ParsedMessage {
+    let headers = headers(raw);
     let Some(msg) = MessageParser::default().parse(raw) else {
-        return ParsedMessage::default();
+        return ParsedMessage {
+            headers,
+            ..ParsedMessage::default()
+        };
     };
     // `body_text`/`body_html` convert between the two when a part is missing; the ledger wants
     // only what the sender actually sent, so take the parts themselves.
@@ -87,7 +95,63 @@ pub fn parse(raw: &[u8]) -> ParsedMessage {
             .header_raw("X-Events-Url")
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty()),
+        headers,
     }
+}
+
+/// Splits a message (CRLF line endings) into its header section and its body: the body starts
+/// after the first empty line. A message without an empty line is all headers.
+pub fn split(raw: &[u8]) -> (&[u8], &[u8]) {
+    if raw.starts_with(b"\r\n") {
+        return (&[], &raw[2..]);
+    }
+    match raw.windows(4).position(|w| w == b"\r\n\r\n") {
+        Some(i) => (&raw[..i + 2], &raw[i + 4..]),
+        None => (raw, &[]),
+    }
+}
+
+/// Every field of the header section, in order: the name as written, the value unfolded (the
+/// CRLF before each continuation line removed, its whitespace kept) and without the whitespace
+/// after the colon. Values are not decoded (RFC 2047); bytes that are not UTF-8 are replaced.
+/// Lines that are neither a `name:` field nor a continuation are skipped. Written here, not taken
+/// from `mail-parser`, because the ledger wants the names as sent and every field, UTF-8 or not.
+pub fn headers(raw: &[u8]) -> Vec<HeaderField> {
+    let (section, _) = split(raw);
+    let mut out: Vec<HeaderField> = Vec::new();
+    let mut continuing = false;
+    for line in section.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            continue;
+        }
+        if matches!(line[0], b' ' | b'\t') {
+            if let (true, Some(last)) = (continuing, out.last_mut()) {
+                last.value.push_str(&String::from_utf8_lossy(line));
+            }
+            continue;
+        }
+        continuing = false;
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            continue;
+        };
+        let name = &line[..colon];
+        // RFC 5322 §3.6.8: printable US-ASCII except ':'.
+        if name.is_empty() || !name.iter().all(|b| (33..=126).contains(b)) {
+            continue;
+        }
+        let value = &line[colon + 1..];
+        let start = value
+            .iter()
+            .position(|b| !matches!(b, b' ' | b'\t'))
+            .unwrap_or(value.len());
+        out.push(HeaderField {
+            name: String::from_utf8_lossy(name).into_owned(),
+            value: String::from_utf8_lossy(&value[start..]).into_owned(),
+        });
+        continuing = true;
+    }
+    out
 }
 
 fn normalise(s: &str) -> String {
@@ -161,6 +225,59 @@ mod tests {
         assert_eq!(a.payload_hash(), b.payload_hash());
         let changed = B64.replace("</p>", "!</p>");
         assert_ne!(a.payload_hash(), parse(changed.as_bytes()).payload_hash());
+    }
+
+    #[test]
+    fn headers_keep_order_names_and_unfold_values() {
+        let raw = b"From: Shop <shop@x.test>\r\n\
+            to: a@x.test,\r\n\
+            \t b@x.test\r\n\
+            Subject: =?utf-8?q?caf=C3=A9?=\r\n\
+            Received: from a\r\n\
+            Received: from b\r\n\
+            X-Bin: \xff\r\n\
+            not a header line\r\n\
+            Empty:\r\n\
+            \r\n\
+            Body-Like: not a header\r\n";
+        let got: Vec<(String, String)> = headers(raw)
+            .into_iter()
+            .map(|h| (h.name, h.value))
+            .collect();
+        let want = [
+            ("From", "Shop <shop@x.test>"),
+            ("to", "a@x.test,\t b@x.test"),
+            ("Subject", "=?utf-8?q?caf=C3=A9?="),
+            ("Received", "from a"),
+            ("Received", "from b"),
+            ("X-Bin", "\u{fffd}"),
+            ("Empty", ""),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(parse(raw).headers.len(), 7);
+    }
+
+    #[test]
+    fn split_table() {
+        // (message, header section, body)
+        let cases: [(&[u8], &[u8], &[u8]); 4] = [
+            (b"A: 1\r\n\r\nbody\r\n", b"A: 1\r\n", b"body\r\n"),
+            (b"A: 1\r\n", b"A: 1\r\n", b""),
+            (b"\r\nbody\r\n", b"", b"body\r\n"),
+            (b"", b"", b""),
+        ];
+        for (raw, head, body) in cases {
+            assert_eq!(
+                split(raw),
+                (head, body),
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
+        }
     }
 
     #[test]

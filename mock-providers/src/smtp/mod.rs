@@ -14,12 +14,26 @@
 //! - accepted entries carry `message_id` = `idempotency_key` = the `Message-ID` header without
 //!   angle brackets (a generated id and no key if the message had none), `subject`, `body` (the
 //!   decoded text/plain part), `html` (the decoded text/html part), both with `\n` line endings,
-//!   `payload_hash` = [`mime::payload_hash`] of those, `status` `"250 2.0.0"`, `peer`, and
-//!   `callback_url` = the message's `X-Events-Url` header if it has one;
+//!   `payload_hash` = [`mime::payload_hash`] of those, `status` `"250 2.0.0"`, `peer`,
+//!   `callback_url` = the message's `X-Events-Url` header if it has one, and `email`
+//!   ([`crate::ledger::EmailDetail`]): the envelope (`MAIL FROM`, every accepted `RCPT TO`),
+//!   every header field in order as sent, and the size, SHA-256 and body SHA-256 of the message
+//!   as received;
 //! - accept-then-drop: `Accepted`, `fault` `"accept_then_drop"`, `status` `"dropped"`;
-//! - greeting and MAIL faults (no recipient known yet) and MAIL SIZE rejections: recipient `""`;
+//! - greeting and MAIL faults (no recipient known yet): recipient `""`, `attempt` = the
+//!   connection's ordinal / the ordinal of the MAIL among the sender's (see [`plan`]);
+//!   MAIL SIZE rejections: recipient `""`, attempt 0;
 //! - syntax and sequence errors: `ProtocolError`, recipient `""`, attempt 0, `error` = reply and
 //!   the offending command; an over-long line inside DATA: `ProtocolError` per recipient.
+//!
+//! Which faults are deterministic and on what key is documented in [`plan`]: RCPT decisions are
+//! each recipient's own; DATA-and-after decisions are the transaction's; greeting and MAIL
+//! faults follow arrival order by nature.
+//!
+//! PIPELINING (RFC 2920) is served by answering buffered commands in order and flushing only
+//! when no complete command is waiting. It is tested with a raw client writing several commands
+//! at once (`tests/smtp_protocol.rs`): lettre, the third-party client of the tests, does not
+//! pipeline.
 //!
 //! A transaction the client abandons (RSET, QUIT, disconnect before the final dot) reached no
 //! decision and leaves no entry, though its recipients' attempt numbers stay used.

@@ -4,13 +4,24 @@
 //! look at the clock, the peer or arrival order, so the same seed replays the same faults.
 //!
 //! Keys, documented because replay depends on them:
-//! - a recipient's faults at every stage of one transaction (RCPT, DATA, mid-DATA drop, end of
-//!   DATA, accept-then-drop) key on (recipient, attempt), the attempt being reserved when its
-//!   RCPT arrives; each stage draws with its own salt (`smtp:rcpt`, `smtp:data`, …);
-//! - MAIL faults, before any recipient is known, key on (`"<mail from:SENDER>"`, n) where n
-//!   counts MAIL commands from that sender;
-//! - greeting faults, before anything is known, key on (`"<greeting>"`, n) where n counts
-//!   connections: deterministic in connection order, which is the best a greeting can do.
+//! - RCPT: each `RCPT TO` reserves the next attempt number of its recipient and gets its own
+//!   decision keyed on (recipient, attempt) — bad address first, then the RCPT faults — also
+//!   when it is one of several recipients of a transaction;
+//! - DATA, mid-DATA drop, end of DATA, accept-then-drop, and the DATA / end-of-DATA latency:
+//!   a transaction gets one reply at each of these stages, so they are decided once per
+//!   transaction ([`transaction_plan`]): keyed on (recipient, attempt) for a single-recipient
+//!   transaction, and on the set of its accepted (recipient, attempt) pairs — sorted, so RCPT
+//!   order does not matter — for several. Every recipient of a transaction shares its fate at
+//!   these stages, so a recipient's outcome there depends on which recipients it was batched
+//!   with (never on timing), and the configured rates are per transaction, whatever its size;
+//! - MAIL, before any recipient is known: keyed on (`"<mail from:SENDER>"`, n), n counting the
+//!   `MAIL` commands from that sender. The n-th MAIL from a sender always meets the same fault,
+//!   but *which* transaction is the n-th is arrival order when one sender has several
+//!   connections in flight: deterministic per sender only when its transactions are serialised.
+//!   A MAIL rejection reserves no recipient attempt, so it never shifts a recipient's faults;
+//! - greeting, before anything is known: keyed on (`"<greeting>"`, n), n counting connections:
+//!   which connection is refused is arrival order by nature. A refused connection reserves no
+//!   attempt either.
 //!
 //! Faults of one stage partition `[0, 1)` in the order the profile lists them (see
 //! [`crate::faults::pick`]), so their rates add up.
@@ -136,15 +147,43 @@ pub fn plan_recipient(
     if let Some(f) = stage_fault(seed, cfg, SmtpStage::Rcpt, rcpt, attempt) {
         return Err(f);
     }
+    Ok(later_stages(seed, cfg, rcpt, attempt))
+}
+
+/// The subject and attempt the transaction-wide decisions of `rcpts` (its accepted recipients,
+/// at least one) key on: the recipient and its attempt when there is one, otherwise
+/// `"<transaction:a@x#1,b@x#3>"` (sorted by address and attempt) and attempt 0.
+pub fn transaction_key(rcpts: &[Rcpt]) -> (String, u32) {
+    if let [only] = rcpts {
+        return (only.addr.clone(), only.attempt);
+    }
+    let mut pairs: Vec<(&str, u32)> = rcpts.iter().map(|r| (r.addr.as_str(), r.attempt)).collect();
+    pairs.sort_unstable();
+    let list: Vec<String> = pairs.iter().map(|(a, k)| format!("{a}#{k}")).collect();
+    (format!("<transaction:{}>", list.join(",")), 0)
+}
+
+/// What the whole transaction of `rcpts` meets after its RCPTs: the recipient's own plan when
+/// there is one recipient, otherwise one plan drawn for the set (see the module docs).
+pub fn transaction_plan(seed: u64, cfg: &SmtpConfig, rcpts: &[Rcpt]) -> Plan {
+    if let [only] = rcpts {
+        return only.plan.clone();
+    }
+    let (subject, attempt) = transaction_key(rcpts);
+    later_stages(seed, cfg, &subject, attempt)
+}
+
+/// The DATA-and-after decisions for (subject, attempt).
+fn later_stages(seed: u64, cfg: &SmtpConfig, subject: &str, attempt: u32) -> Plan {
     let flag = |salt: &str, rate| {
-        faults::pick(seed, Provider::Smtp, rcpt, attempt, salt, [rate]).is_some()
+        faults::pick(seed, Provider::Smtp, subject, attempt, salt, [rate]).is_some()
     };
-    Ok(Plan {
-        data: stage_fault(seed, cfg, SmtpStage::Data, rcpt, attempt),
+    Plan {
+        data: stage_fault(seed, cfg, SmtpStage::Data, subject, attempt),
         drop_mid_data: flag("smtp:drop_mid_data", cfg.drop_mid_data_rate),
-        data_end: stage_fault(seed, cfg, SmtpStage::DataEnd, rcpt, attempt),
+        data_end: stage_fault(seed, cfg, SmtpStage::DataEnd, subject, attempt),
         accept_then_drop: flag("smtp:accept_then_drop", cfg.accept_then_drop_rate),
-    })
+    }
 }
 
 /// The delay before the reply at `stage`: `stage_latency[stage]`, plus `latency` (the commit
@@ -267,6 +306,46 @@ mod tests {
         assert!(a
             .iter()
             .any(|(_, p)| matches!(p, Ok(p) if p.accept_then_drop)));
+    }
+
+    #[test]
+    fn a_transaction_is_planned_from_its_recipient_set_not_its_rcpt_order() {
+        let cfg = SmtpConfig {
+            faults: vec![
+                fault(SmtpStage::Data, 554, 0.2),
+                fault(SmtpStage::DataEnd, 451, 0.2),
+            ],
+            drop_mid_data_rate: Ratio(0.1),
+            accept_then_drop_rate: Ratio(0.2),
+            ..SmtpConfig::default()
+        };
+        let rcpt = |a: &str, k: u32| Rcpt {
+            addr: a.into(),
+            attempt: k,
+            plan: plan_recipient(5, &cfg, a, k).unwrap(),
+        };
+        // One recipient: its own plan, exactly.
+        let one = [rcpt("a@x.test", 1)];
+        assert_eq!(transaction_plan(5, &cfg, &one), one[0].plan);
+        assert_eq!(transaction_key(&one), ("a@x.test".into(), 1));
+        // Several: one draw for the set, the same in any RCPT order, different per set.
+        let mut plans = std::collections::BTreeSet::new();
+        for i in 0..200u32 {
+            let set = [
+                rcpt(&format!("a{i}@x.test"), 1 + i % 3),
+                rcpt("b@x.test", 2),
+            ];
+            let rev = [set[1].clone(), set[0].clone()];
+            let p = transaction_plan(5, &cfg, &set);
+            assert_eq!(p, transaction_plan(5, &cfg, &rev));
+            assert_eq!(transaction_key(&set), transaction_key(&rev));
+            plans.insert(format!("{p:?}"));
+        }
+        assert!(plans.len() > 3, "the set draws vary: {plans:?}");
+        assert_eq!(
+            transaction_key(&[rcpt("b@x.test", 2), rcpt("a@x.test", 7)]),
+            ("<transaction:a@x.test#7,b@x.test#2>".into(), 0)
+        );
     }
 
     #[test]

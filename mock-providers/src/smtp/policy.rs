@@ -155,22 +155,17 @@ impl Policy for LivePolicy {
         }
     }
 
-    /// The earliest planned stage of any recipient decides for the whole transaction: a DATA
-    /// fault (first recipient in RCPT order that has one) before a mid-DATA drop.
+    /// One decision for the whole transaction ([`plan::transaction_plan`]): a DATA fault before
+    /// a mid-DATA drop.
     fn data(&mut self, _from: &str, rcpts: &[Rcpt]) -> Verdict<DataMode> {
-        let first = &rcpts[0];
-        let delay = plan::delay(
-            self.seed,
-            &self.cfg,
-            SmtpStage::Data,
-            &first.addr,
-            first.attempt,
-        );
+        let (subject, attempt) = plan::transaction_key(rcpts);
+        let delay = plan::delay(self.seed, &self.cfg, SmtpStage::Data, &subject, attempt);
+        let tx = plan::transaction_plan(self.seed, &self.cfg, rcpts);
         let mut records = Vec::new();
-        let result = if let Some(f) = rcpts.iter().find_map(|r| r.plan.data.as_ref()) {
+        let result = if let Some(f) = &tx.data {
             records = self.reject_all(rcpts, f.outcome(), &f.reply, Some(&f.label));
             Err(f.reply.clone())
-        } else if rcpts.iter().any(|r| r.plan.drop_mid_data) {
+        } else if tx.drop_mid_data {
             Ok(DataMode::DropMidway)
         } else {
             Ok(DataMode::Receive)

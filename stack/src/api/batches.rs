@@ -156,6 +156,7 @@ fn validate(st: &AppState, b: &BatchIn) -> Result<Rows, ApiError> {
     if b.batch_id.trim().is_empty() || b.batch_id.len() > 200 {
         return Err(ApiError::invalid("batch_id", "must be 1 to 200 characters"));
     }
+    key_part("batch_id", &b.batch_id)?;
     if b.template.id.trim().is_empty() {
         return Err(ApiError::invalid("template.id", "must not be empty"));
     }
@@ -206,6 +207,7 @@ fn validate(st: &AppState, b: &BatchIn) -> Result<Rows, ApiError> {
         if r.id.trim().is_empty() {
             return Err(ApiError::invalid(at("id"), "must not be empty"));
         }
+        key_part(&at("id"), &r.id)?;
         if !seen.insert(r.id.as_str()) {
             return Err(ApiError::invalid(
                 at("id"),
@@ -236,6 +238,19 @@ fn validate(st: &AppState, b: &BatchIn) -> Result<Rows, ApiError> {
         }
     }
     Ok(rows)
+}
+
+/// A batch or recipient id becomes part of the delivery key `batch:recipient:channel`, so it must
+/// not contain the separator: `a:b` + `c` and `a` + `b:c` would be the same key.
+fn key_part(field: &str, v: &str) -> Result<(), ApiError> {
+    let sep = render::KEY_SEPARATOR;
+    if v.contains(sep) {
+        return Err(ApiError::invalid(
+            field,
+            format!("must not contain {sep:?} (the delivery key separator): {v:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// The recipient's address for `ch`, or `(field, why)`.

@@ -115,9 +115,10 @@ pub(crate) async fn sms(
         tx.commit().await?;
         return Ok(StatusCode::OK);
     }
+    // A final report also settles a row the horizon sweep left `unknown`.
     let from: &[State] = match to {
         State::Submitted => &[State::Sending],
-        _ => &[State::Sending, State::Submitted],
+        _ => &[State::Sending, State::Submitted, State::Unknown],
     };
     let t = Transition {
         delivery_id: id,
@@ -128,8 +129,9 @@ pub(crate) async fn sms(
         fence: Fence::None,
         set: Updates {
             provider_message_id: Some(sid.clone()).filter(|s| !s.is_empty()),
+            outcome_class: Some(report_class(to)),
             error,
-            poll_in: Some(st.cfg.sms_poll_after),
+            poll_in: Some(crate::worker::first_poll(&st.cfg, rand::random())),
             ..Updates::default()
         },
     };
@@ -209,6 +211,7 @@ pub(crate) async fn email(
         detail: Some(format!("e-mail event {} {}", ev.id, ev.kind)),
         fence: Fence::None,
         set: Updates {
+            outcome_class: Some(report_class(to)),
             error,
             ..Updates::default()
         },
@@ -218,6 +221,15 @@ pub(crate) async fn email(
     }
     tx.commit().await?;
     Ok(StatusCode::OK)
+}
+
+/// The attempt outcome a report implies when it overtakes the worker's own record (it is counted
+/// only on an edge that leaves `sending`).
+fn report_class(to: State) -> &'static str {
+    match to {
+        State::PermanentFailure => class::PERMANENT,
+        _ => class::ACCEPTED,
+    }
 }
 
 /// `X-Ting-Signature: sha256=<hex HMAC-SHA256(secret, raw body)>`, checked in constant time.

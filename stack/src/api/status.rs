@@ -167,18 +167,24 @@ pub(crate) async fn metrics(AxState(st): AxState<AppState>) -> Result<impl IntoR
         out,
         "# TYPE ting_lease_expirations_total counter\nting_lease_expirations_total {expired}"
     );
-    let outcomes: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT to_state, count(*) FROM delivery_events WHERE source = 'worker' AND from_state = 'sending' \
-         GROUP BY to_state ORDER BY 1",
+    // Counted where each attempt's outcome was classified (worker, rescuer, callbacks): the
+    // class rides on the one event per attempt that leaves `sending`.
+    let attempts: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT channel, outcome_class, count(*) FROM delivery_events \
+         WHERE outcome_class IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2",
     )
     .fetch_all(&st.pool)
     .await?;
     out.push_str(
-        "# HELP ting_attempt_outcomes_total Recorded attempt outcomes by resulting state.\n",
+        "# HELP ting_attempts_total Provider attempts by channel and outcome class \
+         (accepted, transient, ambiguous, permanent).\n",
     );
-    out.push_str("# TYPE ting_attempt_outcomes_total counter\n");
-    for (to, n) in outcomes {
-        let _ = writeln!(out, "ting_attempt_outcomes_total{{outcome=\"{to}\"}} {n}");
+    out.push_str("# TYPE ting_attempts_total counter\n");
+    for (ch, class, n) in attempts {
+        let _ = writeln!(
+            out,
+            "ting_attempts_total{{channel=\"{ch}\",class=\"{class}\"}} {n}"
+        );
     }
     let (sum, count, current): (Option<f64>, i64, Option<f64>) = sqlx::query_as(
         "SELECT (SELECT sum(EXTRACT(EPOCH FROM e.at - d.submitted_at))::float8 FROM delivery_events e \

@@ -1,6 +1,6 @@
 //! LINE Messaging API push (`POST {base}/v2/bot/message/push`) with a stable `X-Line-Retry-Key`
 //! per delivery, so a resend after a crash is safe: LINE answers 409 for a key it already
-//! accepted, and that counts as accepted.
+//! accepted (naming the original request), and that counts as accepted; other 409s do not.
 //!
 //! This module must never generate a fresh retry key: it is derived from the delivery key.
 
@@ -50,11 +50,18 @@ impl LineClient {
                 .map(str::to_string)
         };
         let text = resp.text().await.unwrap_or_default();
-        classify(status, &text, retry_after(&headers), || {
-            sent_message_id(&text)
-                .or_else(|| header("x-line-accepted-request-id"))
-                .or_else(|| header("x-line-request-id"))
-        })
+        let accepted_request = header("x-line-accepted-request-id");
+        classify(
+            status,
+            &text,
+            retry_after(&headers),
+            accepted_request.as_deref(),
+            || {
+                sent_message_id(&text)
+                    .or_else(|| header("x-line-accepted-request-id"))
+                    .or_else(|| header("x-line-request-id"))
+            },
+        )
     }
 }
 
@@ -63,19 +70,32 @@ fn sent_message_id(body: &str) -> Option<String> {
     v["sentMessages"][0]["id"].as_str().map(str::to_string)
 }
 
-/// LINE's answer → outcome. 409 is only ever about our own (stable) retry key.
+/// The body LINE sends with a 409 for a retry key it already accepted.
+const KEY_ACCEPTED: &str = "retry key is already accepted";
+
+/// LINE's answer → outcome. A 409 counts as accepted only when it is about our own retry key:
+/// LINE then names the original request (`x-line-accepted-request-id`) and says "The retry key is
+/// already accepted". Any other 409 is a conflict we cannot resolve by waiting: permanent, with
+/// LINE's text.
 pub fn classify(
     status: u16,
     body: &str,
     retry_after: Option<std::time::Duration>,
+    accepted_request_id: Option<&str>,
     provider_id: impl FnOnce() -> Option<String>,
 ) -> Outcome {
     let message = serde_json::from_str::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v["message"].as_str().map(str::to_string))
         .unwrap_or_else(|| body.chars().take(300).collect());
+    let our_key = accepted_request_id.is_some_and(|id| !id.trim().is_empty())
+        || message.to_lowercase().contains(KEY_ACCEPTED);
     match status {
-        200..=299 | 409 => Outcome::Accepted {
+        200..=299 => Outcome::Accepted {
+            provider_id: provider_id(),
+            done: true,
+        },
+        409 if our_key => Outcome::Accepted {
             provider_id: provider_id(),
             done: true,
         },
@@ -104,39 +124,66 @@ mod tests {
 
     #[test]
     fn classification_table() {
-        let cases: &[(u16, &str, &str)] = &[
-            (200, r#"{"sentMessages":[{"id":"1"}]}"#, "accepted"),
+        let rid = Some("1c6d1a1b-req");
+        // (status, body, x-line-accepted-request-id, expected)
+        let cases: &[(u16, &str, Option<&str>, &str)] = &[
+            (200, r#"{"sentMessages":[{"id":"1"}]}"#, None, "accepted"),
+            // A 409 about our own retry key, as LINE sends it (header and text).
             (
                 409,
                 r#"{"message":"The retry key is already accepted"}"#,
+                rid,
                 "accepted",
             ),
-            (429, r#"{"message":"Too many requests"}"#, "retry"),
+            // Either sign alone is enough.
+            (409, r#"{"message":"Conflict"}"#, rid, "accepted"),
+            (
+                409,
+                r#"{"message":"The retry key is already accepted"}"#,
+                None,
+                "accepted",
+            ),
+            // Any other conflict is not ours to count as sent.
+            (409, r#"{"message":"Conflict"}"#, None, "permanent"),
+            (409, "", None, "permanent"),
+            (409, r#"{"message":"Conflict"}"#, Some(" "), "permanent"),
+            (429, r#"{"message":"Too many requests"}"#, None, "retry"),
             (
                 429,
                 r#"{"message":"You have reached your monthly limit."}"#,
+                None,
                 "permanent",
             ),
-            (500, "", "retry"),
-            (503, "", "retry"),
+            (500, "", None, "retry"),
+            (503, "", None, "retry"),
             (
                 400,
                 r#"{"message":"The property, 'to', in the request body is invalid"}"#,
+                None,
                 "permanent",
             ),
-            (401, "", "permanent"),
+            (401, "", None, "permanent"),
         ];
-        for (status, body, want) in cases {
-            let got = match classify(*status, body, None, || sent_message_id(body)) {
+        for (status, body, rid, want) in cases {
+            let got = match classify(*status, body, None, *rid, || sent_message_id(body)) {
                 Outcome::Accepted { .. } => "accepted",
                 Outcome::Retry { .. } => "retry",
                 Outcome::Permanent { .. } => "permanent",
                 Outcome::Unknown { .. } => "unknown",
             };
-            assert_eq!(got, *want, "{status} {body}");
+            assert_eq!(got, *want, "{status} {body} {rid:?}");
         }
-        match classify(400, r#"{"message":"bad to"}"#, None, || None) {
+        match classify(400, r#"{"message":"bad to"}"#, None, None, || None) {
             Outcome::Permanent { error } => assert_eq!(error, "400 bad to"),
+            o => panic!("{o:?}"),
+        }
+        match classify(409, r#"{"message":"Conflict"}"#, None, None, || None) {
+            Outcome::Permanent { error } => assert_eq!(error, "409 Conflict"),
+            o => panic!("{o:?}"),
+        }
+        let ra = Some(std::time::Duration::from_secs(2));
+        match classify(429, "{}", ra, None, || None) {
+            Outcome::Retry { retry_after, .. } => assert_eq!(retry_after, ra),
             o => panic!("{o:?}"),
         }
     }

@@ -76,11 +76,18 @@ pub fn report(status: &str, code: Option<String>, message: Option<&str>) -> Repo
     }
 }
 
+/// One page of `GET …/Messages.json`.
 #[derive(Deserialize)]
 struct Page {
     #[serde(default)]
     messages: Vec<Message>,
+    /// Twilio's link to the next page (a path on the API host), absent or null on the last one.
+    #[serde(default)]
+    next_page_uri: Option<String>,
 }
+
+/// Most pages one lookup reads (1 000 messages each) before it gives up as "cannot tell".
+pub const MAX_LOOKUP_PAGES: usize = 20;
 
 impl SmsClient {
     pub fn new(http: reqwest::Client, cfg: Arc<Config>) -> SmsClient {
@@ -134,37 +141,65 @@ impl SmsClient {
         Ok(resp.json().await?)
     }
 
-    /// The message to `to` with exactly `body` created since `since`, if the provider has one.
+    /// Every message to `to` with exactly `body`, from our number, created at or after `since`,
+    /// oldest first: the candidates an uncertain attempt may have created. Reads every page
+    /// (`next_page_uri`), up to [`MAX_LOOKUP_PAGES`]; more than that is an error (the caller
+    /// then cannot tell, and does not resend).
+    ///
+    /// The provider-side filter is `DateSent>=` the day of `since` (Twilio filters by day); the
+    /// exact bound is applied here on `date_created`. A message without a readable
+    /// `date_created` is kept: missing one that landed would send it twice.
     pub async fn find(
         &self,
         to: &str,
         body: &str,
         since: DateTime<Utc>,
-    ) -> anyhow::Result<Option<Message>> {
+    ) -> anyhow::Result<Vec<Message>> {
         let date = since.format("%Y-%m-%d").to_string();
-        let resp = self
-            .http
-            .get(format!("{}.json", self.messages_url()))
-            .basic_auth(&self.cfg.sms_account_sid, Some(&self.cfg.sms_auth_token))
-            .query(&[
+        let first = reqwest::Url::parse_with_params(
+            &format!("{}.json", self.messages_url()),
+            &[
                 ("To", to),
                 ("DateSent>", date.as_str()),
                 ("PageSize", "1000"),
-            ])
-            .send()
-            .await?
-            .error_for_status()?;
-        let page: Page = resp.json().await?;
-        Ok(page.messages.into_iter().find(|m| {
-            let created = m
-                .date_created
-                .as_deref()
-                .and_then(|d| DateTime::parse_from_rfc2822(d).ok());
-            m.body.as_deref() == Some(body)
-                && m.to.as_deref().is_none_or(|t| t == to)
-                && m.from.as_deref().is_none_or(|f| f == self.cfg.sms_from)
-                && created.is_none_or(|c| c >= since)
-        }))
+            ],
+        )?;
+        let mut url = first.clone();
+        let mut found: Vec<(Option<DateTime<Utc>>, Message)> = Vec::new();
+        for _ in 0..MAX_LOOKUP_PAGES {
+            let page: Page = self
+                .http
+                .get(url.clone())
+                .basic_auth(&self.cfg.sms_account_sid, Some(&self.cfg.sms_auth_token))
+                .send()
+                .await?
+                .error_for_status()?
+                .json()
+                .await?;
+            for m in page.messages {
+                let created = m
+                    .date_created
+                    .as_deref()
+                    .and_then(|d| DateTime::parse_from_rfc2822(d).ok())
+                    .map(|d| d.with_timezone(&Utc));
+                let ours = m.body.as_deref() == Some(body)
+                    && m.to.as_deref().is_none_or(|t| t == to)
+                    && m.from.as_deref().is_none_or(|f| f == self.cfg.sms_from)
+                    && created.is_none_or(|c| c >= since);
+                if ours && !found.iter().any(|(_, f)| f.sid == m.sid) {
+                    found.push((created, m));
+                }
+            }
+            match page.next_page_uri.filter(|u| !u.trim().is_empty()) {
+                // A path on the API's host (or, from some fakes, a full URL).
+                Some(next) => url = first.join(&next)?,
+                None => {
+                    found.sort_by_key(|a| a.0);
+                    return Ok(found.into_iter().map(|(_, m)| m).collect());
+                }
+            }
+        }
+        anyhow::bail!("more than {MAX_LOOKUP_PAGES} pages of messages to {to}")
     }
 }
 

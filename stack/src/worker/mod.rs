@@ -8,7 +8,10 @@
 
 mod send;
 
-pub use send::{decide, Decision};
+pub use send::{
+    decide, decide_at, exhausted_before_send, first_poll, payload_to_send, Decision,
+    SMS_LOOKUP_SKEW,
+};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -89,11 +92,161 @@ impl Renewals {
 }
 
 /// Runs a worker until `shutdown` fires and the drain is done.
+///
+/// `shutdown` is polled before anything else (the binaries' shutdown futures install their
+/// SIGTERM handler on first poll), so a SIGTERM during start-up — connecting to the database,
+/// registering — ends the worker with `Ok` at once. Once it fires, everything left (the drain,
+/// the final bookkeeping) is bounded by `TING_SHUTDOWN_GRACE_MS` from that moment, whether or not
+/// the database answers.
 pub async fn run(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let mut shutdown = Box::pin(shutdown);
+    if futures::poll!(&mut shutdown).is_ready() {
+        return Ok(());
+    }
+    // From here on the signal is a flag any select can wait on, as often as it likes.
+    let (term_tx, term) = watch::channel(false);
+    let watcher = tokio::spawn(async move {
+        shutdown.await;
+        let _ = term_tx.send(true);
+    });
+    let _stop_watching = AbortOnDrop(watcher);
+    let terminated = || {
+        let mut term = term.clone();
+        async move {
+            let _ = term.wait_for(|t| *t).await;
+        }
+    };
+
     let cfg = Arc::new(cfg);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let started = tokio::select! {
+        biased;
+        _ = terminated() => None,
+        w = start(cfg.clone(), stop_rx.clone()) => Some(w?),
+    };
+    let Some(w) = started else {
+        tracing::info!(worker = %cfg.worker_id, "shutdown during start-up: nothing claimed, exiting");
+        return Ok(());
+    };
+    let pool = w.pool.clone();
+
+    let mut background = JoinSet::new();
+    background.spawn(heartbeat(w.clone()));
+    if !cfg.flaws.has(Flaw::NoRescue) {
+        background.spawn(crate::rescuer::run(
+            cfg.clone(),
+            pool.clone(),
+            w.providers.sms.clone(),
+            stop_rx,
+        ));
+    }
+
+    let mut senders = JoinSet::new();
+    let capacity = cfg.concurrency + cfg.claim_batch as usize;
+    let stop_at = loop {
+        while let Some(r) = senders.try_join_next() {
+            log_join(r);
+        }
+        let room = capacity.saturating_sub(senders.len());
+        let mut full = false;
+        let mut stopped = None;
+        if room > 0 {
+            let n = room.min(cfg.claim_batch as usize) as i64;
+            // Before the statement is sent: the database starts the lease no earlier, so the
+            // local deadline can only err on the early side.
+            let now = Instant::now();
+            let claimed = claim_some(&w, n);
+            tokio::pin!(claimed);
+            let rows = tokio::select! {
+                biased;
+                r = &mut claimed => r,
+                _ = terminated() => {
+                    // A claim already sent may have taken rows: wait for it a little (a quarter
+                    // of the grace period), so they are given back at once, not left to expire.
+                    stopped = Some(Instant::now());
+                    tokio::time::timeout(cfg.shutdown_grace / 4, claimed)
+                        .await
+                        .unwrap_or_else(|_| Ok(Vec::new()))
+                }
+            };
+            match rows {
+                Ok(rows) => {
+                    full = rows.len() as i64 == n;
+                    for d in rows {
+                        if let Ok(mut held) = w.held.lock() {
+                            held.insert(d.id);
+                        }
+                        senders.spawn(send::send_one(w.clone(), d, now));
+                    }
+                }
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "claim failed"),
+            }
+        }
+        if let Some(at) = stopped {
+            break at;
+        }
+        tokio::select! {
+            biased;
+            _ = terminated() => break Instant::now(),
+            Some(r) = senders.join_next(), if !senders.is_empty() && !full => log_join(r),
+            _ = tokio::time::sleep(cfg.poll_interval), if !full => {}
+            _ = std::future::ready(()), if full => {}
+        }
+    };
+
+    tracing::info!(worker = %cfg.worker_id, in_flight = senders.len(), "shutdown: draining");
+    if cfg.flaws.has(Flaw::AbortOnSigterm) {
+        // Flaw: drop everything in flight, leaving claims to expire.
+        senders.shutdown().await;
+        background.shutdown().await;
+        return Ok(());
+    }
+    let _ = stop_tx.send(true);
+    let drain = async {
+        while let Some(r) = senders.join_next().await {
+            log_join(r);
+        }
+    };
+    // Sends in flight get 80% of the grace period (counted from the signal); the bookkeeping
+    // after them must be done by 90%, answered or not (the database may be unreachable).
+    let grace = cfg.shutdown_grace;
+    let drain_until = tokio::time::Instant::from_std(stop_at + grace.mul_f64(0.8));
+    let done_by = tokio::time::Instant::from_std(stop_at + grace.mul_f64(0.9));
+    if tokio::time::timeout_at(drain_until, drain).await.is_err() {
+        tracing::warn!("sends still in flight at the end of the grace period; abandoning them");
+        senders.shutdown().await;
+    }
+    background.shutdown().await;
+    let stopped = sqlx::query("UPDATE workers SET stopped_at = now() WHERE id = $1")
+        .bind(&cfg.worker_id)
+        .execute(&pool);
+    if tokio::time::timeout_at(done_by, stopped).await.is_err() {
+        tracing::warn!("could not record the stop in time (database unreachable?)");
+    }
+    if tokio::time::timeout_at(done_by, pool.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("database connections not closed in time");
+    }
+    tracing::info!(worker = %cfg.worker_id, "worker stopped");
+    Ok(())
+}
+
+/// Aborts a helper task when the owner goes away (also when `run` is itself aborted).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Start-up: connect, register, build the shared state (and the `restart-from-first` flaw).
+async fn start(cfg: Arc<Config>, stopping: watch::Receiver<bool>) -> anyhow::Result<Arc<Worker>> {
     let pool = crate::pool(&cfg.database_url, (cfg.concurrency as u32).min(12) + 3).await?;
     sqlx::query(
         "INSERT INTO workers (id, pid) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE \
@@ -104,15 +257,14 @@ pub async fn run(
     .execute(&pool)
     .await
     .context("registering the worker")?;
-    let (stop_tx, stop_rx) = watch::channel(false);
     let w = Arc::new(Worker {
         providers: Providers::new(&cfg)?,
         slots: Arc::new(Semaphore::new(cfg.concurrency)),
         channel_slots: Channel::ALL
             .into_iter()
-            .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_concurrency))))
+            .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_limit(c)))))
             .collect(),
-        stopping: stop_rx.clone(),
+        stopping,
         renewed_at: Mutex::default(),
         held: Mutex::default(),
         pool: pool.clone(),
@@ -131,80 +283,7 @@ pub async fn run(
         .await
         .context("restart-from-first")?;
     }
-
-    let mut background = JoinSet::new();
-    background.spawn(heartbeat(w.clone()));
-    if !cfg.flaws.has(Flaw::NoRescue) {
-        background.spawn(crate::rescuer::run(
-            cfg.clone(),
-            pool.clone(),
-            w.providers.sms.clone(),
-            stop_rx,
-        ));
-    }
-
-    let mut senders = JoinSet::new();
-    tokio::pin!(shutdown);
-    let capacity = cfg.concurrency + cfg.claim_batch as usize;
-    loop {
-        while let Some(r) = senders.try_join_next() {
-            log_join(r);
-        }
-        let room = capacity.saturating_sub(senders.len());
-        let mut full = false;
-        if room > 0 {
-            let n = room.min(cfg.claim_batch as usize) as i64;
-            // Before the statement is sent: the database starts the lease no earlier, so the
-            // local deadline can only err on the early side.
-            let now = Instant::now();
-            match claim_some(&w, n).await {
-                Ok(rows) => {
-                    full = rows.len() as i64 == n;
-                    for d in rows {
-                        if let Ok(mut held) = w.held.lock() {
-                            held.insert(d.id);
-                        }
-                        senders.spawn(send::send_one(w.clone(), d, now));
-                    }
-                }
-                Err(e) => tracing::warn!(error = %format!("{e:#}"), "claim failed"),
-            }
-        }
-        tokio::select! {
-            biased;
-            _ = &mut shutdown => break,
-            Some(r) = senders.join_next(), if !senders.is_empty() && !full => log_join(r),
-            _ = tokio::time::sleep(cfg.poll_interval), if !full => {}
-            _ = std::future::ready(()), if full => {}
-        }
-    }
-
-    tracing::info!(worker = %cfg.worker_id, in_flight = senders.len(), "shutdown: draining");
-    if cfg.flaws.has(Flaw::AbortOnSigterm) {
-        // Flaw: drop everything in flight, leaving claims to expire.
-        senders.shutdown().await;
-        background.shutdown().await;
-        return Ok(());
-    }
-    let _ = stop_tx.send(true);
-    let drain = async {
-        while let Some(r) = senders.join_next().await {
-            log_join(r);
-        }
-    };
-    let budget = cfg.shutdown_grace.mul_f64(0.8);
-    if tokio::time::timeout(budget, drain).await.is_err() {
-        tracing::warn!("sends still in flight at the end of the grace period; abandoning them");
-        senders.shutdown().await;
-    }
-    background.shutdown().await;
-    let _ = sqlx::query("UPDATE workers SET stopped_at = now() WHERE id = $1")
-        .bind(&cfg.worker_id)
-        .execute(&pool)
-        .await;
-    pool.close().await;
-    tracing::info!(worker = %cfg.worker_id, "worker stopped");
-    Ok(())
+    Ok(w)
 }
 
 async fn claim_some(w: &Worker, n: i64) -> anyhow::Result<Vec<claim::Claimed>> {
@@ -261,7 +340,7 @@ pub async fn send_inline(cfg: Arc<Config>, pool: PgPool) -> anyhow::Result<()> {
         slots: Arc::new(Semaphore::new(cfg.concurrency)),
         channel_slots: Channel::ALL
             .into_iter()
-            .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_concurrency))))
+            .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_limit(c)))))
             .collect(),
         stopping,
         renewed_at: Mutex::default(),

@@ -4,16 +4,18 @@
 //! [`decide`] is the pure outcome → state policy (retries, caps, flaws), tested by table. This
 //! module must never re-render a payload and never send without a recorded, fenced start.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::Worker;
 use crate::channels::{class, Channel, Outcome};
 use crate::claim::{self, Claimed};
 use crate::config::{Config, Flaw};
+use crate::render::Payload;
 use crate::state::{self, Fence, Source, State, Transition, Updates};
 
 /// The state an outcome leads to and the columns that go with it.
@@ -25,9 +27,27 @@ pub struct Decision {
 }
 
 /// What to do after attempt number `attempts` of `d` came to `outcome`. `unit` is a uniform
-/// random draw for the backoff jitter.
+/// random draw for the backoff jitter (and the first SMS poll's).
 pub fn decide(cfg: &Config, d: &Claimed, attempts: i32, outcome: &Outcome, unit: f64) -> Decision {
+    decide_at(cfg, d, attempts, outcome, unit, Utc::now())
+}
+
+/// [`decide`] with the clock passed in.
+///
+/// Exhaustion is never silent: a retry that would be attempt `max_attempts + 1`, or whose next
+/// attempt (backoff, or the provider's longer `Retry-After`, which is never shortened) would
+/// start at or past `created_at + max_age`, ends `failed` now, class `exhausted`, with the
+/// provider's text of this attempt.
+pub fn decide_at(
+    cfg: &Config,
+    d: &Claimed,
+    attempts: i32,
+    outcome: &Outcome,
+    unit: f64,
+    now: DateTime<Utc>,
+) -> Decision {
     let err = |c: &str, e: &str| Some((c.to_string(), e.to_string()));
+    let counted = Some(outcome.class());
     match outcome {
         Outcome::Accepted { provider_id, done } => Decision {
             to: if *done {
@@ -37,7 +57,8 @@ pub fn decide(cfg: &Config, d: &Claimed, attempts: i32, outcome: &Outcome, unit:
             },
             set: Updates {
                 provider_message_id: provider_id.clone(),
-                poll_in: (d.channel == Channel::Sms).then_some(cfg.sms_poll_after),
+                poll_in: (d.channel == Channel::Sms).then(|| first_poll(cfg, unit)),
+                outcome_class: counted,
                 ..Updates::default()
             },
             detail: format!("attempt {attempts} accepted"),
@@ -46,6 +67,7 @@ pub fn decide(cfg: &Config, d: &Claimed, attempts: i32, outcome: &Outcome, unit:
             to: State::PermanentFailure,
             set: Updates {
                 error: err(class::PERMANENT, error),
+                outcome_class: counted,
                 ..Updates::default()
             },
             detail: error.clone(),
@@ -54,6 +76,7 @@ pub fn decide(cfg: &Config, d: &Claimed, attempts: i32, outcome: &Outcome, unit:
             to: State::Unknown,
             set: Updates {
                 error: err(class::AMBIGUOUS, error),
+                outcome_class: counted,
                 ..Updates::default()
             },
             detail: format!("outcome unknowable: {error}"),
@@ -76,36 +99,52 @@ pub fn decide(cfg: &Config, d: &Claimed, attempts: i32, outcome: &Outcome, unit:
                     to: State::Failed,
                     set: Updates {
                         error: err(cls, error),
+                        outcome_class: counted,
                         ..Updates::default()
                     },
                     detail: format!("dropped after attempt {attempts}: {error}"),
                 };
             }
-            let age = Utc::now()
-                .signed_duration_since(d.created_at)
-                .to_std()
-                .unwrap_or_default();
             let storm = cfg.flaws.has(Flaw::RetryStorm);
-            if !storm && (attempts >= cfg.max_attempts || age >= cfg.max_age) {
-                return Decision {
-                    to: State::Failed,
-                    set: Updates {
-                        error: err(class::EXHAUSTED, error),
-                        ..Updates::default()
-                    },
-                    detail: format!("gave up after {attempts} attempts: {error}"),
-                };
-            }
             let gap = if storm {
                 Duration::ZERO
             } else {
                 cfg.backoff.delay(attempts, unit, retry_after)
             };
+            let gave_up = if storm {
+                None
+            } else if attempts >= cfg.max_attempts {
+                Some(format!(
+                    "gave up after {attempts} attempts (max {})",
+                    cfg.max_attempts
+                ))
+            } else if gap >= age_left(cfg, d, now) {
+                Some(format!(
+                    "gave up after {attempts} attempts: the next one (in {}ms) would be past \
+                     the age cap of {}ms",
+                    gap.as_millis(),
+                    cfg.max_age.as_millis()
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = gave_up {
+                return Decision {
+                    to: State::Failed,
+                    set: Updates {
+                        error: err(class::EXHAUSTED, error),
+                        outcome_class: counted,
+                        ..Updates::default()
+                    },
+                    detail: format!("{why}: {error}"),
+                };
+            }
             Decision {
                 to: State::Retryable,
                 set: Updates {
                     retry_in: Some(gap),
                     error: err(cls, error),
+                    outcome_class: counted,
                     ..Updates::default()
                 },
                 detail: format!(
@@ -115,6 +154,43 @@ pub fn decide(cfg: &Config, d: &Claimed, attempts: i32, outcome: &Outcome, unit:
             }
         }
     }
+}
+
+/// Time left before `d` reaches the age cap (`created_at + max_age`); zero once it has.
+fn age_left(cfg: &Config, d: &Claimed, now: DateTime<Utc>) -> Duration {
+    let age = now
+        .signed_duration_since(d.created_at)
+        .to_std()
+        .unwrap_or_default();
+    cfg.max_age.saturating_sub(age)
+}
+
+/// The first status poll of an SMS just accepted: `TING_SMS_POLL_AFTER_MS` × [0.5, 1.5), so the
+/// rows of one batch do not all poll at the same instant.
+pub fn first_poll(cfg: &Config, unit: f64) -> Duration {
+    cfg.sms_poll_after
+        .mul_f64(0.5 + unit.clamp(0.0, 1.0 - f64::EPSILON))
+}
+
+/// Why `d` must not be attempted again, checked before anything is sent: its attempts are spent
+/// or it is past the age cap. `None`: go ahead.
+pub fn exhausted_before_send(cfg: &Config, d: &Claimed, now: DateTime<Utc>) -> Option<String> {
+    if cfg.flaws.has(Flaw::RetryStorm) {
+        return None;
+    }
+    if d.attempts >= cfg.max_attempts {
+        return Some(format!(
+            "not attempted again: {} attempts made (max {})",
+            d.attempts, cfg.max_attempts
+        ));
+    }
+    if age_left(cfg, d, now).is_zero() {
+        return Some(format!(
+            "not attempted again: older than the age cap of {}ms",
+            cfg.max_age.as_millis()
+        ));
+    }
+    None
 }
 
 /// Runs one claimed delivery to its recorded outcome (or gives it back).
@@ -155,6 +231,10 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
     if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
         return give_back(w, d, "lease too close to expiry to start").await;
     }
+    if let Some(why) = exhausted_before_send(&w.cfg, d, Utc::now()) {
+        drop(permit);
+        return fail_unsent(w, d, &why).await;
+    }
     // Connect before the start is recorded: the uncertain window is the exchange alone.
     let ready = w.providers.ready(d).await;
     if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
@@ -173,31 +253,31 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
         }
     };
     if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
-        // The process stalled between the fence and here: undo the start and give the row
-        // back in one transaction, do not send.
-        let mut tx = w.pool.begin().await?;
-        claim::undo_start(&mut *tx, d).await?;
-        claim::release(
-            &mut tx,
-            d,
-            Source::Worker,
-            "lease deadline passed before send",
-        )
-        .await?;
-        tx.commit().await?;
-        return Ok(());
+        // The process stalled between the fence and here: do not send.
+        return abandon_start(w, d).await;
     }
 
-    let outcome = match (reconcile_first(w, d).await, ready) {
-        (Some(o), _) | (None, Err(o)) => o,
-        (None, Ok(ready)) if w.cfg.flaws.has(Flaw::RerenderOnRetry) && d.attempts > 0 => {
-            // Flaw: a retry renders the message again from live data instead of sending the
-            // stored payload; simulated by what changed since (the attempt), so the bytes differ.
-            let mut again = d.clone();
-            again.payload.text = format!("{} [{}]", d.payload.text, attempts);
-            w.providers.send(&again, ready).await
-        }
-        (None, Ok(ready)) => w.providers.send(d, ready).await,
+    let reconciled = reconcile_first(w, d).await;
+    if matches!(reconciled, Reconciled::Send)
+        && !zombie
+        && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at)
+    {
+        // The lookup before a resend is a provider round trip: a worker frozen during it (SIGSTOP,
+        // a long GC-like stall) must not wake up and send after its lease is gone, because by
+        // then another worker may have looked up, found nothing, and sent (stuck-worker, SMS).
+        return abandon_start(w, d).await;
+    }
+    let outcome = match (reconciled, ready) {
+        (Reconciled::Recorded, _) => return Ok(()),
+        (Reconciled::Outcome(o), _) | (Reconciled::Send, Err(o)) => o,
+        (Reconciled::Send, Ok(ready)) => match payload_to_send(&w.cfg, d, attempts) {
+            Cow::Borrowed(_) => w.providers.send(d, ready).await,
+            Cow::Owned(p) => {
+                let mut again = d.clone();
+                again.payload = p;
+                w.providers.send(&again, ready).await
+            }
+        },
     };
     drop(permit);
     let decision = decide(&w.cfg, d, attempts, &outcome, rand::random());
@@ -248,33 +328,67 @@ async fn replay_whole_batch(conn: &mut sqlx::PgConnection, d: &Claimed) -> anyho
     Ok(())
 }
 
-/// SMS has no idempotency key: after an attempt that may have landed, look for it first and
-/// adopt its sid instead of sending a second message.
-async fn reconcile_first(w: &Worker, d: &Claimed) -> Option<Outcome> {
+/// The payload attempt number `attempts` of `d` sends: the one stored at enqueue, always (its
+/// SHA-256 is `d.payload_sha256`). Only the `rerender-on-retry` flaw returns anything else.
+pub fn payload_to_send<'a>(cfg: &Config, d: &'a Claimed, attempts: i32) -> Cow<'a, Payload> {
+    if cfg.flaws.has(Flaw::RerenderOnRetry) && attempts > 1 {
+        // Flaw: a retry renders the message again from live data instead of sending the
+        // stored payload; simulated by what changed since (the attempt), so the bytes differ.
+        let mut again = d.payload.clone();
+        again.text = format!("{} [{}]", d.payload.text, attempts);
+        return Cow::Owned(again);
+    }
+    Cow::Borrowed(&d.payload)
+}
+
+/// How far before the uncertain attempt's recorded start an SMS lookup reaches: the provider's
+/// clock (which stamps `date_created`) and the database's may disagree by this much.
+pub const SMS_LOOKUP_SKEW: chrono::Duration = chrono::Duration::seconds(30);
+
+/// Advisory lock class (two-key form, apart from the rescuer's one-key lock) that serialises
+/// adoptions of one SMS sid, so two deliveries never both adopt it.
+const ADOPT_LOCK: i32 = 0x736d73; // "sms"
+
+/// What the look-before-resend step came to.
+enum Reconciled {
+    /// Nothing to reconcile, or nothing found: send.
+    Send,
+    /// An earlier attempt's message was adopted (or the row moved on meanwhile): done.
+    Recorded,
+    /// The attempt's outcome without a send (the lookup failed: cannot tell, do not resend).
+    Outcome(Outcome),
+}
+
+/// SMS has no idempotency key: after an attempt that may have landed, look for its message first
+/// and adopt the sid instead of sending a second message. Candidates are messages to the same
+/// number with the same body, from our number, created no earlier than the start of the first
+/// uncertain attempt less [`SMS_LOOKUP_SKEW`], and not owned by another delivery.
+async fn reconcile_first(w: &Worker, d: &Claimed) -> Reconciled {
     if d.channel != Channel::Sms || d.last_error_class.as_deref() != Some(class::AMBIGUOUS) {
-        return None;
+        return Reconciled::Send;
     }
     if w.cfg.flaws.has(Flaw::ResendUncertain) {
-        return None;
+        return Reconciled::Send;
     }
-    // Any message of this delivery was created after the delivery was (a minute of clock skew).
-    let since = d.created_at - chrono::Duration::minutes(1);
-    match w
-        .providers
-        .sms
-        .find(&d.address, &d.payload.text, since)
-        .await
-    {
-        Ok(Some(m)) => {
-            tracing::info!(key = %d.key, sid = %m.sid, "adopting the message an earlier attempt created");
-            Some(Outcome::Accepted {
-                provider_id: Some(m.sid),
-                done: false,
-            })
+    let looked = async {
+        let since = lookup_since(w, d).await? - SMS_LOOKUP_SKEW;
+        let found = w
+            .providers
+            .sms
+            .find(&d.address, &d.payload.text, since)
+            .await?;
+        for m in found {
+            if adopt(w, d, &m.sid).await? {
+                return anyhow::Ok(true);
+            }
         }
-        Ok(None) => None,
+        Ok(false)
+    };
+    match looked.await {
+        Ok(true) => Reconciled::Recorded,
+        Ok(false) => Reconciled::Send,
         // Cannot tell: do not risk a duplicate, try again later.
-        Err(e) => Some(Outcome::Retry {
+        Err(e) => Reconciled::Outcome(Outcome::Retry {
             class: class::AMBIGUOUS,
             error: format!("lookup before resend failed: {e:#}"),
             retry_after: None,
@@ -282,8 +396,459 @@ async fn reconcile_first(w: &Worker, d: &Claimed) -> Option<Outcome> {
     }
 }
 
+/// Start of the earliest attempt of `d` whose outcome is still unknown (recorded by the
+/// transition that made it `ambiguous`); failing that, the previous attempt's start, or the
+/// delivery's creation.
+async fn lookup_since(w: &Worker, d: &Claimed) -> anyhow::Result<DateTime<Utc>> {
+    let (since,): (Option<DateTime<Utc>>,) =
+        sqlx::query_as("SELECT uncertain_since FROM deliveries WHERE id = $1")
+            .bind(d.id)
+            .fetch_one(&w.pool)
+            .await
+            .context("reading the uncertain attempt's start")?;
+    Ok(since.or(d.attempt_started_at).unwrap_or(d.created_at))
+}
+
+/// Adopts `sid` for `d` unless another delivery owns it: under a per-sid advisory lock, so the
+/// ownership check and the fenced `sending → submitted` are one step for every adopter. True
+/// when `d` is done with (adopted, or the row had moved on), false when the sid is taken.
+async fn adopt(w: &Worker, d: &Claimed, sid: &str) -> anyhow::Result<bool> {
+    let mut tx = w.pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+        .bind(ADOPT_LOCK)
+        .bind(sid)
+        .execute(&mut *tx)
+        .await?;
+    let (owned,): (bool,) = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM deliveries WHERE provider_message_id = $1 AND id <> $2)",
+    )
+    .bind(sid)
+    .bind(d.id)
+    .fetch_one(&mut *tx)
+    .await?;
+    if owned {
+        tracing::info!(key = %d.key, sid, "lookup found a message another delivery owns; not adopting it");
+        return Ok(false);
+    }
+    let t = Transition {
+        delivery_id: d.id,
+        from: &[State::Sending],
+        to: State::Submitted,
+        source: Source::Worker,
+        detail: Some(format!("adopted {sid}, created by an earlier attempt")),
+        fence: Fence::Lease {
+            owner: d.lease_owner.clone(),
+            token: d.lease_token,
+        },
+        set: Updates {
+            provider_message_id: Some(sid.to_string()),
+            poll_in: Some(first_poll(&w.cfg, rand::random())),
+            outcome_class: Some(class::ACCEPTED),
+            ..Updates::default()
+        },
+    };
+    let recorded = state::transition(&mut tx, &t).await?.is_some();
+    tx.commit().await?;
+    tracing::info!(key = %d.key, sid, recorded, "adopted the message an earlier attempt created");
+    Ok(true)
+}
+
+/// Ends a claimed row that must not be attempted again (`why`) as `failed`, without sending.
+/// The provider's text of its last attempt stays in `last_error`.
+async fn fail_unsent(w: &Worker, d: &Claimed, why: &str) -> anyhow::Result<()> {
+    let mut conn = w.pool.acquire().await?;
+    let (last,): (Option<String>,) =
+        sqlx::query_as("SELECT last_error FROM deliveries WHERE id = $1")
+            .bind(d.id)
+            .fetch_one(&mut *conn)
+            .await?;
+    let t = Transition {
+        delivery_id: d.id,
+        from: &[State::Sending],
+        to: State::Failed,
+        source: Source::Worker,
+        detail: Some(why.to_string()),
+        fence: Fence::Lease {
+            owner: d.lease_owner.clone(),
+            token: d.lease_token,
+        },
+        set: Updates {
+            error: Some((
+                class::EXHAUSTED.to_string(),
+                last.unwrap_or_else(|| why.to_string()),
+            )),
+            ..Updates::default()
+        },
+    };
+    if state::transition(&mut conn, &t).await?.is_some() {
+        tracing::info!(key = %d.key, why, "failed without sending");
+    }
+    Ok(())
+}
+
+/// Takes back a recorded start whose send was never made and gives the row back, in one
+/// transaction (so no rescuer reads it as started-but-unconfirmed in between).
+async fn abandon_start(w: &Worker, d: &Claimed) -> anyhow::Result<()> {
+    let mut tx = w.pool.begin().await?;
+    claim::undo_start(&mut *tx, d).await?;
+    claim::release(
+        &mut tx,
+        d,
+        Source::Worker,
+        "lease deadline passed before send",
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 async fn give_back(w: &Worker, d: &Claimed, why: &str) -> anyhow::Result<()> {
     let mut conn = w.pool.acquire().await?;
     claim::release(&mut conn, d, Source::Worker, why).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backoff::Backoff;
+    use crate::config::Flaws;
+
+    fn cfg() -> Config {
+        let mut cfg = Config::for_tests("postgres://unused");
+        cfg.max_attempts = 3;
+        cfg.max_age = Duration::from_secs(3600);
+        cfg.sms_poll_after = Duration::from_millis(1000);
+        cfg.backoff = Backoff {
+            base: Duration::from_millis(100),
+            factor: 2.0,
+            max: Duration::from_millis(1000),
+            jitter: 0.5,
+        };
+        cfg
+    }
+
+    fn claimed(channel: Channel, attempts: i32, created_at: DateTime<Utc>) -> Claimed {
+        let payload = Payload {
+            text: "hello".into(),
+            ..Payload::default()
+        };
+        Claimed {
+            id: 1,
+            key: "b:r:x".into(),
+            channel,
+            address: "a".into(),
+            payload_sha256: payload.sha256(),
+            payload,
+            correlation_id: "c".into(),
+            attempts,
+            lease_owner: "w".into(),
+            lease_token: 1,
+            created_at,
+            last_error_class: None,
+            attempt_started_at: None,
+            from_state: State::Pending,
+        }
+    }
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    fn accepted(done: bool) -> Outcome {
+        Outcome::Accepted {
+            provider_id: Some("p1".into()),
+            done,
+        }
+    }
+    fn retry(class: &'static str, retry_after: Option<Duration>) -> Outcome {
+        Outcome::Retry {
+            class,
+            error: "503 busy".into(),
+            retry_after,
+        }
+    }
+    fn permanent() -> Outcome {
+        Outcome::Permanent {
+            error: "550 5.1.1 mailbox unknown".into(),
+        }
+    }
+    fn unknown() -> Outcome {
+        Outcome::Unknown {
+            error: "connection lost after DATA".into(),
+        }
+    }
+
+    /// Every outcome class × attempts below / at the cap × age below / near / past the cap.
+    /// Expected: (state, retry gap, error class, counted class).
+    #[test]
+    fn decide_table() {
+        let cfg = cfg();
+        let now: DateTime<Utc> = "2026-11-30T12:00:00Z".parse().unwrap();
+        let young = now - chrono::Duration::minutes(1);
+        let old = now - chrono::Duration::hours(2);
+        // 150 ms of age left: the first gap (100 ms) fits, the second (200 ms) does not.
+        let near = now - chrono::Duration::milliseconds(3_600_000 - 150);
+        type Want = (State, Option<Duration>, Option<&'static str>, &'static str);
+        let retryable = |gap, cls| (State::Retryable, Some(gap), Some(cls), cls);
+        let failed = |cls| (State::Failed, None, Some(class::EXHAUSTED), cls);
+        let t = class::TRANSIENT;
+        let a = class::AMBIGUOUS;
+        let ra = |ms| Some(MS(ms));
+        let cases: Vec<(&str, Outcome, i32, DateTime<Utc>, Want)> = vec![
+            // Accepted: never depends on attempts or age.
+            (
+                "line ok",
+                accepted(true),
+                1,
+                young,
+                (State::Delivered, None, None, "accepted"),
+            ),
+            (
+                "line ok at cap",
+                accepted(true),
+                3,
+                old,
+                (State::Delivered, None, None, "accepted"),
+            ),
+            (
+                "sms ok",
+                accepted(false),
+                1,
+                young,
+                (State::Submitted, None, None, "accepted"),
+            ),
+            // Permanent and unknowable: same at any attempt or age.
+            (
+                "permanent",
+                permanent(),
+                1,
+                young,
+                (
+                    State::PermanentFailure,
+                    None,
+                    Some("permanent"),
+                    "permanent",
+                ),
+            ),
+            (
+                "permanent at cap",
+                permanent(),
+                3,
+                old,
+                (
+                    State::PermanentFailure,
+                    None,
+                    Some("permanent"),
+                    "permanent",
+                ),
+            ),
+            (
+                "unknown",
+                unknown(),
+                1,
+                young,
+                (State::Unknown, None, Some(a), a),
+            ),
+            (
+                "unknown at cap",
+                unknown(),
+                3,
+                old,
+                (State::Unknown, None, Some(a), a),
+            ),
+            // Transient / ambiguous below both caps: backoff (unit 0.5 = no jitter).
+            (
+                "transient 1",
+                retry(t, None),
+                1,
+                young,
+                retryable(MS(100), t),
+            ),
+            (
+                "transient 2",
+                retry(t, None),
+                2,
+                young,
+                retryable(MS(200), t),
+            ),
+            (
+                "ambiguous 1",
+                retry(a, None),
+                1,
+                young,
+                retryable(MS(100), a),
+            ),
+            // At the attempt cap: failed, whatever the age.
+            ("transient at cap", retry(t, None), 3, young, failed(t)),
+            ("ambiguous at cap", retry(a, None), 3, young, failed(a)),
+            ("transient past cap", retry(t, None), 4, young, failed(t)),
+            // Past the age cap: failed, whatever the attempts.
+            ("transient too old", retry(t, None), 1, old, failed(t)),
+            ("ambiguous too old", retry(a, None), 1, old, failed(a)),
+            ("too old at cap", retry(t, None), 3, old, failed(t)),
+            // Near the age cap: a gap that still fits is kept, one that does not fails now.
+            (
+                "fits before the age cap",
+                retry(t, None),
+                1,
+                near,
+                retryable(MS(100), t),
+            ),
+            ("would pass the age cap", retry(t, None), 2, near, failed(t)),
+            // Retry-After: a longer wait wins, a shorter one does not shorten the backoff...
+            (
+                "retry-after longer",
+                retry(t, ra(600_000)),
+                1,
+                young,
+                retryable(MS(600_000), t),
+            ),
+            (
+                "retry-after shorter",
+                retry(t, ra(10)),
+                2,
+                young,
+                retryable(MS(200), t),
+            ),
+            // ...and one that would land past the age cap fails now instead of being cut short.
+            (
+                "retry-after past the age cap",
+                retry(t, ra(3_600_000)),
+                1,
+                young,
+                failed(t),
+            ),
+            (
+                "retry-after near the age cap",
+                retry(t, ra(200)),
+                1,
+                near,
+                failed(t),
+            ),
+            ("retry-after at cap", retry(t, ra(50)), 3, young, failed(t)),
+        ];
+        for (name, outcome, attempts, created, want) in cases {
+            let channel = match outcome {
+                Outcome::Accepted { done: false, .. } => Channel::Sms,
+                _ => Channel::Line,
+            };
+            let d = claimed(channel, attempts - 1, created);
+            let got = decide_at(&cfg, &d, attempts, &outcome, 0.5, now);
+            let got_want: Want = (
+                got.to,
+                got.set.retry_in,
+                got.set.error.as_ref().map(|(c, _)| match c.as_str() {
+                    "transient" => class::TRANSIENT,
+                    "ambiguous" => class::AMBIGUOUS,
+                    "permanent" => class::PERMANENT,
+                    "exhausted" => class::EXHAUSTED,
+                    other => panic!("{name}: class {other}"),
+                }),
+                got.set.outcome_class.unwrap_or("none"),
+            );
+            assert_eq!(got_want, want, "{name}: {got:?}");
+            // The provider's own text is what `last_error` keeps, exhausted or not.
+            if let Some((_, text)) = &got.set.error {
+                let provider_text = match &outcome {
+                    Outcome::Retry { error, .. }
+                    | Outcome::Permanent { error }
+                    | Outcome::Unknown { error } => error,
+                    Outcome::Accepted { .. } => unreachable!(),
+                };
+                assert_eq!(text, provider_text, "{name}");
+            }
+            if got.to == State::Failed {
+                assert!(
+                    got.detail.starts_with("gave up after"),
+                    "{name}: {}",
+                    got.detail
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn decide_with_flaws() {
+        let now = Utc::now();
+        let d = claimed(Channel::Line, 5, now - chrono::Duration::hours(2));
+        let mut cfg = cfg();
+        cfg.flaws = Flaws::default().with(Flaw::RetryStorm);
+        let got = decide_at(&cfg, &d, 6, &retry(class::TRANSIENT, None), 0.5, now);
+        assert_eq!(
+            (got.to, got.set.retry_in),
+            (State::Retryable, Some(Duration::ZERO))
+        );
+        assert_eq!(exhausted_before_send(&cfg, &d, now), None);
+        cfg.flaws = Flaws::default().with(Flaw::DropOnFailure);
+        let young = claimed(Channel::Line, 0, now);
+        let got = decide_at(&cfg, &young, 1, &retry(class::TRANSIENT, None), 0.5, now);
+        assert_eq!(got.to, State::Failed);
+        cfg.flaws = Flaws::default().with(Flaw::RetryPermanent);
+        let got = decide_at(&cfg, &young, 1, &permanent(), 0.5, now);
+        assert_eq!(got.to, State::Retryable);
+        assert_eq!(
+            got.set.outcome_class,
+            Some("permanent"),
+            "counted as what it was"
+        );
+    }
+
+    /// Checked before anything is sent: rows whose attempts or age are spent are not sent again.
+    #[test]
+    fn exhausted_before_send_table() {
+        let cfg = cfg();
+        let now: DateTime<Utc> = "2026-11-30T12:00:00Z".parse().unwrap();
+        let cases = [
+            (0, chrono::Duration::zero(), false),
+            (2, chrono::Duration::minutes(59), false),
+            (3, chrono::Duration::minutes(1), true),
+            (7, chrono::Duration::minutes(1), true),
+            (0, chrono::Duration::minutes(60), true),
+            (1, chrono::Duration::hours(5), true),
+        ];
+        for (attempts, age, stop) in cases {
+            let d = claimed(Channel::Sms, attempts, now - age);
+            let got = exhausted_before_send(&cfg, &d, now);
+            assert_eq!(
+                got.is_some(),
+                stop,
+                "{attempts} attempts, age {age}: {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_first_sms_poll_is_jittered() {
+        let cfg = cfg();
+        // (unit, expected) around TING_SMS_POLL_AFTER_MS = 1000.
+        for (unit, want) in [(0.0, 500), (0.25, 750), (0.5, 1000), (0.999, 1499)] {
+            assert_eq!(first_poll(&cfg, unit).as_millis(), want, "{unit}");
+        }
+        assert!(first_poll(&cfg, 1.0) <= MS(1500));
+        let now = Utc::now();
+        let d = claimed(Channel::Sms, 0, now);
+        let got = decide_at(&cfg, &d, 1, &accepted(false), 0.0, now);
+        assert_eq!(got.set.poll_in, Some(MS(500)));
+        let line = claimed(Channel::Line, 0, now);
+        assert_eq!(
+            decide_at(&cfg, &line, 1, &accepted(true), 0.0, now)
+                .set
+                .poll_in,
+            None
+        );
+    }
+
+    /// What a retry sends hashes to what was stored at enqueue; the `rerender-on-retry` flaw is
+    /// what breaks that (so the check can fail).
+    #[test]
+    fn a_retry_sends_the_stored_payload() {
+        let mut cfg = cfg();
+        let d = claimed(Channel::Line, 1, Utc::now());
+        for attempts in [1, 2, 5] {
+            let p = payload_to_send(&cfg, &d, attempts);
+            assert_eq!(p.sha256(), d.payload_sha256, "attempt {attempts}");
+        }
+        cfg.flaws = Flaws::default().with(Flaw::RerenderOnRetry);
+        assert_eq!(payload_to_send(&cfg, &d, 1).sha256(), d.payload_sha256);
+        assert_ne!(payload_to_send(&cfg, &d, 2).sha256(), d.payload_sha256);
+    }
 }

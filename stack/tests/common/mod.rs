@@ -86,6 +86,7 @@ pub struct SmsMsg {
     pub sid: String,
     pub to: String,
     pub body: String,
+    pub created: chrono::DateTime<chrono::Utc>,
 }
 
 /// The fake providers' ledger and switches.
@@ -95,8 +96,22 @@ pub struct Fake {
     pub line_commits: Mutex<HashMap<String, u32>>,
     line_keys: Mutex<HashMap<String, String>>,
     pub line_requests: AtomicUsize,
+    /// The text of every LINE push received, accepted or not: `(to, text)`.
+    pub line_texts: Mutex<Vec<(String, String)>>,
+    /// While set, every LINE push is answered with this status (and Retry-After) and not
+    /// committed.
+    pub line_fail: Mutex<Option<(u16, Option<String>)>>,
+    /// When true, the first push to each address is answered 429 (not committed).
+    pub line_fail_first: AtomicBool,
+    line_failed_once: Mutex<std::collections::HashSet<String>>,
+    /// Largest page the SMS list answers (0: no limit).
+    pub sms_page_size: AtomicUsize,
     pub sms: Mutex<Vec<SmsMsg>>,
     pub sms_lookups: AtomicUsize,
+    /// Lookups (list requests) answered.
+    pub sms_lookups_done: AtomicUsize,
+    /// How long each list request takes to answer, in milliseconds.
+    pub sms_list_delay_ms: std::sync::atomic::AtomicU64,
     /// While true, every send commits and then waits for `release`.
     pub hang: AtomicBool,
     pub hanging: AtomicUsize,
@@ -111,6 +126,24 @@ impl Fake {
             *out.entry(m.to.clone()).or_default() += 1;
         }
         out
+    }
+
+    /// A message the provider holds as if an earlier send had created it at `created`.
+    pub fn inject_sms(
+        &self,
+        to: &str,
+        body: &str,
+        created: chrono::DateTime<chrono::Utc>,
+    ) -> String {
+        let mut all = self.sms.lock().unwrap();
+        let sid = format!("SM{:032}", all.len() + 1);
+        all.push(SmsMsg {
+            sid: sid.clone(),
+            to: to.into(),
+            body: body.into(),
+            created,
+        });
+        sid
     }
 
     /// Lets every hanging request answer.
@@ -158,7 +191,7 @@ async fn line_push(
     State(f): State<Arc<Fake>>,
     headers: HeaderMap,
     Json(body): Json<Value>,
-) -> (StatusCode, Json<Value>) {
+) -> (StatusCode, HeaderMap, Json<Value>) {
     f.line_requests.fetch_add(1, Ordering::SeqCst);
     let key = headers
         .get("x-line-retry-key")
@@ -166,11 +199,43 @@ async fn line_push(
         .unwrap_or("")
         .to_string();
     let to = body["to"].as_str().unwrap_or("").to_string();
+    let text = body["messages"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    f.line_texts.lock().unwrap().push((to.clone(), text));
+    let fail = f.line_fail.lock().unwrap().clone();
+    if let Some((status, retry_after)) = fail {
+        let mut h = HeaderMap::new();
+        if let Some(ra) = retry_after {
+            h.insert("retry-after", ra.parse().unwrap());
+        }
+        let status = StatusCode::from_u16(status).unwrap();
+        return (
+            status,
+            h,
+            Json(json!({"message": format!("fake says {status}")})),
+        );
+    }
+    if f.line_fail_first.load(Ordering::SeqCst)
+        && f.line_failed_once.lock().unwrap().insert(to.clone())
+    {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", "0".parse().unwrap());
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            h,
+            Json(json!({"message": "Too many requests"})),
+        );
+    }
     {
         let mut keys = f.line_keys.lock().unwrap();
         if !key.is_empty() && keys.contains_key(&key) {
+            let mut h = HeaderMap::new();
+            h.insert("x-line-accepted-request-id", "req-1".parse().unwrap());
             return (
                 StatusCode::CONFLICT,
+                h,
                 Json(json!({"message": "The retry key is already accepted"})),
             );
         }
@@ -180,6 +245,7 @@ async fn line_push(
     f.maybe_hang().await;
     (
         StatusCode::OK,
+        HeaderMap::new(),
         Json(json!({"sentMessages": [{"id": format!("L-{key}")}]})),
     )
 }
@@ -195,6 +261,7 @@ async fn sms_create(
             sid: sid.clone(),
             to: form.get("To").cloned().unwrap_or_default(),
             body: form.get("Body").cloned().unwrap_or_default(),
+            created: chrono::Utc::now(),
         });
         sid
     };
@@ -205,21 +272,61 @@ async fn sms_create(
     )
 }
 
+/// Counts a request as answered when the handler returns.
+struct Done<'a>(&'a AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Twilio's list: newest first, `PageSize` (capped by `sms_page_size`) and `Page`, with a
+/// `next_page_uri` that keeps the filter (as Twilio's does).
 async fn sms_list(
     State(f): State<Arc<Fake>>,
+    Path(acct): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Json<Value> {
     f.sms_lookups.fetch_add(1, Ordering::SeqCst);
+    let delay = f.sms_list_delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    let _done = Done(&f.sms_lookups_done);
     let to = q.get("To").cloned().unwrap_or_default();
-    let msgs: Vec<Value> = f
+    let mut size: usize = q.get("PageSize").and_then(|v| v.parse().ok()).unwrap_or(50);
+    let cap = f.sms_page_size.load(Ordering::SeqCst);
+    if cap > 0 {
+        size = size.min(cap);
+    }
+    let page: usize = q.get("Page").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut all: Vec<SmsMsg> = f
         .sms
         .lock()
         .unwrap()
         .iter()
         .filter(|m| m.to == to)
-        .map(|m| json!({"sid": m.sid, "to": m.to, "body": m.body, "status": "sent"}))
+        .cloned()
         .collect();
-    Json(json!({ "messages": msgs }))
+    all.sort_by_key(|m| std::cmp::Reverse(m.created));
+    let msgs: Vec<Value> = all
+        .iter()
+        .skip(page * size)
+        .take(size)
+        .map(|m| {
+            json!({"sid": m.sid, "to": m.to, "body": m.body, "status": "sent",
+                   "date_created": m.created.to_rfc2822()})
+        })
+        .collect();
+    let next = ((page + 1) * size < all.len()).then(|| {
+        format!(
+            "/2010-04-01/Accounts/{acct}/Messages.json?To={}&PageSize={size}&Page={}",
+            to.replace('+', "%2B"),
+            page + 1
+        )
+    });
+    Json(json!({ "messages": msgs, "next_page_uri": next, "page": page, "page_size": size }))
 }
 
 async fn sms_fetch(
@@ -353,4 +460,89 @@ pub async fn start_smtp() -> (Arc<SmtpFake>, String) {
         }
     });
     (fake, addr)
+}
+
+/// A TCP proxy in front of `upstream` (`postgres://…@host:port/db`) that can be frozen: while
+/// `frozen` is true nothing is forwarded either way (connections stay open, answers never come),
+/// like a database behind a dead network. Returns the switch and the URL through the proxy.
+pub async fn start_freezable_proxy(upstream: &str) -> (Arc<AtomicBool>, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let at = upstream.find('@').unwrap() + 1;
+    let end = at + upstream[at..].find('/').unwrap();
+    let target = upstream[at..end].to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let local = listener.local_addr().unwrap().to_string();
+    let url = format!("{}{local}{}", &upstream[..at], &upstream[end..]);
+    let frozen = Arc::new(AtomicBool::new(false));
+    let f = frozen.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                continue;
+            };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            for (mut r, mut w) in [
+                (
+                    Box::new(cr) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                    Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                ),
+                (Box::new(sr) as _, Box::new(cw) as _),
+            ] {
+                let f = f.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match r.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        while f.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        if w.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    (frozen, url)
+}
+
+/// A TCP listener that accepts connections and never says a word (a database that hangs during
+/// the handshake). Returns the `postgres://` URL and how many connections it has accepted.
+pub async fn start_silent_db() -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let a = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
+            held.push(sock);
+        }
+    });
+    (format!("postgres://postgres@{addr}/ting"), accepted)
+}
+
+/// The `/metrics` text of the API at `addr`.
+pub async fn metrics(addr: &str) -> String {
+    reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the sample `name{labels}` (exactly as written, e.g.
+/// `ting_attempts_total{channel="line",class="accepted"}`) in a Prometheus text, if present.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
 }
