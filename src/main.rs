@@ -290,6 +290,7 @@ async fn bench_claim_stack(
             None => Amount::Rows(plan.rows),
         },
         pgbench: plan.pgbench,
+        rounds: plan.rounds.max(1) as usize,
         ..Default::default()
     };
     let rows = stack::bench::claim_bench(&plan.database_url, &opts, |r| {

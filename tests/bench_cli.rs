@@ -74,6 +74,41 @@ fn bench_claim_prints_rows_verifies_and_writes_json() {
     assert!(dir.join("chart.svg").is_file());
 }
 
+/// `--rounds`: each measurement runs both sides that many times, and every round's ratio is
+/// kept beside the median round's figures (only when pgbench ran: without it there is no ratio).
+#[test]
+fn bench_claim_rounds_list_every_rounds_ratio() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args([
+            "bench",
+            "claim",
+            "--workers",
+            "2",
+            "--batch",
+            "10",
+            "--rounds",
+            "3",
+        ])
+        .args(["--rows", "600", "--report-dir"])
+        .arg(tmp.path())
+        .output()
+        .expect("run ting-chaos");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let json = bench_json(&result_dir(tmp.path()));
+    let row = &json["rows"][0];
+    assert_eq!(row["double_claims"], 0, "{row}");
+    if row["pgbench"].is_number() {
+        assert_eq!(
+            row["round_ratios"].as_array().map(Vec::len),
+            Some(3),
+            "{row}"
+        );
+        assert!(stdout.contains("stack/pgbench per round"), "{stdout}");
+    }
+}
+
 #[test]
 fn bench_e2e_runs_the_whole_stack() {
     let tmp = tempfile::tempdir().unwrap();

@@ -25,15 +25,22 @@ use crate::ledger::Ledger;
 pub struct Reply {
     pub status: StatusCode,
     pub headers: Vec<(HeaderName, String)>,
-    pub json: serde_json::Value,
+    /// The JSON body, serialised when the reply is made.
+    pub body: Vec<u8>,
 }
 
 impl Reply {
     pub fn json(status: u16, json: serde_json::Value) -> Reply {
+        Reply::serialized(status, &json)
+    }
+
+    /// A reply whose body is `value` as JSON, written straight from its `Serialize` (no
+    /// intermediate `serde_json::Value`: the SMS resource is on every create's path).
+    pub fn serialized(status: u16, value: &impl serde::Serialize) -> Reply {
         Reply {
             status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             headers: Vec::new(),
-            json,
+            body: serde_json::to_vec(value).unwrap_or_default(),
         }
     }
 
@@ -46,8 +53,7 @@ impl Reply {
 
 impl IntoResponse for Reply {
     fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&self.json).unwrap_or_default();
-        let mut resp = (self.status, body).into_response();
+        let mut resp = (self.status, self.body).into_response();
         let h = resp.headers_mut();
         h.insert(
             "content-type",

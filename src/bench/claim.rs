@@ -27,6 +27,8 @@ pub struct ClaimPlan {
     pub duration: Option<Duration>,
     /// `None`: not installed or not wanted; the stack side only.
     pub pgbench: Option<PathBuf>,
+    /// Rounds per measurement (stack and pgbench alternating which goes first).
+    pub rounds: u32,
 }
 
 mod secs_opt {
@@ -110,6 +112,7 @@ where
         rows,
         duration,
         pgbench,
+        rounds: args.rounds,
     };
     let result = measure(plan.clone()).await;
     if let Err(e) = db.close().await {

@@ -57,6 +57,11 @@ pub struct ClaimArgs {
     /// Measure the stack side only, even when pgbench is installed.
     #[arg(long)]
     pub no_pgbench: bool,
+    /// Rounds per measurement, alternating which side goes first; the round with the median
+    /// stack/pgbench ratio is reported and every round's ratio is listed (a shared machine's
+    /// noise shows as their spread).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub rounds: u32,
     /// Where the result directory is created.
     #[arg(long, default_value = "reports/bench")]
     pub report_dir: PathBuf,

@@ -74,6 +74,9 @@ pub struct BenchOptions {
     /// The `pgbench` binary; `None` measures the stack side only.
     pub pgbench: Option<PathBuf>,
     pub lease: Duration,
+    /// Rounds per measurement: each runs both sides, alternating which goes first, and the round
+    /// with the median stack/pgbench ratio is reported (default 1).
+    pub rounds: usize,
 }
 
 impl Default for BenchOptions {
@@ -84,6 +87,7 @@ impl Default for BenchOptions {
             amount: Amount::Rows(20_000),
             pgbench: Some(PathBuf::from("pgbench")),
             lease: Duration::from_secs(60),
+            rounds: 1,
         }
     }
 }
@@ -128,6 +132,10 @@ pub struct BenchRow {
     pub stack_profile: usage::Profile,
     /// The same for the pgbench side, if it ran.
     pub pgbench_profile: Option<usage::Profile>,
+    /// stack/pgbench of every round, in the order run, when there was more than one (this row
+    /// is the median round's; double claims and leftovers are summed over all rounds).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub round_ratios: Vec<f64>,
 }
 
 impl BenchRow {
@@ -162,10 +170,47 @@ pub async fn claim_bench(
                 Amount::Rows(_) => None,
                 Amount::Duration { duration, .. } => Some(duration),
             };
-            seed(&pool, seeded).await?;
-            let mut row =
-                stack_side(&pool, workers, batch, opts.lease, deadline, postmaster).await?;
-            row.seeded = seeded;
+            let mut rounds: Vec<BenchRow> = Vec::new();
+            for round in 0..opts.rounds.max(1) {
+                // Alternate which side goes first, so drift on a shared machine hits both alike.
+                let pgbench_first = round % 2 == 1;
+                let mut pg = None;
+                if pgbench_first {
+                    pg = pgbench_side(
+                        &pool,
+                        database_url,
+                        opts,
+                        workers,
+                        batch,
+                        seeded,
+                        postmaster,
+                    )
+                    .await?;
+                }
+                seed(&pool, seeded).await?;
+                let mut row =
+                    stack_side(&pool, workers, batch, opts.lease, deadline, postmaster).await?;
+                row.seeded = seeded;
+                if !pgbench_first {
+                    pg = pgbench_side(
+                        &pool,
+                        database_url,
+                        opts,
+                        workers,
+                        batch,
+                        seeded,
+                        postmaster,
+                    )
+                    .await?;
+                }
+                if let Some(pg) = pg {
+                    row.pgbench_profile = Some(pg.profile);
+                    row.pgbench = Some(pg.rows_per_s);
+                    row.pgbench_double_claims = Some(pg.doubles);
+                }
+                rounds.push(row);
+            }
+            let mut row = median_round(rounds);
             if workers == 1 {
                 single.insert(batch, row.stack);
             }
@@ -173,31 +218,78 @@ pub async fn claim_bench(
                 .get(&batch)
                 .filter(|s| **s > 0.0)
                 .map(|s| row.stack / (s * workers as f64));
-            if let Some(bin) = &opts.pgbench {
-                seed(&pool, seeded).await?;
-                let run = pgbench::Run {
-                    bin,
-                    url: database_url,
-                    workers,
-                    batch,
-                    lease: opts.lease,
-                    transactions: seeded / (workers as u64 * batch as u64),
-                    duration: deadline,
-                };
-                let before = usage::Snapshot::take(&pool, postmaster).await;
-                let tx = run.execute().await?;
-                let after = usage::Snapshot::take(&pool, postmaster).await;
-                let (claimed, doubles) = audit(&pool).await?;
-                row.pgbench_profile = Some(after.since(&before, usage::Client::Children, claimed));
-                row.pgbench = Some(claimed as f64 * tx.tps / tx.transactions.max(1) as f64);
-                row.pgbench_double_claims = Some(doubles);
-            }
             progress(&row);
             out.push(row);
         }
     }
     pool.close().await;
     Ok(out)
+}
+
+/// What the pgbench side of one round measured.
+struct PgbenchRound {
+    rows_per_s: f64,
+    doubles: u64,
+    profile: usage::Profile,
+}
+
+/// pgbench running the identical SQL on a freshly seeded table; `None` without pgbench.
+async fn pgbench_side(
+    pool: &PgPool,
+    database_url: &str,
+    opts: &BenchOptions,
+    workers: usize,
+    batch: i64,
+    seeded: u64,
+    postmaster: Option<u32>,
+) -> anyhow::Result<Option<PgbenchRound>> {
+    let Some(bin) = &opts.pgbench else {
+        return Ok(None);
+    };
+    seed(pool, seeded).await?;
+    let run = pgbench::Run {
+        bin,
+        url: database_url,
+        workers,
+        batch,
+        lease: opts.lease,
+        transactions: seeded / (workers as u64 * batch as u64),
+        duration: match opts.amount {
+            Amount::Rows(_) => None,
+            Amount::Duration { duration, .. } => Some(duration),
+        },
+    };
+    let before = usage::Snapshot::take(pool, postmaster).await;
+    let tx = run.execute().await?;
+    let after = usage::Snapshot::take(pool, postmaster).await;
+    let (claimed, doubles) = audit(pool).await?;
+    Ok(Some(PgbenchRound {
+        rows_per_s: claimed as f64 * tx.tps / tx.transactions.max(1) as f64,
+        doubles,
+        profile: after.since(&before, usage::Client::Children, claimed),
+    }))
+}
+
+/// The round with the median stack/pgbench ratio (the lower median for an even count), carrying
+/// every round's ratio and the double claims and leftovers of all rounds. Without pgbench, the
+/// round with the median stack figure.
+fn median_round(mut rounds: Vec<BenchRow>) -> BenchRow {
+    let ratios: Vec<f64> = if rounds.len() > 1 {
+        rounds.iter().filter_map(BenchRow::ratio).collect()
+    } else {
+        Vec::new()
+    };
+    let doubles: u64 = rounds.iter().map(|r| r.double_claims).sum();
+    let unclaimed: u64 = rounds.iter().map(|r| r.unclaimed).sum();
+    let pg_doubles: Option<u64> = rounds.iter().map(|r| r.pgbench_double_claims).sum();
+    let key = |r: &BenchRow| r.ratio().unwrap_or(r.stack);
+    rounds.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let mut row = rounds.swap_remove((rounds.len() - 1) / 2);
+    row.round_ratios = ratios;
+    row.double_claims = doubles;
+    row.unclaimed = unclaimed;
+    row.pgbench_double_claims = pg_doubles;
+    row
 }
 
 /// The printed table, with the verification line under it.
@@ -221,7 +313,38 @@ pub fn render(rows: &[BenchRow]) -> String {
         );
     }
     let _ = writeln!(s, "{}", verification(rows));
+    s.push_str(&render_rounds(rows));
     s.push_str(&render_profile(rows));
+    s
+}
+
+/// Every round's stack/pgbench, when measurements ran more than one round.
+pub fn render_rounds(rows: &[BenchRow]) -> String {
+    let mut s = String::new();
+    if rows.iter().all(|r| r.round_ratios.is_empty()) {
+        return s;
+    }
+    s.push_str("stack/pgbench per round (the median round is the one shown above)\n");
+    for r in rows.iter().filter(|r| !r.round_ratios.is_empty()) {
+        let each: Vec<String> = r
+            .round_ratios
+            .iter()
+            .map(|x| format!("{:.0}%", x * 100.0))
+            .collect();
+        let (lo, hi) = r
+            .round_ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        let _ = writeln!(
+            s,
+            "{:>7} × {:<4} {}   (min {:.0}%, max {:.0}%)",
+            r.workers,
+            r.batch,
+            each.join(" "),
+            lo * 100.0,
+            hi * 100.0
+        );
+    }
     s
 }
 
@@ -449,5 +572,67 @@ async fn stack_side(
         pgbench_double_claims: None,
         stack_profile: after.since(&before, usage::Client::Own, claimed),
         pgbench_profile: None,
+        round_ratios: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(stack: f64, pgbench: Option<f64>, doubles: u64) -> BenchRow {
+        BenchRow {
+            workers: 4,
+            batch: 1,
+            seeded: 100,
+            claimed: 100,
+            claims: 100,
+            seconds: 1.0,
+            stack,
+            efficiency: None,
+            latency_ms: LatencyMs::default(),
+            double_claims: doubles,
+            unclaimed: 0,
+            pgbench,
+            pgbench_double_claims: pgbench.map(|_| doubles),
+            stack_profile: usage::Profile::default(),
+            pgbench_profile: None,
+            round_ratios: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_median_round_is_reported_with_every_rounds_ratio() {
+        let rounds = vec![
+            round(90.0, Some(100.0), 0),
+            round(70.0, Some(100.0), 1),
+            round(120.0, Some(100.0), 0),
+        ];
+        let m = median_round(rounds);
+        assert_eq!(m.stack, 90.0);
+        assert_eq!(m.round_ratios, vec![0.9, 0.7, 1.2], "in the order run");
+        // A double claim in any round is not hidden by the choice of round.
+        assert_eq!((m.double_claims, m.pgbench_double_claims), (1, Some(1)));
+        let table = render_rounds(&[m]);
+        assert!(
+            table.contains("90% 70% 120%   (min 70%, max 120%)"),
+            "{table}"
+        );
+
+        // Even count: the lower median. One round: nothing extra to list.
+        let m = median_round(vec![
+            round(80.0, Some(100.0), 0),
+            round(60.0, Some(100.0), 0),
+        ]);
+        assert_eq!(m.stack, 60.0);
+        let one = median_round(vec![round(80.0, Some(100.0), 0)]);
+        assert!(one.round_ratios.is_empty() && render_rounds(&[one]).is_empty());
+        // Without pgbench: the median stack figure.
+        let m = median_round(vec![
+            round(5.0, None, 0),
+            round(9.0, None, 0),
+            round(7.0, None, 0),
+        ]);
+        assert_eq!((m.stack, m.pgbench_double_claims), (7.0, None));
+    }
 }

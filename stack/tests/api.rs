@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
@@ -507,6 +508,71 @@ async fn email_events_are_verified_and_resolve_unknown() {
     assert_eq!(
         state_and_events(&pool, d.id).await,
         ("delivered".into(), before + 1)
+    );
+    pool.close().await;
+}
+
+/// A provider that stops waiting (its request timed out on a slow database) must not cancel the
+/// callback's work: it is applied anyway, and the provider's retry is answered from the receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_callback_is_applied_even_when_its_sender_stops_waiting() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (frozen, via_proxy) = common::start_freezable_proxy(&db.url).await;
+    let cfg = stack::Config::for_tests(&via_proxy);
+    let (addr, _stop, _h) = common::start_api(&cfg).await;
+    let http = reqwest::Client::new();
+    http.post(format!("http://{addr}/v1/batches"))
+        .json(&common::batch_body("gone", 1, &["email"]))
+        .send()
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let d = stack::claim::claim(&mut conn, "w1", 1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .remove(0);
+    let t = stack::state::Transition {
+        delivery_id: d.id,
+        from: &[stack::state::State::Sending],
+        to: stack::state::State::Submitted,
+        source: stack::state::Source::Worker,
+        detail: None,
+        fence: stack::state::Fence::None,
+        set: Default::default(),
+    };
+    stack::state::transition(&mut conn, &t)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(conn);
+    let body = json!({"id": "ev-gone", "type": "delivered", "message_id": d.correlation_id,
+                      "recipient": d.address, "timestamp": "2026-11-30T00:00:00Z"})
+    .to_string();
+    let mut mac = Hmac::<Sha256>::new_from_slice(cfg.smtp_events_secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    let post = || {
+        http.post(format!("http://{addr}/v1/callbacks/email"))
+            .header("X-Ting-Signature", sig.clone())
+            .body(body.clone())
+    };
+
+    // The API's database stops answering; the sender gives up after 300 ms and hangs up.
+    frozen.store(true, Ordering::SeqCst);
+    let r = post().timeout(Duration::from_millis(300)).send().await;
+    assert!(r.is_err_and(|e| e.is_timeout()));
+    frozen.store(false, Ordering::SeqCst);
+    common::wait_for("the event applied", Duration::from_secs(20), || async {
+        state_and_events(&pool, d.id).await.0 == "delivered"
+    })
+    .await;
+    // The retry is a duplicate: acknowledged, nothing applied twice.
+    let (_, events) = state_and_events(&pool, d.id).await;
+    assert_eq!(post().send().await.unwrap().status().as_u16(), 200);
+    assert_eq!(
+        state_and_events(&pool, d.id).await,
+        ("delivered".into(), events)
     );
     pool.close().await;
 }

@@ -44,6 +44,7 @@ pub struct SmsPlan {
     /// When the message becomes `sent`, and then final, after acceptance (also what a poll sees).
     pub sent_after: Duration,
     pub final_after: Duration,
+    /// The callbacks to send, in time order; empty when callbacks are off.
     pub reports: Vec<Planned>,
 }
 
@@ -77,6 +78,17 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
     } else {
         ("delivered", None)
     };
+    if !cfg.enabled {
+        // The timeline above is all a poll needs; the reports would never be sent. (They are drawn
+        // after it, so skipping them changes nothing that was drawn before.)
+        return SmsPlan {
+            final_status,
+            error_code,
+            sent_after,
+            final_after,
+            reports: Vec::new(),
+        };
+    }
     let out_of_order = rng.gen::<f64>() < cfg.out_of_order_rate.get();
     let dup = [rng.gen::<f64>(), rng.gen::<f64>()];
     let dup_gap = [
@@ -280,6 +292,38 @@ mod tests {
                 assert!(sent.at <= fin.at);
                 assert_eq!(fin.status, "delivered");
             }
+        }
+    }
+
+    #[test]
+    fn with_callbacks_off_the_timeline_is_the_same_and_nothing_is_planned() {
+        for r in ["+15550000001", "+15550000002", "+15550000003"] {
+            let on = sms(7, r, 1, "SMx", &cfg(0.5));
+            let off = sms(
+                7,
+                r,
+                1,
+                "SMx",
+                &CallbackConfig {
+                    enabled: false,
+                    ..cfg(0.5)
+                },
+            );
+            assert!(off.reports.is_empty());
+            assert_eq!(
+                (
+                    on.final_status,
+                    on.error_code,
+                    on.sent_after,
+                    on.final_after
+                ),
+                (
+                    off.final_status,
+                    off.error_code,
+                    off.sent_after,
+                    off.final_after
+                )
+            );
         }
     }
 

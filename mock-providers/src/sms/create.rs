@@ -135,13 +135,16 @@ async fn handle(
             d.outcome = Outcome::Accepted;
             d.status = "201".into();
             d.message_id = Some(msg.sid.clone());
-            (Reply::json(201, msg.resource(Instant::now())), Some(msg))
+            (
+                Reply::serialized(201, &msg.resource(Instant::now())),
+                Some(msg),
+            )
         }
         Decision::Repeat(msg) => {
             d.outcome = Outcome::IdempotentRepeat;
             d.status = "201".into();
             d.message_id = Some(msg.sid.clone());
-            let r = Reply::json(201, msg.resource(Instant::now()))
+            let r = Reply::serialized(201, &msg.resource(Instant::now()))
                 .header("idempotent-replayed", "true");
             (r, None)
         }

@@ -42,7 +42,7 @@ pub(super) async fn fetch(
     match st.inner.store.get(sid) {
         Some(msg) => {
             record_poll(&st, peer, &msg.to, Some(msg.sid.clone()), 200);
-            Reply::json(200, msg.resource(Instant::now())).into_response()
+            Reply::serialized(200, &msg.resource(Instant::now())).into_response()
         }
         None => {
             record_poll(&st, peer, "", Some(sid.to_string()), 404);

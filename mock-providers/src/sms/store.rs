@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::callbacks::plan::SmsPlan;
@@ -33,6 +32,37 @@ pub struct Stored {
     pub plan: SmsPlan,
 }
 
+/// Twilio's Message resource, serialised as Twilio writes it (keys in alphabetical order, as a
+/// `serde_json::Map` would put them).
+#[derive(Debug, serde::Serialize)]
+pub struct Resource<'a> {
+    pub account_sid: &'a str,
+    pub api_version: &'static str,
+    pub body: &'a str,
+    pub date_created: String,
+    pub date_sent: Option<String>,
+    pub date_updated: String,
+    pub direction: &'static str,
+    pub error_code: Option<u32>,
+    pub error_message: Option<String>,
+    pub from: Option<String>,
+    pub messaging_service_sid: Option<&'a str>,
+    pub num_media: &'static str,
+    pub num_segments: String,
+    pub price: Option<&'static str>,
+    pub price_unit: &'static str,
+    pub sid: &'a str,
+    pub status: &'static str,
+    pub subresource_uris: SubresourceUris,
+    pub to: &'a str,
+    pub uri: String,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct SubresourceUris {
+    pub media: String,
+}
+
 /// Where a message is on its timeline at some instant.
 pub struct StatusAt {
     pub status: &'static str,
@@ -45,7 +75,23 @@ pub struct StatusAt {
 /// e.g. `Wed, 01 May 2024 10:00:00 +0000` (chrono's `to_rfc2822` writes `Wed, 1 May 2024`, which
 /// strict RFC 1123 parsers such as Go's `time.RFC1123Z` reject).
 pub fn twilio_date(t: DateTime<Utc>) -> String {
-    t.format("%a, %d %b %Y %H:%M:%S +0000").to_string()
+    use chrono::{Datelike, Timelike};
+    // Written by hand: chrono's `format` parses its pattern on every call, and the SMS resource
+    // carries up to three dates on every create, fetch and list entry.
+    const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    format!(
+        "{}, {:02} {} {} {:02}:{:02}:{:02} +0000",
+        DAYS[t.weekday().num_days_from_monday() as usize],
+        t.day(),
+        MONTHS[t.month0() as usize],
+        t.year(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 /// The number a Messaging Service sends from, in this fake: one fixed number per service SID,
@@ -112,34 +158,41 @@ impl Stored {
     }
 
     /// Twilio's Message resource as of `now`.
-    pub fn resource(&self, now: Instant) -> Value {
+    pub fn resource(&self, now: Instant) -> Resource<'_> {
         let s = self.status_at(now);
         let segments = self.body.chars().count().div_ceil(160).max(1);
-        json!({
-            "account_sid": self.account_sid,
-            "api_version": API_VERSION,
-            "body": self.body,
-            "date_created": twilio_date(self.created),
-            "date_sent": s.date_sent.map(twilio_date),
-            "date_updated": twilio_date(s.date_updated),
-            "direction": "outbound-api",
-            "error_code": s.error_code,
-            "error_message": s.error_code.map(|c| crate::sms::error_message(c, &self.to)),
+        Resource {
+            account_sid: &self.account_sid,
+            api_version: API_VERSION,
+            body: &self.body,
+            date_created: twilio_date(self.created),
+            date_sent: s.date_sent.map(twilio_date),
+            date_updated: twilio_date(s.date_updated),
+            direction: "outbound-api",
+            error_code: s.error_code,
+            error_message: s.error_code.map(|c| crate::sms::error_message(c, &self.to)),
             // A Messaging Service picks the sender when it sends: `null` while `accepted`.
-            "from": if s.status == "accepted" { None } else { self.sender() },
-            "messaging_service_sid": self.messaging_service_sid,
-            "num_media": "0",
-            "num_segments": segments.to_string(),
-            "price": null,
-            "price_unit": "USD",
-            "sid": self.sid,
-            "status": s.status,
-            "subresource_uris": {
-                "media": format!("/{API_VERSION}/Accounts/{}/Messages/{}/Media.json", self.account_sid, self.sid),
+            from: if s.status == "accepted" {
+                None
+            } else {
+                self.sender()
             },
-            "to": self.to,
-            "uri": self.uri(),
-        })
+            messaging_service_sid: self.messaging_service_sid.as_deref(),
+            num_media: "0",
+            num_segments: segments.to_string(),
+            price: None,
+            price_unit: "USD",
+            sid: &self.sid,
+            status: s.status,
+            subresource_uris: SubresourceUris {
+                media: format!(
+                    "/{API_VERSION}/Accounts/{}/Messages/{}/Media.json",
+                    self.account_sid, self.sid
+                ),
+            },
+            to: &self.to,
+            uri: self.uri(),
+        }
     }
 
     /// The date a `DateSent` filter compares: when it was sent, or created if not sent yet (so a
@@ -217,6 +270,7 @@ impl Store {
 mod tests {
     use super::*;
     use crate::callbacks::plan::SmsPlan;
+    use serde_json::Value;
 
     #[test]
     fn dates_have_two_digit_days_like_twilio() {
@@ -263,7 +317,7 @@ mod tests {
     fn resource_dates_and_sender() {
         let m = stored("2024-05-01T10:00:00Z", Some("+15550009999"), None);
         let now = m.created_at;
-        let r = m.resource(now);
+        let r = serde_json::to_value(m.resource(now)).unwrap();
         assert_eq!(r["date_created"], "Wed, 01 May 2024 10:00:00 +0000");
         assert_eq!(r["date_updated"], "Wed, 01 May 2024 10:00:00 +0000");
         assert_eq!(r["date_sent"], Value::Null);
@@ -271,18 +325,18 @@ mod tests {
             (r["status"].as_str(), r["from"].as_str()),
             (Some("queued"), Some("+15550009999"))
         );
-        let r = m.resource(now + Duration::from_secs(200));
+        let r = serde_json::to_value(m.resource(now + Duration::from_secs(200))).unwrap();
         assert_eq!(r["date_sent"], "Wed, 01 May 2024 10:01:00 +0000");
         assert_eq!(r["date_updated"], "Wed, 01 May 2024 10:02:00 +0000");
 
         // A Messaging Service send: no sender while accepted, then the service's number.
         let m = stored("2024-05-09T10:00:00Z", None, Some("MG1"));
-        let r = m.resource(m.created_at);
+        let r = serde_json::to_value(m.resource(m.created_at)).unwrap();
         assert_eq!(
             (r["status"].as_str(), &r["from"]),
             (Some("accepted"), &Value::Null)
         );
-        let r = m.resource(m.created_at + Duration::from_secs(90));
+        let r = serde_json::to_value(m.resource(m.created_at + Duration::from_secs(90))).unwrap();
         assert_eq!(r["status"], "sent");
         assert_eq!(r["from"].as_str(), Some(service_number("MG1").as_str()));
         assert!(crate::sms::is_e164(&service_number("MG1")));

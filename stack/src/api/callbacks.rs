@@ -25,6 +25,36 @@ pub(crate) struct SmsQuery {
 }
 
 pub(crate) async fn sms(
+    st: AxState<AppState>,
+    q: Query<SmsQuery>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    to_completion(apply_sms(st, q, uri, headers, body)).await
+}
+
+/// Runs a callback's work on its own task, so it finishes even when the provider stops waiting.
+///
+/// axum drops a handler's future when its client hangs up. A provider that gives up on a slow
+/// answer (a busy database) and retries would otherwise cancel the work it asked for, often
+/// after most of it was done, and the retry would start over: each retry adds load to the very
+/// thing that is slow, until the provider gives up for good (seen in `restart-midway` on a loaded
+/// machine: e-mail events timed out four times and 59 deliveries stayed `submitted`). Run to
+/// completion, a retry finds its receipt and is answered at once.
+async fn to_completion(
+    work: impl std::future::Future<Output = Result<StatusCode, ApiError>> + Send + 'static,
+) -> Result<StatusCode, ApiError> {
+    tokio::spawn(work).await.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "callback task failed");
+        Err(ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal error",
+        ))
+    })
+}
+
+async fn apply_sms(
     AxState(st): AxState<AppState>,
     Query(q): Query<SmsQuery>,
     uri: Uri,
@@ -153,6 +183,14 @@ struct EmailEvent {
 }
 
 pub(crate) async fn email(
+    st: AxState<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    to_completion(apply_email(st, headers, body)).await
+}
+
+async fn apply_email(
     AxState(st): AxState<AppState>,
     headers: HeaderMap,
     body: Bytes,
