@@ -126,9 +126,13 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
                 set,
                 format!("lease of {owner} expired before the attempt started"),
             )
-        } else if channel != Channel::Email && (e.attempts >= cfg.max_attempts || e.too_old) {
+        } else if channel != Channel::Email && (e.attempts > cfg.max_attempts || e.too_old) {
             // No resend past the caps. What the lost attempt did is not known; the row says so.
-            let why = if e.attempts >= cfg.max_attempts {
+            // (The last allowed attempt, lost mid-way, still gets its reconciliation below: a
+            // resend under the same LINE retry key, or an SMS lookup before any resend. It may have
+            // landed, and failing it unseen would call a delivered message failed; if it never
+            // reached the provider, the provider has seen fewer attempts than the cap allows.)
+            let why = if e.attempts > cfg.max_attempts {
                 format!("{} attempts made (max {})", e.attempts, cfg.max_attempts)
             } else {
                 format!("older than the age cap of {}ms", cfg.max_age.as_millis())

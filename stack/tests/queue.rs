@@ -661,23 +661,29 @@ async fn seed_recipients(pool: &PgPool, n: i64) {
 
 /// A rescue never hands back for a resend what the attempt cap or the age cap forbid: such a
 /// LINE or SMS attempt lost mid-way ends `failed`, saying its outcome is unknown; the e-mail
-/// policy resend respects both caps too.
+/// policy resend respects both caps too. The last allowed attempt, lost mid-way, is still
+/// reconciled (it may have landed): handed back as ambiguous, not failed unseen.
 #[tokio::test]
 async fn rescuer_resends_respect_the_attempt_and_age_caps() {
     let db = common::fresh_db().await;
     let pool = common::pool(&db.url).await;
-    seed_recipients(&pool, 3).await;
+    seed_recipients(&pool, 4).await;
     let mut cfg = stack::Config::for_tests(&db.url);
     cfg.max_attempts = 2;
     cfg.max_age = Duration::from_secs(3600);
-    // r1: past the age cap (one attempt made); r2: its last attempt allowed; r3: neither.
+    // r1: past the age cap (one attempt made); r2: past the attempt cap (a reconciling attempt
+    // beyond it lost too); r3: neither; r4: its last allowed attempt lost.
     sqlx::query(
         "UPDATE deliveries SET created_at = now() - interval '2 hours' WHERE recipient = 'r1'",
     )
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query("UPDATE deliveries SET attempts = 1, state = 'retryable' WHERE recipient = 'r2'")
+    sqlx::query("UPDATE deliveries SET attempts = 2, state = 'retryable' WHERE recipient = 'r2'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE deliveries SET attempts = 1, state = 'retryable' WHERE recipient = 'r4'")
         .execute(&pool)
         .await
         .unwrap();
@@ -685,7 +691,7 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
     let rows = claim::claim(&mut conn, "dead", 20, Duration::from_millis(300))
         .await
         .unwrap();
-    assert_eq!(rows.len(), 9);
+    assert_eq!(rows.len(), 12);
     for d in &rows {
         claim::start_attempt(&pool, d, Duration::ZERO)
             .await
@@ -698,11 +704,11 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
                 .fetch_one(&pool)
                 .await
                 .unwrap();
-        n == 9
+        n == 12
     })
     .await;
     let r = stack::rescuer::rescue_once(&pool, &cfg).await.unwrap();
-    assert_eq!((r.exhausted, r.resend, r.unknown, r.released), (4, 2, 3, 0));
+    assert_eq!((r.exhausted, r.resend, r.unknown, r.released), (4, 4, 4, 0));
     type Row = (String, String, i32, Option<String>, Option<String>);
     let got: Vec<Row> = sqlx::query_as(
         "SELECT key, state, attempts, last_error_class, last_error FROM deliveries ORDER BY key",
@@ -714,13 +720,17 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
         ("b:r1:email", "unknown", 1),
         ("b:r1:line", "failed", 1),
         ("b:r1:sms", "failed", 1),
-        ("b:r2:email", "unknown", 2),
-        ("b:r2:line", "failed", 2),
-        ("b:r2:sms", "failed", 2),
+        ("b:r2:email", "unknown", 3),
+        ("b:r2:line", "failed", 3),
+        ("b:r2:sms", "failed", 3),
         ("b:r3:email", "unknown", 1),
         ("b:r3:line", "retryable", 1),
         ("b:r3:sms", "retryable", 1),
+        ("b:r4:email", "unknown", 2),
+        ("b:r4:line", "retryable", 2),
+        ("b:r4:sms", "retryable", 2),
     ];
+    assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(want) {
         assert_eq!((g.0.as_str(), g.1.as_str(), g.2), w);
         if g.1 == "failed" {
@@ -742,7 +752,7 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(lost, 9);
+    assert_eq!(lost, 12);
     // The e-mail policy resend: only r3's e-mail may go again.
     cfg.email_unknown_policy = stack::config::UnknownPolicy::Resend;
     cfg.reconcile_horizon = Duration::ZERO;
@@ -751,7 +761,7 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
             .await
             .unwrap()
             .policy
-            == 3
+            == 4
     })
     .await;
     let emails: Vec<(String, String)> =
@@ -768,7 +778,8 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
         [
             ("b:r1:email", "failed"),
             ("b:r2:email", "failed"),
-            ("b:r3:email", "retryable")
+            ("b:r3:email", "retryable"),
+            ("b:r4:email", "failed")
         ]
     );
     drop(conn);

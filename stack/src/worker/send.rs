@@ -178,7 +178,12 @@ pub fn exhausted_before_send(cfg: &Config, d: &Claimed, now: DateTime<Utc>) -> O
     if cfg.flaws.has(Flaw::RetryStorm) {
         return None;
     }
-    if d.attempts >= cfg.max_attempts {
+    // The last allowed attempt of a LINE or SMS delivery, lost mid-way, is reconciled once more
+    // (same retry key; lookup before any resend): it may have landed.
+    let reconciling = d.attempts == cfg.max_attempts
+        && d.channel != Channel::Email
+        && d.last_error_class.as_deref() == Some(class::AMBIGUOUS);
+    if d.attempts >= cfg.max_attempts && !reconciling {
         return Some(format!(
             "not attempted again: {} attempts made (max {})",
             d.attempts, cfg.max_attempts
@@ -813,6 +818,20 @@ mod tests {
                 stop,
                 "{attempts} attempts, age {age}: {got:?}"
             );
+        }
+        // The last allowed attempt (3 here), lost mid-way, is reconciled once more on LINE and SMS
+        // (same retry key; lookup first); e-mail is not; one past the cap never is.
+        let young = now - chrono::Duration::minutes(1);
+        for (channel, attempts, stop) in [
+            (Channel::Line, 3, false),
+            (Channel::Sms, 3, false),
+            (Channel::Email, 3, true),
+            (Channel::Sms, 4, true),
+        ] {
+            let mut d = claimed(channel, attempts, young);
+            d.last_error_class = Some(class::AMBIGUOUS.to_string());
+            let got = exhausted_before_send(&cfg, &d, now);
+            assert_eq!(got.is_some(), stop, "{channel:?} {attempts}: {got:?}");
         }
     }
 
