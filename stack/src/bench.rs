@@ -174,9 +174,8 @@ pub async fn claim_bench(
             for round in 0..opts.rounds.max(1) {
                 // Alternate which side goes first, so drift on a shared machine hits both alike.
                 let pgbench_first = round % 2 == 1;
-                let mut pg = None;
-                if pgbench_first {
-                    pg = pgbench_side(
+                let pgbench = || {
+                    pgbench_side(
                         &pool,
                         database_url,
                         opts,
@@ -185,24 +184,21 @@ pub async fn claim_bench(
                         seeded,
                         postmaster,
                     )
-                    .await?;
-                }
+                };
+                let first = if pgbench_first {
+                    pgbench().await?
+                } else {
+                    None
+                };
                 seed(&pool, seeded).await?;
                 let mut row =
                     stack_side(&pool, workers, batch, opts.lease, deadline, postmaster).await?;
                 row.seeded = seeded;
-                if !pgbench_first {
-                    pg = pgbench_side(
-                        &pool,
-                        database_url,
-                        opts,
-                        workers,
-                        batch,
-                        seeded,
-                        postmaster,
-                    )
-                    .await?;
-                }
+                let pg = if pgbench_first {
+                    first
+                } else {
+                    pgbench().await?
+                };
                 if let Some(pg) = pg {
                     row.pgbench_profile = Some(pg.profile);
                     row.pgbench = Some(pg.rows_per_s);

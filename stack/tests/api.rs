@@ -423,19 +423,20 @@ async fn sms_callbacks_are_verified_deduplicated_and_never_regress() {
     pool.close().await;
 }
 
-#[tokio::test]
-async fn email_events_are_verified_and_resolve_unknown() {
-    let db = common::fresh_db().await;
-    let pool = common::pool(&db.url).await;
-    let cfg = stack::Config::for_tests(&db.url);
-    let (addr, _stop, _h) = common::start_api(&cfg).await;
-    let http = reqwest::Client::new();
-    http.post(format!("http://{addr}/v1/batches"))
-        .json(&common::batch_body("cb", 1, &["email"]))
+/// Enqueues one e-mail delivery in batch `batch` through the API and moves it, as a worker whose
+/// attempt ended so, from `sending` to `to`.
+async fn email_delivery_in(
+    pool: &PgPool,
+    addr: &str,
+    batch: &str,
+    to: stack::state::State,
+) -> stack::claim::Claimed {
+    reqwest::Client::new()
+        .post(format!("http://{addr}/v1/batches"))
+        .json(&common::batch_body(batch, 1, &["email"]))
         .send()
         .await
         .unwrap();
-    // An attempt whose outcome could not be known.
     let mut conn = pool.acquire().await.unwrap();
     let d = stack::claim::claim(&mut conn, "w1", 1, Duration::from_secs(60))
         .await
@@ -444,7 +445,7 @@ async fn email_events_are_verified_and_resolve_unknown() {
     let t = stack::state::Transition {
         delivery_id: d.id,
         from: &[stack::state::State::Sending],
-        to: stack::state::State::Unknown,
+        to,
         source: stack::state::Source::Worker,
         detail: None,
         fence: stack::state::Fence::None,
@@ -454,15 +455,33 @@ async fn email_events_are_verified_and_resolve_unknown() {
         .await
         .unwrap()
         .unwrap();
-    drop(conn);
+    d
+}
+
+/// A delivery event about `d` and its `X-Ting-Signature` under `secret`.
+fn email_event(d: &stack::claim::Claimed, id: &str, kind: &str, secret: &str) -> (String, String) {
+    let body =
+        json!({"id": id, "type": kind, "message_id": d.correlation_id, "recipient": d.address,
+                      "timestamp": "2026-11-30T00:00:00Z", "reason": "550 5.1.1 mailbox unknown"})
+        .to_string();
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    (body, sig)
+}
+
+#[tokio::test]
+async fn email_events_are_verified_and_resolve_unknown() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let cfg = stack::Config::for_tests(&db.url);
+    let (addr, _stop, _h) = common::start_api(&cfg).await;
+    let http = reqwest::Client::new();
+    // An attempt whose outcome could not be known.
+    let d = email_delivery_in(&pool, &addr, "cb", stack::state::State::Unknown).await;
     let url = format!("http://{addr}/v1/callbacks/email");
     let send = |id: &str, kind: &str, secret: &str| {
-        let body = json!({"id": id, "type": kind, "message_id": d.correlation_id, "recipient": d.address,
-                          "timestamp": "2026-11-30T00:00:00Z", "reason": "550 5.1.1 mailbox unknown"})
-        .to_string();
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-        mac.update(body.as_bytes());
-        let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+        let (body, sig) = email_event(&d, id, kind, secret);
         http.post(&url)
             .header("X-Ting-Signature", sig)
             .body(body)
@@ -522,36 +541,8 @@ async fn a_callback_is_applied_even_when_its_sender_stops_waiting() {
     let cfg = stack::Config::for_tests(&via_proxy);
     let (addr, _stop, _h) = common::start_api(&cfg).await;
     let http = reqwest::Client::new();
-    http.post(format!("http://{addr}/v1/batches"))
-        .json(&common::batch_body("gone", 1, &["email"]))
-        .send()
-        .await
-        .unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-    let d = stack::claim::claim(&mut conn, "w1", 1, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .remove(0);
-    let t = stack::state::Transition {
-        delivery_id: d.id,
-        from: &[stack::state::State::Sending],
-        to: stack::state::State::Submitted,
-        source: stack::state::Source::Worker,
-        detail: None,
-        fence: stack::state::Fence::None,
-        set: Default::default(),
-    };
-    stack::state::transition(&mut conn, &t)
-        .await
-        .unwrap()
-        .unwrap();
-    drop(conn);
-    let body = json!({"id": "ev-gone", "type": "delivered", "message_id": d.correlation_id,
-                      "recipient": d.address, "timestamp": "2026-11-30T00:00:00Z"})
-    .to_string();
-    let mut mac = Hmac::<Sha256>::new_from_slice(cfg.smtp_events_secret.as_bytes()).unwrap();
-    mac.update(body.as_bytes());
-    let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    let d = email_delivery_in(&pool, &addr, "gone", stack::state::State::Submitted).await;
+    let (body, sig) = email_event(&d, "ev-gone", "delivered", &cfg.smtp_events_secret);
     let post = || {
         http.post(format!("http://{addr}/v1/callbacks/email"))
             .header("X-Ting-Signature", sig.clone())

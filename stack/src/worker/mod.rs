@@ -45,6 +45,27 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
+    /// The shared state of one worker process, nothing held yet.
+    fn new(
+        cfg: Arc<Config>,
+        pool: PgPool,
+        stopping: watch::Receiver<bool>,
+    ) -> anyhow::Result<Worker> {
+        Ok(Worker {
+            providers: Providers::new(&cfg)?,
+            slots: Arc::new(Semaphore::new(cfg.concurrency)),
+            channel_slots: Channel::ALL
+                .into_iter()
+                .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_limit(c)))))
+                .collect(),
+            stopping,
+            renewed_at: Mutex::default(),
+            held: Mutex::default(),
+            pool,
+            cfg,
+        })
+    }
+
     /// The local view of when the claim of delivery `id`, taken at `claimed_at`, expires.
     pub fn local_deadline(&self, id: i64, claimed_at: Instant) -> Instant {
         match self.renewed_at.lock() {
@@ -257,19 +278,7 @@ async fn start(cfg: Arc<Config>, stopping: watch::Receiver<bool>) -> anyhow::Res
     .execute(&pool)
     .await
     .context("registering the worker")?;
-    let w = Arc::new(Worker {
-        providers: Providers::new(&cfg)?,
-        slots: Arc::new(Semaphore::new(cfg.concurrency)),
-        channel_slots: Channel::ALL
-            .into_iter()
-            .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_limit(c)))))
-            .collect(),
-        stopping,
-        renewed_at: Mutex::default(),
-        held: Mutex::default(),
-        pool: pool.clone(),
-        cfg: cfg.clone(),
-    });
+    let w = Arc::new(Worker::new(cfg.clone(), pool.clone(), stopping)?);
     tracing::info!(worker = %cfg.worker_id, flaws = ?cfg.flaws, "worker started");
     if cfg.flaws.has(Flaw::RestartFromFirst) {
         // Flaw: treat the batch as the unit of work: any unfinished batch starts again from its
@@ -335,19 +344,7 @@ fn log_join(r: Result<(), tokio::task::JoinError>) {
 /// answers, so a slow provider makes enqueueing slow. Never used unless the flaw is on.
 pub async fn send_inline(cfg: Arc<Config>, pool: PgPool) -> anyhow::Result<()> {
     let (_keep, stopping) = watch::channel(false);
-    let w = Arc::new(Worker {
-        providers: Providers::new(&cfg)?,
-        slots: Arc::new(Semaphore::new(cfg.concurrency)),
-        channel_slots: Channel::ALL
-            .into_iter()
-            .map(|c| (c, Arc::new(Semaphore::new(cfg.channel_limit(c)))))
-            .collect(),
-        stopping,
-        renewed_at: Mutex::default(),
-        held: Mutex::default(),
-        pool,
-        cfg: cfg.clone(),
-    });
+    let w = Arc::new(Worker::new(cfg.clone(), pool, stopping)?);
     loop {
         let rows = claim_some(&w, 50).await?;
         if rows.is_empty() {

@@ -233,7 +233,9 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
         return give_back(w, d, "released on shutdown before start").await;
     }
     let zombie = w.cfg.flaws.has(Flaw::ZombieSend);
-    if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
+    // Whether the local lease deadline is too close to act under the lease (never, with the flaw).
+    let too_late = || !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at);
+    if too_late() {
         return give_back(w, d, "lease too close to expiry to start").await;
     }
     if let Some(why) = exhausted_before_send(&w.cfg, d, Utc::now()) {
@@ -242,7 +244,7 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
     }
     // Connect before the start is recorded: the uncertain window is the exchange alone.
     let ready = w.providers.ready(d).await;
-    if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
+    if too_late() {
         return give_back(w, d, "lease too close to expiry to start").await;
     }
     let attempts = if zombie {
@@ -257,19 +259,12 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
             }
         }
     };
-    if !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at) {
-        // The process stalled between the fence and here: do not send.
-        return abandon_start(w, d).await;
-    }
-
     let reconciled = reconcile_first(w, d).await;
-    if matches!(reconciled, Reconciled::Send)
-        && !zombie
-        && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at)
-    {
-        // The lookup before a resend is a provider round trip: a worker frozen during it (SIGSTOP,
-        // a long GC-like stall) must not wake up and send after its lease is gone, because by
-        // then another worker may have looked up, found nothing, and sent (stuck-worker, SMS).
+    if matches!(reconciled, Reconciled::Send) && too_late() {
+        // The last check before the request: the process stalled since the fence (a SIGSTOP, a
+        // long pause), or during the lookup before an SMS resend (a provider round trip), and by
+        // now another worker may have taken the row over, looked up, found nothing and sent.
+        // Take the start back instead of sending.
         return abandon_start(w, d).await;
     }
     let outcome = match (reconciled, ready) {
