@@ -19,6 +19,9 @@ use tokio::io::AsyncWriteExt;
 /// Connections per test.
 const N: usize = 100;
 
+/// How long each connection waits for the attribution hook before it is served anyway.
+const CONNECT_HOOK_BUDGET: Duration = Duration::from_secs(5);
+
 /// What the run's ledger hook does for attribution, and nothing else.
 struct Attribute {
     attributor: Attributor,
@@ -49,7 +52,10 @@ async fn run_child(
     port: impl Fn(&mock_providers::Providers) -> u16,
     netlink: bool,
 ) -> (Vec<LedgerEntry>, Arc<Attribute>, u32) {
-    let ledger = Ledger::new();
+    // Every connection's lookup (a `/proc/net/tcp` scan without netlink, on the blocking pool)
+    // must finish inside the connect-hook budget or its send goes unattributed: give it seconds,
+    // not the default 250 ms, so a descheduled test process does not look like a lost sender.
+    let ledger = Ledger::new().with_connect_hook_timeout(CONNECT_HOOK_BUDGET);
     let providers = mock_providers::start(
         5,
         ProvidersConfig::default(),

@@ -15,7 +15,7 @@ workers = 2
 lease = "1s"
 heartbeat = "250ms"
 max_attempts = 5
-shutdown_grace = "3s"
+shutdown_grace = "6s"
 
 [stack.backoff]
 base = "50ms"
@@ -66,6 +66,9 @@ enqueue_p99 = "5s"
 # E-mails the SIGKILLed worker had mid-transaction cannot be known (SMTP has no idempotency key):
 # held as `unknown` unless a delivery event resolves them. At most its in-flight share.
 max_unknown = 32
+# The restarted worker's started sends may reach a provider late when a loaded CI machine
+# deschedules it; sends it claimed after SIGTERM would keep coming for the 6 s grace period.
+in_flight_allowance = "3s"
 "#;
 
 #[test]
@@ -453,9 +456,10 @@ fn a_baseline_gates_the_run_by_tolerance() {
     assert!(read(&second.report_dir().join("junit.xml"))
         .contains("gate: baseline deliveries_per_s within 15% of baseline"));
 
-    // A baseline a hundred times worse: the run passes, and `--json` prints only the report.
+    // A baseline ten thousand times worse (so that one stalled enqueue in this run, its single
+    // latency sample, cannot regress past it): the run passes, and `--json` prints only the report.
     let worse = first.dir.path().join("worse.json");
-    std::fs::write(&worse, doctored(&report, 0.01).to_string()).unwrap();
+    std::fs::write(&worse, doctored(&report, 0.0001).to_string()).unwrap();
     let third = Case::new("e2e-small", SMALL);
     let out = third.run(&[
         "--baseline",

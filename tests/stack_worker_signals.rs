@@ -50,12 +50,14 @@ fn sigterm_during_worker_start_up_exits_0() {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        if t0.elapsed() > Duration::from_secs(5) {
+        if t0.elapsed() > Duration::from_secs(8) {
             let _ = child.kill();
-            panic!("the worker did not exit within 5 s of SIGTERM");
+            panic!("the worker did not exit within 8 s of SIGTERM");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
     assert_eq!(status.code(), Some(0), "{status}");
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // Well under the pool's 10 s acquire timeout, which a worker that ignored the signal during
+    // start-up would wait out (slack for a loaded machine).
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }

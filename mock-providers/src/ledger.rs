@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 
 /// How long a server waits, per accepted connection, for the [`Hook::on_connect`] hooks before it
 /// serves the connection anyway: a slow hook delays one connection's first byte by at most this,
-/// and never wedges a fake.
+/// and never wedges a fake. The default of every new ledger; see
+/// [`Ledger::set_connect_hook_timeout`] to change it per ledger.
 pub const CONNECT_HOOK_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Which fake provider wrote an entry.
@@ -222,7 +223,8 @@ pub trait Hook: Send + Sync {
     /// Called for every TCP connection a fake accepts (LINE, SMS, SMTP, control API), on that
     /// connection's own task, before the first byte of it is served: the client is still holding
     /// its socket, waiting for the greeting or the response. The server waits for the returned
-    /// future, at most [`CONNECT_HOOK_TIMEOUT`] for all hooks together. `peer` is the client's
+    /// future, at most [`Ledger::connect_hook_timeout`] (by default [`CONNECT_HOOK_TIMEOUT`]) for
+    /// all hooks together. `peer` is the client's
     /// address, as later ledger entries of this connection carry it in [`LedgerEntry::peer`].
     fn on_connect<'a>(&'a self, _peer: SocketAddr) -> futures::future::BoxFuture<'a, ()> {
         Box::pin(async {})
@@ -261,6 +263,8 @@ struct Inner {
     attempts: std::sync::Mutex<std::collections::HashMap<(Provider, String), u32>>,
     start: std::time::Instant,
     hooks: std::sync::RwLock<Vec<std::sync::Arc<dyn Hook>>>,
+    /// The budget of [`Ledger::on_connect`], in nanoseconds.
+    connect_hook_timeout_ns: std::sync::atomic::AtomicU64,
 }
 
 /// The shared, append-only ledger of all three providers. Cheap to clone.
@@ -283,8 +287,37 @@ impl Ledger {
                 attempts: std::sync::Mutex::new(std::collections::HashMap::new()),
                 start: std::time::Instant::now(),
                 hooks: std::sync::RwLock::new(Vec::new()),
+                connect_hook_timeout_ns: std::sync::atomic::AtomicU64::new(
+                    CONNECT_HOOK_TIMEOUT.as_nanos() as u64,
+                ),
             }),
         }
+    }
+
+    /// This ledger with the [`Ledger::on_connect`] budget set to `timeout` (see
+    /// [`Ledger::set_connect_hook_timeout`]).
+    pub fn with_connect_hook_timeout(self, timeout: Duration) -> Ledger {
+        self.set_connect_hook_timeout(timeout);
+        self
+    }
+
+    /// Sets how long the servers wait, per accepted connection, for the `on_connect` hooks
+    /// (default [`CONNECT_HOOK_TIMEOUT`]). Shared by every clone of this ledger and applied to
+    /// connections accepted from now on. Durations beyond ~584 years are clamped.
+    pub fn set_connect_hook_timeout(&self, timeout: Duration) {
+        let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        self.inner
+            .connect_hook_timeout_ns
+            .store(ns, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long the servers wait, per accepted connection, for the `on_connect` hooks.
+    pub fn connect_hook_timeout(&self) -> Duration {
+        Duration::from_nanos(
+            self.inner
+                .connect_hook_timeout_ns
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Subscribes a hook; it sees every entry appended from now on.
@@ -332,8 +365,8 @@ impl Ledger {
     }
 
     /// Awaits every hook's `on_connect` for a connection just accepted from `peer`, for at most
-    /// [`CONNECT_HOOK_TIMEOUT`] in all. Servers call it on the connection's own task (never in
-    /// their accept loop) before serving the connection's first byte.
+    /// [`Ledger::connect_hook_timeout`] in all. Servers call it on the connection's own task
+    /// (never in their accept loop) before serving the connection's first byte.
     pub async fn on_connect(&self, peer: SocketAddr) {
         let hooks = self.hooks();
         if hooks.is_empty() {
@@ -344,13 +377,11 @@ impl Ledger {
                 h.on_connect(peer).await;
             }
         };
-        if tokio::time::timeout(CONNECT_HOOK_TIMEOUT, all)
-            .await
-            .is_err()
-        {
+        let timeout = self.connect_hook_timeout();
+        if tokio::time::timeout(timeout, all).await.is_err() {
             tracing::warn!(
                 %peer,
-                timeout_ms = CONNECT_HOOK_TIMEOUT.as_millis() as u64,
+                timeout_ms = timeout.as_millis() as u64,
                 "connection hooks did not finish in time; serving the connection anyway"
             );
         }
@@ -485,6 +516,19 @@ mod tests {
         assert_eq!(l.snapshot().len(), 1);
         // Attempt numbers restart.
         assert_eq!(l.next_attempt(Provider::Line, "b"), 1);
+    }
+
+    #[test]
+    fn connect_hook_timeout_defaults_to_the_constant_and_is_shared_by_clones() {
+        let l = Ledger::new();
+        assert_eq!(l.connect_hook_timeout(), CONNECT_HOOK_TIMEOUT);
+        let clone = l.clone();
+        l.set_connect_hook_timeout(Duration::from_secs(30));
+        assert_eq!(clone.connect_hook_timeout(), Duration::from_secs(30));
+        let built = Ledger::new().with_connect_hook_timeout(Duration::from_millis(7));
+        assert_eq!(built.connect_hook_timeout(), Duration::from_millis(7));
+        l.set_connect_hook_timeout(Duration::MAX);
+        assert_eq!(l.connect_hook_timeout(), Duration::from_nanos(u64::MAX));
     }
 
     #[test]

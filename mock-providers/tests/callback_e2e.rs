@@ -4,7 +4,9 @@
 //! inside their configured delay range; and out-of-order status callbacks arriving out of order.
 //!
 //! Every wait is a condition polled against a deadline; timing bounds are measured around the
-//! send (lower bound from before it, upper bound from after it, plus a slack for scheduling).
+//! send against the seeded plan's delay for that report (lower bound from before the send, upper
+//! bound from after it, plus a slack for scheduling). That the planned delays themselves fall
+//! inside the configured range is checked without clocks (`planned_delays_fall_within_the_range`).
 
 mod common;
 
@@ -24,14 +26,15 @@ use lettre::message::header::{Header, HeaderName, HeaderValue};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use mock_providers::callbacks::plan;
 use mock_providers::config::{CallbackConfig, ProvidersConfig};
-use mock_providers::ledger::{EntryKind, Outcome, Provider};
+use mock_providers::ledger::{CallbackVariant, EntryKind, Outcome, Provider};
 use mock_providers::signing::verify_twilio;
 use mock_providers::sms::store::service_number;
 use sha2::Sha256;
 
-/// Upper-bound slack for a callback's arrival: task wake-ups and a loopback HTTP request on a
-/// busy 2-core machine.
-const SLACK: Duration = Duration::from_millis(300);
+/// Upper-bound slack for a callback's arrival after its planned delay: task wake-ups and a
+/// loopback HTTP request on a busy 2-core machine, where the test process may be descheduled
+/// for a second or more.
+const SLACK: Duration = Duration::from_secs(3);
 
 /// One request the receiver got.
 #[derive(Clone, Debug)]
@@ -177,19 +180,97 @@ async fn timed_send(t: &AsyncSmtpTransport<Tokio1Executor>, msg: Message) -> (In
     (before, Instant::now())
 }
 
-fn assert_within(what: &str, arrival: Instant, window: (Instant, Instant), cfg: &CallbackConfig) {
+/// The report arrived no earlier than its planned delay after the send began, and no later than
+/// that delay (+ [`SLACK`]) after the send returned. `planned` is the seeded plan's delay, which
+/// `planned_delays_fall_within_the_range` checks lies inside the configured range.
+fn assert_within(
+    what: &str,
+    arrival: Instant,
+    window: (Instant, Instant),
+    planned: Duration,
+    cfg: &CallbackConfig,
+) {
     let (before, after) = window;
     let (min, max) = (cfg.delay_min.0, cfg.delay_max.0);
+    assert!(
+        (min..=max).contains(&planned),
+        "{what}: planned delay {planned:?} outside [{min:?}, {max:?}]"
+    );
     let early = arrival.duration_since(before);
     assert!(
-        early >= min,
-        "{what}: arrived {early:?} after the send began, min {min:?}"
+        early >= planned,
+        "{what}: arrived {early:?} after the send began, planned {planned:?}"
     );
     let late = arrival.saturating_duration_since(after);
     assert!(
-        late <= max + SLACK,
-        "{what}: arrived {late:?} after the send returned, max {max:?} + {SLACK:?}"
+        late <= planned + SLACK,
+        "{what}: arrived {late:?} after the send returned, planned {planned:?} + {SLACK:?}"
     );
+}
+
+/// The delay the seeded plan gives the genuine e-mail event of `recipient`'s first attempt.
+fn planned_email_delay(seed: u64, recipient: &str, cfg: &CallbackConfig) -> Duration {
+    let plan = plan::email(seed, recipient, 1, "<m>", cfg);
+    let genuine: Vec<_> = plan
+        .iter()
+        .filter(|p| p.variant == CallbackVariant::Genuine)
+        .collect();
+    assert_eq!(genuine.len(), 1, "{plan:?}");
+    genuine[0].at
+}
+
+/// The delay the seeded plan gives the genuine SMS status callback `status` of `to`'s first
+/// attempt.
+fn planned_sms_delay(seed: u64, to: &str, status: &str, cfg: &CallbackConfig) -> Duration {
+    let plan = plan::sms(seed, to, 1, "SMx", cfg);
+    let found: Vec<_> = plan
+        .reports
+        .iter()
+        .filter(|p| p.variant == CallbackVariant::Genuine && p.status == status)
+        .collect();
+    assert_eq!(found.len(), 1, "{to} {status}: {plan:?}");
+    found[0].at
+}
+
+/// Pure: every genuine report the plans schedule, for the delay ranges these tests use, is due
+/// inside `[delay_min, delay_max]` after acceptance, whatever the recipient and seed.
+#[test]
+fn planned_delays_fall_within_the_range() {
+    for (min, max) in [(300, 700), (20, 3000), (1, 30)] {
+        let cfg = CallbackConfig {
+            fail_rate: mock_providers::units::Ratio(0.5),
+            ..reports(min, max)
+        };
+        let range = ms(min).0..=ms(max).0;
+        let mut spread = (Duration::MAX, Duration::ZERO);
+        for seed in [21, 23, 24] {
+            for i in 0..200 {
+                let addr = format!("ev{i}@x.test");
+                let at = planned_email_delay(seed, &addr, &cfg);
+                assert!(range.contains(&at), "{addr}: {at:?} outside {range:?}");
+                let to = phone(i);
+                let p = plan::sms(seed, &to, 1, "SMx", &cfg);
+                assert!(p.sent_after <= p.final_after, "{to}: {p:?}");
+                for at in [p.sent_after, p.final_after] {
+                    assert!(range.contains(&at), "{to}: {at:?} outside {range:?}");
+                    spread = (spread.0.min(at), spread.1.max(at));
+                }
+                for r in p
+                    .reports
+                    .iter()
+                    .filter(|r| r.variant == CallbackVariant::Genuine)
+                {
+                    assert!(range.contains(&r.at), "{to}: {r:?} outside {range:?}");
+                }
+            }
+        }
+        // The delays are drawn across the range, not pinned to one end of it.
+        let quarter = (*range.end() - *range.start()) / 4;
+        assert!(
+            spread.0 <= *range.start() + quarter && spread.1 >= *range.end() - quarter,
+            "[{min}, {max}] ms: delays only span {spread:?}"
+        );
+    }
 }
 
 /// A message accepted over SMTP gets a signed `delivered` event at the scenario's URL, and one
@@ -225,12 +306,14 @@ async fn email_events_over_smtp_reach_the_scenario_url_signed_and_on_time() {
     let (delivered, at) = &by_type["delivered"];
     assert_eq!(delivered["recipient"], ok.as_str());
     assert_eq!(delivered["message_id"], "ok@shop.test");
-    assert_within("delivered", *at, sent_ok, &cfg.smtp.events);
+    let planned = planned_email_delay(seed, &ok, &cfg.smtp.events);
+    assert_within("delivered", *at, sent_ok, planned, &cfg.smtp.events);
     let (bounced, at) = &by_type["bounced"];
     assert_eq!(bounced["recipient"], bounce.as_str());
     assert_eq!(bounced["message_id"], "bounce@shop.test");
     assert!(bounced["reason"].as_str().unwrap().starts_with("550"));
-    assert_within("bounced", *at, sent_bounce, &cfg.smtp.events);
+    let planned = planned_email_delay(seed, &bounce, &cfg.smtp.events);
+    assert_within("bounced", *at, sent_bounce, planned, &cfg.smtp.events);
 
     // The ledger has both sends accepted and one answered event each.
     tokio::time::timeout(Duration::from_secs(10), w.p.callbacks_quiesced())
@@ -304,8 +387,8 @@ async fn email_events_go_to_the_url_in_the_message_header() {
     w.p.shutdown().await;
 }
 
-/// Both SMS status callbacks of each message arrive inside `[delay_min, delay_max]` (+ slack)
-/// after the create, correctly signed; a Messaging Service send's callbacks carry the
+/// Both SMS status callbacks of each message arrive at their planned delay (inside
+/// `[delay_min, delay_max]`, + slack) after the create, correctly signed; a Messaging Service send's callbacks carry the
 /// service's number as `From`.
 #[tokio::test]
 async fn sms_status_callbacks_arrive_within_the_delay_range() {
@@ -313,7 +396,8 @@ async fn sms_status_callbacks_arrive_within_the_delay_range() {
     let mut cfg = ProvidersConfig::default();
     cfg.sms.callbacks = reports(300, 700);
     let token = cfg.sms.auth_token.clone();
-    let w = world(23, cfg.clone()).await;
+    let seed = 23;
+    let w = world(seed, cfg.clone()).await;
     let cb = format!("{}/sms", rx.base);
     let mut windows = HashMap::new();
     let mut froms = HashMap::new();
@@ -352,10 +436,13 @@ async fn sms_status_callbacks_arrive_within_the_delay_range() {
             "{form:?}"
         );
         assert_eq!(form["From"], froms[sid], "{form:?}");
+        let status = &form["MessageStatus"];
+        let planned = planned_sms_delay(seed, &form["To"], status, &cfg.sms.callbacks);
         assert_within(
-            &format!("{sid} {}", form["MessageStatus"]),
+            &format!("{sid} {status}"),
             h.at,
             windows[sid],
+            planned,
             &cfg.sms.callbacks,
         );
     }
@@ -363,8 +450,11 @@ async fn sms_status_callbacks_arrive_within_the_delay_range() {
 }
 
 /// With out-of-order on, the final status reaches the receiver before `sent`; with it off, after.
-/// Recipients are picked whose two report times are at least 150 ms apart, so arrival order is
-/// the planned order and not a race.
+/// Recipients are picked whose two report times are at least [`APART`] apart, so arrival order
+/// is the planned order and not a race, even if this process is descheduled for a second.
+/// How far apart the two status callbacks of a recipient in the out-of-order test are planned.
+const APART: Duration = Duration::from_millis(1500);
+
 #[tokio::test]
 async fn out_of_order_callbacks_arrive_out_of_order() {
     for out_of_order in [true, false] {
@@ -373,13 +463,13 @@ async fn out_of_order_callbacks_arrive_out_of_order() {
         let mut cfg = ProvidersConfig::default();
         cfg.sms.callbacks = CallbackConfig {
             out_of_order_rate: mock_providers::units::Ratio(if out_of_order { 1.0 } else { 0.0 }),
-            ..reports(20, 600)
+            ..reports(20, 3000)
         };
         let apart: Vec<String> = (0..200)
             .map(phone)
             .filter(|to| {
                 let p = plan::sms(seed, to, 1, "SMx", &cfg.sms.callbacks);
-                p.final_after - p.sent_after >= Duration::from_millis(150)
+                p.final_after - p.sent_after >= APART
             })
             .take(4)
             .collect();
@@ -389,7 +479,7 @@ async fn out_of_order_callbacks_arrive_out_of_order() {
         for to in &apart {
             assert_eq!(w.sms_send(to, "x", Some(&cb)).await.status, 201);
         }
-        let hits = rx.wait_for(8, 10).await;
+        let hits = rx.wait_for(8, 20).await;
         assert_eq!(hits.len(), 8);
         for to in &apart {
             // Arrival order at the receiver, for this recipient.

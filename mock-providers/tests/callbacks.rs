@@ -82,6 +82,7 @@ async fn record(
 ) -> StatusCode {
     let first_time = r.seen.lock().unwrap().insert(token.clone());
     if first_time && r.first == First::Hang {
+        // Never answers: longer than any callback timeout.
         std::future::pending::<()>().await;
     }
     if first_time && r.first == First::Fail500 {
@@ -119,9 +120,13 @@ async fn receiver(first: First, cfg: &ProvidersConfig) -> Receiver {
     r
 }
 
+/// Every variant at `rate`. The receiver answers at once; the callback timeout is far above any
+/// stall of this process, so no callback is retried (retries would add ledger entries; they are
+/// covered by `retries_on_5xx_and_timeout`).
 fn variants(rate: f64) -> CallbackConfig {
     CallbackConfig {
         enabled: true,
+        timeout: ms(30_000),
         delay_min: ms(1),
         delay_max: ms(30),
         duplicate_rate: Ratio(rate),
@@ -386,8 +391,10 @@ async fn retries_on_5xx_and_timeout() {
     // (receiver's first answer, response recorded for try 1)
     for (first, first_response) in [(First::Fail500, Some(500)), (First::Hang, None)] {
         let mut cfg = ProvidersConfig::default();
+        // Long enough that a stalled second try is not cut short too (it would add a third);
+        // the hanging receiver never answers, so its first try still times out.
         cfg.sms.callbacks = CallbackConfig {
-            timeout: ms(200),
+            timeout: ms(2_000),
             ..variants(0.0)
         };
         let rx = receiver(first, &cfg).await;

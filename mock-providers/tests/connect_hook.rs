@@ -1,7 +1,8 @@
-//! The `on_connect` hook: every fake calls it for every accepted connection, on that connection's
-//! own task, before serving its first byte; a hook that never returns delays only its own
-//! connection, and only by `CONNECT_HOOK_TIMEOUT`. Also: the hand-written HTTP accept loop still
-//! shuts down gracefully (requests in flight are answered, nothing new is accepted).
+//! The `on_connect` hook: every fake calls it for every accepted connection, on that
+//! connection's own task, before serving its first byte; a hook that never returns delays only
+//! its own connection, and only by the ledger's connect-hook timeout. Also: the hand-written
+//! HTTP accept loop still shuts down gracefully (requests in flight are answered, nothing new is
+//! accepted).
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures::future::BoxFuture;
 use mock_providers::config::ProvidersConfig;
-use mock_providers::ledger::{Hook, LedgerEntry, Outcome, CONNECT_HOOK_TIMEOUT};
+use mock_providers::ledger::{Hook, LedgerEntry, Outcome};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -85,6 +86,9 @@ async fn first_line(stream: &mut TcpStream) -> String {
 #[tokio::test]
 async fn every_fake_runs_the_hook_before_its_first_byte() {
     let w = world(1, ProvidersConfig::default()).await;
+    // The hook is held while the test checks nothing is served: far longer than any stall of
+    // this process, so the ledger's timeout never releases it first (the default 250 ms would).
+    w.p.ledger.set_connect_hook_timeout(Duration::from_secs(30));
     let (entered_tx, mut entered) = mpsc::unbounded_channel();
     let release = Arc::new(Mutex::new(None::<oneshot::Sender<()>>));
     let gate = Arc::new(Gate {
@@ -132,7 +136,13 @@ async fn every_fake_runs_the_hook_before_its_first_byte() {
         let mut byte = [0u8; 1];
         let early = tokio::time::timeout(Duration::from_millis(100), client.read(&mut byte)).await;
         assert!(early.is_err(), "{name}: served before the hook returned");
-        release.lock().unwrap().take().unwrap().send(()).unwrap();
+        release
+            .lock()
+            .unwrap()
+            .take()
+            .unwrap()
+            .send(())
+            .expect("the hook is still waiting for its release");
         let line = first_line(&mut client).await;
         assert!(line.starts_with(answer), "{name}: {line:?}");
     }
@@ -158,8 +168,12 @@ async fn ledger_entries_carry_the_peer_the_hook_saw() {
 
 #[tokio::test]
 async fn a_hook_that_never_returns_delays_only_its_connection_and_only_by_the_timeout() {
+    // Long enough that the second connection is served while the first one's hook still holds
+    // it, even if this process is descheduled for a while; the test waits this long per case.
+    let timeout = Duration::from_secs(3);
     for (name, smtp) in [("line", false), ("smtp", true)] {
         let w = world(1, ProvidersConfig::default()).await;
+        w.p.ledger.set_connect_hook_timeout(timeout);
         let first_dropped = Arc::new(AtomicBool::new(false));
         let calls = Arc::new(AtomicUsize::new(0));
         w.p.ledger.add_hook(Arc::new(Stuck {
@@ -193,7 +207,7 @@ async fn a_hook_that_never_returns_delays_only_its_connection_and_only_by_the_ti
         assert!(line.starts_with(if smtp { "220 " } else { "HTTP/1.1 200" }));
         assert!(first_dropped.load(Ordering::SeqCst), "{name}: timed out");
         assert!(
-            t0.elapsed() >= CONNECT_HOOK_TIMEOUT,
+            t0.elapsed() >= timeout,
             "{name}: served after {:?}, before the hook's timeout",
             t0.elapsed()
         );

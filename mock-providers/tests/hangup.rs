@@ -11,6 +11,14 @@ use mock_providers::config::{Latency, ProvidersConfig};
 use mock_providers::ledger::Outcome;
 use serde_json::json;
 
+/// The fakes' latency: the impatient client hangs up well inside it, with seconds to spare for a
+/// descheduled test process.
+const LATENCY_MS: u64 = 3_000;
+
+/// How long the impatient client waits: long enough to have written its request (or the fake
+/// would record nothing), far shorter than [`LATENCY_MS`].
+const IMPATIENCE: Duration = Duration::from_millis(500);
+
 fn slow(ms_: u64) -> ProvidersConfig {
     let mut c = ProvidersConfig::default();
     c.line.latency = Latency::Fixed { value: ms(ms_) };
@@ -20,10 +28,10 @@ fn slow(ms_: u64) -> ProvidersConfig {
 
 #[tokio::test]
 async fn hang_up_before_the_answer_is_recorded() {
-    let w = world(1, slow(400)).await;
+    let w = world(1, slow(LATENCY_MS)).await;
     let impatient = reqwest::Client::builder()
         .no_proxy()
-        .timeout(Duration::from_millis(50))
+        .timeout(IMPATIENCE)
         .build()
         .unwrap();
     // (channel, waits for the answer)
@@ -62,14 +70,14 @@ async fn hang_up_before_the_answer_is_recorded() {
         };
         let answered = rb.send().await.is_ok();
         assert_eq!(answered, waits, "{channel} waits={waits}");
-        until(5, || w.entries().iter().any(|e| e.recipient == to)).await;
+        until(20, || w.entries().iter().any(|e| e.recipient == to)).await;
         let e = w.entries().into_iter().find(|e| e.recipient == to).unwrap();
         assert_eq!(e.outcome, Outcome::Accepted, "{channel}: {e:?}");
         assert_eq!(e.client_hung_up, !waits, "{channel} waits={waits}: {e:?}");
         let latency = e.mono_ns - e.received_ns;
         assert!(
-            latency >= 390_000_000,
-            "{channel}: arrival is taken before the 400 ms latency, got {latency} ns"
+            latency >= (LATENCY_MS - 10) * 1_000_000,
+            "{channel}: arrival is taken before the {LATENCY_MS} ms latency, got {latency} ns"
         );
     }
 }

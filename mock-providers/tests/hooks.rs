@@ -66,16 +66,19 @@ async fn hook_blocks_the_response_until_it_returns() {
     }
 }
 
+/// The sender gives up after 500 ms (time enough to write its request, or nothing would be
+/// recorded); the fake's 5 s latency outlasts that by seconds, so the ledger is still empty when
+/// the test looks, even if the test process was descheduled for a while.
 #[tokio::test]
 async fn a_sender_that_hangs_up_during_latency_is_still_recorded() {
     let mut cfg = ProvidersConfig::default();
-    cfg.line.latency = mock_providers::config::Latency::Fixed { value: ms(1000) };
+    cfg.line.latency = mock_providers::config::Latency::Fixed { value: ms(5_000) };
     let w = world(1, cfg).await;
     let r = w
         .http
         .post(format!("{}/v2/bot/message/push", w.p.line_base()))
         .bearer_auth(TOKEN)
-        .timeout(std::time::Duration::from_millis(50))
+        .timeout(std::time::Duration::from_millis(500))
         .body(
             serde_json::json!({"to": uid(2), "messages": [{"type": "text", "text": "hi"}]})
                 .to_string(),
@@ -87,6 +90,6 @@ async fn a_sender_that_hangs_up_during_latency_is_still_recorded() {
         w.p.ledger.is_empty(),
         "nothing committed yet: the fake is still in its latency"
     );
-    until(10, || w.p.ledger.len() == 1).await;
+    until(20, || w.p.ledger.len() == 1).await;
     assert_eq!(w.entries()[0].outcome, Outcome::Accepted);
 }

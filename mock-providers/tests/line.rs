@@ -412,21 +412,31 @@ async fn idempotency_off_makes_a_repeat_a_second_delivery() {
     assert_eq!(w.line_push(&uid(6), Some(key), "hi").await.status, 200);
 }
 
+/// One push per 100 s: the first takes the bucket's only token, the second is refused. The wait
+/// is `100 s - (time between the two pushes)`, sent rounded up to whole seconds: `100` unless the
+/// pushes were a second or more apart (a descheduled test process), so the test bounds it by the
+/// time it measured around both pushes instead of expecting exactly 100.
 #[tokio::test]
 async fn rate_limit_answers_429_with_retry_after() {
-    let w = world(1, line_cfg(|l| l.rate_limit = Some(1.0))).await;
+    let w = world(1, line_cfg(|l| l.rate_limit = Some(0.01))).await;
+    let t0 = std::time::Instant::now();
     assert_eq!(w.line_push(&uid(7), None, "a").await.status, 200);
     let r = w.line_push(&uid(7), None, "b").await;
+    let apart = t0.elapsed();
     assert_eq!(r.status, 429);
     assert_eq!(
         r.json["message"],
         "The API rate limit has been exceeded. Try again later."
     );
-    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    let secs: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        secs <= 100 && secs as f64 >= 100.0 - apart.as_secs_f64(),
+        "retry-after {secs} s: want 100 s less the {apart:?} between the pushes, rounded up"
+    );
     let e = &w.entries()[1];
     assert_eq!(
         (e.outcome, e.fault.as_deref(), e.retry_after_ms),
-        (Outcome::Transient, Some("rate_limit"), Some(1000))
+        (Outcome::Transient, Some("rate_limit"), Some(secs * 1000))
     );
 }
 

@@ -188,7 +188,10 @@ async fn batch_is_enqueued_once_rendered_and_visible() {
         json!({"batch_id": "big-1", "deliveries": 6000})
     );
     eprintln!("enqueue of 2000 recipients x 3 channels took {took:?}");
-    assert!(took < Duration::from_secs(5), "enqueue took {took:?}");
+    // About 1 s in a debug build; the bound only catches something pathological (it leaves room
+    // for a loaded machine), not the one multi-row INSERT turned per-row, which costs about the
+    // same here (6000 round trips on a local socket).
+    assert!(took < Duration::from_secs(15), "enqueue took {took:?}");
 
     // The same batch id again: 200, nothing created.
     let r = http.post(&url).json(&body).send().await.unwrap();
@@ -549,9 +552,11 @@ async fn a_callback_is_applied_even_when_its_sender_stops_waiting() {
             .body(body.clone())
     };
 
-    // The API's database stops answering; the sender gives up after 300 ms and hangs up.
+    // The API's database stops answering; the sender gives up after 2 s and hangs up. (Long
+    // enough for the request to reach the API even on a loaded machine; the API cannot answer
+    // before the database does, so the sender's timeout is what ends the request.)
     frozen.store(true, Ordering::SeqCst);
-    let r = post().timeout(Duration::from_millis(300)).send().await;
+    let r = post().timeout(Duration::from_secs(2)).send().await;
     assert!(r.is_err_and(|e| e.is_timeout()));
     frozen.store(false, Ordering::SeqCst);
     common::wait_for("the event applied", Duration::from_secs(20), || async {

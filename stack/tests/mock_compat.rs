@@ -38,6 +38,9 @@ async fn stack_delivers_everything_once_through_the_mock_providers() {
         out_of_order_rate: Ratio(0.2),
         forged_rate: Ratio(0.3),
         unknown_id_rate: Ratio(0.2),
+        // Far above any stall of a loaded machine: a callback the stack answered late would be
+        // retried and show up twice in the ledger. Retries are covered in mock-providers' tests.
+        timeout: HumanDuration::from_millis(30_000),
         ..CallbackConfig::default()
     };
     let mut pc = ProvidersConfig::default();
@@ -102,7 +105,9 @@ async fn stack_delivers_everything_once_through_the_mock_providers() {
         },
     )
     .await;
-    mocks.callbacks_quiesced().await;
+    tokio::time::timeout(Duration::from_secs(120), mocks.callbacks_quiesced())
+        .await
+        .expect("every callback answered within 120 s");
     for tx in stops {
         tx.send(true).unwrap();
     }

@@ -33,6 +33,22 @@ async fn seed(pool: &PgPool, batch: &str, n: i64) {
     .unwrap();
 }
 
+/// The lease of the claims whose expiry a test waits for: long enough that nothing checked while
+/// it runs (a start, "nothing rescued yet") depends on the test process or the database being
+/// scheduled in time; the test then ends it by hand with [`expire_leases`].
+const LEASE: Duration = Duration::from_secs(60);
+
+/// Ends every running lease now, as the passing of its time would (on the database's clock).
+async fn expire_leases(pool: &PgPool) {
+    sqlx::query(
+        "UPDATE deliveries SET lease_expires_at = now() - interval '1 millisecond' \
+         WHERE state = 'sending'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_concurrent_claimers_never_claim_a_row_twice() {
     let db = common::fresh_db().await;
@@ -109,10 +125,16 @@ async fn lost_lease_blocks_the_attempt_start() {
     let pool = common::pool(&db.url).await;
     seed(&pool, "b", 2).await;
     let mut conn = pool.acquire().await.unwrap();
-    let rows = claim::claim(&mut conn, "w1", 2, Duration::from_millis(300))
-        .await
-        .unwrap();
+    let rows = claim::claim(&mut conn, "w1", 2, LEASE).await.unwrap();
     assert_eq!(rows.len(), 2);
+    // The lease runs for what was asked, counted from the claim.
+    let (left,): (f64,) = sqlx::query_as(
+        "SELECT extract(epoch FROM min(lease_expires_at) - now())::float8 FROM deliveries",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(left > 30.0 && left <= 60.0, "{left} s left on a 60 s lease");
     // With the lease still running, the start is recorded.
     assert_eq!(
         claim::start_attempt(&pool, &rows[0], Duration::ZERO)
@@ -120,7 +142,8 @@ async fn lost_lease_blocks_the_attempt_start() {
             .unwrap(),
         Some(1)
     );
-    // Like a worker frozen by SIGSTOP: wait (on the database's clock) until the lease is over.
+    // Like a worker frozen by SIGSTOP until the lease is over (on the database's clock).
+    expire_leases(&pool).await;
     common::wait_for("lease expiry", Duration::from_secs(5), || async {
         let (expired,): (bool,) =
             sqlx::query_as("SELECT bool_and(lease_expires_at < now()) FROM deliveries")
@@ -372,9 +395,7 @@ async fn rescuer_reconciles_expired_leases_per_channel() {
     seed_channels(&pool).await;
     let mut cfg = stack::Config::for_tests(&db.url);
     let mut conn = pool.acquire().await.unwrap();
-    let rows = claim::claim(&mut conn, "dead", 10, Duration::from_millis(300))
-        .await
-        .unwrap();
+    let rows = claim::claim(&mut conn, "dead", 10, LEASE).await.unwrap();
     assert_eq!(rows.len(), 6);
     // Recipient r1's attempts started (outcome lost); r2's never did.
     for d in rows.iter().filter(|d| d.key.contains(":r1:")) {
@@ -392,13 +413,10 @@ async fn rescuer_reconciles_expired_leases_per_channel() {
     assert!(!stack::rescuer::rescue_once(&pool, &cfg).await.unwrap().ran);
     other.rollback().await.unwrap();
     // Nothing is rescued before the lease is over.
-    assert_eq!(
-        stack::rescuer::rescue_once(&pool, &cfg)
-            .await
-            .unwrap()
-            .released,
-        0
-    );
+    let r = stack::rescuer::rescue_once(&pool, &cfg).await.unwrap();
+    assert!(r.ran);
+    assert_eq!((r.released, r.resend, r.unknown, r.exhausted), (0, 0, 0, 0));
+    expire_leases(&pool).await;
     common::wait_for("lease expiry", Duration::from_secs(5), || async {
         let (n,): (i64,) =
             sqlx::query_as("SELECT count(*) FROM deliveries WHERE lease_expires_at < now()")
@@ -475,9 +493,7 @@ async fn rescuer_releases_a_start_that_was_taken_back() {
     seed(&pool, "b", 2).await;
     let cfg = stack::Config::for_tests(&db.url);
     let mut conn = pool.acquire().await.unwrap();
-    let rows = claim::claim(&mut conn, "stalled", 2, Duration::from_millis(300))
-        .await
-        .unwrap();
+    let rows = claim::claim(&mut conn, "stalled", 2, LEASE).await.unwrap();
     assert_eq!(rows.len(), 2);
     for d in &rows {
         claim::start_attempt(&pool, d, Duration::ZERO)
@@ -491,6 +507,7 @@ async fn rescuer_releases_a_start_that_was_taken_back() {
         !claim::undo_start(&pool, &rows[0]).await.unwrap(),
         "undo twice"
     );
+    expire_leases(&pool).await;
     common::wait_for("lease expiry", Duration::from_secs(5), || async {
         let (n,): (i64,) =
             sqlx::query_as("SELECT count(*) FROM deliveries WHERE lease_expires_at < now()")
@@ -688,9 +705,7 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
         .await
         .unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    let rows = claim::claim(&mut conn, "dead", 20, Duration::from_millis(300))
-        .await
-        .unwrap();
+    let rows = claim::claim(&mut conn, "dead", 20, LEASE).await.unwrap();
     assert_eq!(rows.len(), 12);
     for d in &rows {
         claim::start_attempt(&pool, d, Duration::ZERO)
@@ -698,6 +713,7 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
             .unwrap()
             .unwrap();
     }
+    expire_leases(&pool).await;
     common::wait_for("lease expiry", Duration::from_secs(5), || async {
         let (n,): (i64,) =
             sqlx::query_as("SELECT count(*) FROM deliveries WHERE lease_expires_at < now()")
