@@ -7,19 +7,10 @@ use crate::exit;
 use crate::run::{self, RunOptions};
 use crate::scenario;
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn interrupted() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
-/// Like [`interrupted`], but the handlers are installed now, before the future is first polled:
-/// a signal that arrives between this call and the first poll is not lost (nor fatal).
-pub fn interrupted_from_now() -> impl std::future::Future<Output = ()> {
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed by this call, not when
+/// the future is first polled: a signal that arrives in between is neither lost nor fatal (a
+/// caller may print its address, or spawn children, before it starts waiting).
+pub fn interrupted() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
@@ -118,7 +109,7 @@ pub async fn mocks(args: MocksArgs) -> i32 {
         smtp_control: args.smtp_control_port.unwrap_or(file_ports.smtp_control),
     };
     // Armed before the addresses are printed: whoever reads them may signal at once.
-    let stop = interrupted_from_now();
+    let stop = interrupted();
     let ledger = mock_providers::ledger::Ledger::new();
     let providers =
         match mock_providers::start_with_ports(seed, cfg, args.bind, ports, ledger).await {
@@ -170,7 +161,9 @@ fn load_providers(
     String,
 > {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if text.lines().any(|l| l.trim_start().starts_with("[load]")) {
+    // A scenario has a `load` table, however it is written (`[load]` or dotted `load.…` keys).
+    let is_scenario = toml::from_str::<toml::Table>(&text).is_ok_and(|t| t.contains_key("load"));
+    if is_scenario {
         let s = scenario::parse(path, &text).map_err(|e| e.to_string())?;
         return Ok((s.seed, s.providers, mock_providers::Ports::default()));
     }
@@ -194,13 +187,15 @@ pub async fn db_up() -> i32 {
             return exit::INFRA;
         }
     };
+    // Listen before the URL is out: whoever reads it may stop us at once.
+    let stop = interrupted();
     println!("{}", cluster.admin_url());
     eprintln!(
         "throwaway PostgreSQL ready in {:?} (data in {}); Ctrl-C to stop",
         cluster.ready_in(),
         cluster.data_dir().display()
     );
-    interrupted().await;
+    stop.await;
     if let Err(e) = cluster.stop().await {
         eprintln!("warning: {e}");
     }
@@ -326,4 +321,42 @@ pub async fn sweep(
     }
     println!("{}: {passed} passed, {failed} failed", s.name);
     worst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scenario is read as one (its seed and `[providers]`) whether its `load` table is written
+    /// as `[load]` or with dotted keys; a file of provider tables alone is a providers file.
+    #[test]
+    fn mocks_config_is_a_scenario_when_it_has_a_load_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let providers = "[providers.line]\nlatency = { kind = \"fixed\", value = \"5ms\" }\n";
+        for load in [
+            "[load]\nrecipients = 5\nchannels = [\"line\"]\n",
+            "load.recipients = 5\nload.channels = [\"line\"]\n",
+        ] {
+            let path = dir.path().join("s.toml");
+            std::fs::write(&path, format!("name = \"s\"\nseed = 9\n{load}{providers}")).unwrap();
+            let (seed, cfg, _) = load_providers(&path).unwrap();
+            assert_eq!(seed, 9, "{load}");
+            assert_eq!(cfg.line.latency, five_ms(), "{load}");
+        }
+        let path = dir.path().join("p.toml");
+        std::fs::write(
+            &path,
+            "[line]\nlatency = { kind = \"fixed\", value = \"5ms\" }\n",
+        )
+        .unwrap();
+        let (seed, cfg, _) = load_providers(&path).unwrap();
+        assert_eq!(seed, 0);
+        assert_eq!(cfg.line.latency, five_ms());
+    }
+
+    fn five_ms() -> mock_providers::config::Latency {
+        mock_providers::config::Latency::Fixed {
+            value: mock_providers::units::HumanDuration::from_millis(5),
+        }
+    }
 }

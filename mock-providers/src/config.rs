@@ -171,6 +171,19 @@ pub enum SmtpStage {
     DataEnd,
 }
 
+impl SmtpStage {
+    /// The stage's name as scenarios spell it (`data_end`), also part of its fault-plan salt.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SmtpStage::Greeting => "greeting",
+            SmtpStage::Mail => "mail",
+            SmtpStage::Rcpt => "rcpt",
+            SmtpStage::Data => "data",
+            SmtpStage::DataEnd => "data_end",
+        }
+    }
+}
+
 /// A reply injected at one SMTP stage on a seeded share of attempts.
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -9,6 +9,7 @@
 //! inside the configured range is checked without clocks (`planned_delays_fall_within_the_range`).
 
 mod common;
+mod smtp_support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,7 +23,6 @@ use axum::routing::post;
 use axum::Router;
 use common::*;
 use hmac::{Hmac, Mac};
-use lettre::message::header::{Header, HeaderName, HeaderValue};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use mock_providers::callbacks::plan;
 use mock_providers::config::{CallbackConfig, ProvidersConfig};
@@ -30,6 +30,7 @@ use mock_providers::ledger::{CallbackVariant, EntryKind, Outcome, Provider};
 use mock_providers::signing::verify_twilio;
 use mock_providers::sms::store::service_number;
 use sha2::Sha256;
+use smtp_support::XEventsUrl;
 
 /// Upper-bound slack for a callback's arrival after its planned delay: task wake-ups and a
 /// loopback HTTP request on a busy 2-core machine, where the test process may be descheduled
@@ -128,21 +129,6 @@ fn reports(min: u64, max: u64) -> CallbackConfig {
         delay_min: ms(min),
         delay_max: ms(max),
         ..CallbackConfig::default()
-    }
-}
-
-#[derive(Clone)]
-struct XEventsUrl(String);
-
-impl Header for XEventsUrl {
-    fn name() -> HeaderName {
-        HeaderName::new_from_ascii_str("X-Events-Url")
-    }
-    fn parse(s: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(XEventsUrl(s.to_string()))
-    }
-    fn display(&self) -> HeaderValue {
-        HeaderValue::new(Self::name(), self.0.clone())
     }
 }
 

@@ -313,13 +313,29 @@ async fn fetch_and_list_for_reconciliation() {
             .collect();
         assert_eq!(got, want, "{q}");
     }
+    // Following `next_page_uri` pages through the same filtered list (a message to another
+    // number in between never shows up), and stops at its end.
+    let mut bodies = Vec::new();
+    let mut q = format!("Messages.json?To={to}&DateSent%3E={today}&PageSize=1");
+    loop {
+        let r = w.sms_get(&q).await;
+        assert_eq!(r.status, 200, "{q}");
+        for m in r.json["messages"].as_array().unwrap() {
+            bodies.push(m["body"].as_str().unwrap().to_string());
+        }
+        match r.json["next_page_uri"].as_str() {
+            Some(next) => q = next[next.find("Messages.json").unwrap()..].to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(bodies, ["three", "one"]);
     assert_eq!(c.json["to"], phone(1).as_str());
     let polls = w
         .entries()
         .iter()
         .filter(|e| e.kind == EntryKind::Poll)
         .count();
-    assert_eq!(polls, 2 + 8);
+    assert_eq!(polls, 2 + 8 + 2);
 }
 
 #[tokio::test]

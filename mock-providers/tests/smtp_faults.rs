@@ -62,7 +62,7 @@ async fn each_stage_fault_gives_its_code_and_ledger_entry() {
         let replies = c
             .transaction("shop@x.test", &["a@x.test", "b@x.test"], &msg)
             .await;
-        let label = format!("{} {code}", plan_name(stage));
+        let label = format!("{} {code}", stage.as_str());
         let what = format!("{label}: {replies:?}");
         // The reply at the faulted stage, and no acceptance anywhere.
         let at = match stage {
@@ -148,10 +148,6 @@ async fn each_rcpt_of_a_transaction_gets_its_own_planned_fault() {
         kinds.insert(want);
     }
     assert!(kinds.len() >= 3, "a mix of decisions: {kinds:?}");
-}
-
-fn plan_name(stage: SmtpStage) -> &'static str {
-    mock_providers::smtp::plan::stage_name(stage)
 }
 
 #[tokio::test]

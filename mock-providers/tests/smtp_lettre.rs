@@ -14,9 +14,7 @@ mod smtp_support;
 use std::time::Instant;
 
 use lettre::address::Envelope;
-use lettre::message::header::{
-    ContentTransferEncoding, ContentType, Header, HeaderName, HeaderValue,
-};
+use lettre::message::header::{ContentTransferEncoding, ContentType};
 use lettre::message::{Body, MultiPart, SinglePart};
 use lettre::transport::smtp::PoolConfig;
 use lettre::{Address, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
@@ -30,21 +28,6 @@ use smtp_support::*;
 const SUBJECT: &str = "Order A-1001 <received> for Ana & \u{5c71}\u{7530}";
 const TEXT: &str = "Hi Ana <b>&</b> \u{5c71}\u{7530},\nyour order A-1001 is confirmed \u{2713}\n.leading dot line\n";
 const HTML: &str = "<p>Hi Ana &lt;b&gt;&amp;&lt;/b&gt; \u{5c71}\u{7530}</p>\n<p>order &quot;A-1001&quot; \u{2713}</p>\n";
-
-#[derive(Clone)]
-struct XEventsUrl(String);
-
-impl Header for XEventsUrl {
-    fn name() -> HeaderName {
-        HeaderName::new_from_ascii_str("X-Events-Url")
-    }
-    fn parse(s: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(XEventsUrl(s.to_string()))
-    }
-    fn display(&self) -> HeaderValue {
-        HeaderValue::new(Self::name(), self.0.clone())
-    }
-}
 
 fn transport(w: &World, pool: u32) -> AsyncSmtpTransport<Tokio1Executor> {
     AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")

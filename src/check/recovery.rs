@@ -106,11 +106,11 @@ fn first_able(input: &Input, victim: u32, t: u64) -> Option<u64> {
                 at = (*cont)?.max(at);
             }
             for (s, c) in &periods {
-                if *s <= at && c.map_or(true, |c| c > at) {
+                if *s <= at && c.is_none_or(|c| c > at) {
                     at = (*c)?;
                 }
             }
-            p.exited_ns.map_or(true, |x| x > at).then_some(at)
+            p.exited_ns.is_none_or(|x| x > at).then_some(at)
         })
         .min()
 }

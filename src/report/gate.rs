@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Metrics, Report};
+use super::Metrics;
 
 /// A figure the gate can judge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -274,11 +274,6 @@ impl fmt::Display for Regression {
 
 /// Compares two runs' metrics: throughput below `baseline × (1 − tolerance)` or a tail latency
 /// above `baseline × (1 + tolerance)` is a regression.
-pub fn compare(baseline: &Report, new: &Report, tolerance: f64) -> Vec<Regression> {
-    compare_metrics(&baseline.metrics, &new.metrics, tolerance)
-}
-
-/// [`compare`] on bare metrics.
 pub fn compare_metrics(baseline: &Metrics, new: &Metrics, tolerance: f64) -> Vec<Regression> {
     Metric::COMPARED
         .into_iter()

@@ -678,9 +678,10 @@ async fn execute(
 }
 
 /// Writes `report.html`, `junit.xml` and `summary.md` (and appends to the step summary) and
-/// lists them in `report.files`. A rendering that fails makes the run an infrastructure failure
-/// (exit 3, verdict `error`, the reason in `error`): CI must not pass a run whose results it
-/// cannot show.
+/// lists them in `report.files`. A rendering that fails is recorded in `error`, and makes a
+/// passing run an infrastructure failure (exit 3, verdict `error`): CI must not pass a run whose
+/// results it cannot show. A run that found a violation keeps exit 1 and `fail`: the stack's bug
+/// is the news, and `report.json` still carries it.
 fn render_outputs(
     dir: &Path,
     report: &mut Report,
@@ -707,8 +708,10 @@ fn render_outputs(
             let msg = format!("could not render report.html, junit.xml and summary.md: {e:#}");
             eprintln!("error: {msg}");
             report.error = Some(msg);
-            report.exit_code = exit::INFRA;
-            report.verdict = "error".into();
+            if report.exit_code == exit::OK {
+                report.exit_code = exit::INFRA;
+                report.verdict = "error".into();
+            }
         }
     }
 }
@@ -766,15 +769,24 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_rendering_is_an_infrastructure_failure() {
+    fn a_failed_rendering_fails_a_passing_run_and_keeps_a_violation() {
         let dir = tempfile::tempdir().unwrap();
+        // Written where no file can be: a folder that does not exist.
+        let missing = dir.path().join("missing");
+        let mut passed = report();
+        (passed.exit_code, passed.verdict) = (exit::OK, "pass".into());
+        render_outputs(&missing, &mut passed, &[], None);
+        assert_eq!(
+            (passed.exit_code, passed.verdict.as_str()),
+            (exit::INFRA, "error")
+        );
+        let err = passed.error.as_deref().unwrap_or_default();
+        assert!(err.starts_with("could not render report.html"), "{err}");
         let mut r = report();
         assert_eq!(r.exit_code, exit::VIOLATION);
-        // Written where no file can be: a folder that does not exist.
-        render_outputs(&dir.path().join("missing"), &mut r, &[], None);
-        assert_eq!((r.exit_code, r.verdict.as_str()), (exit::INFRA, "error"));
-        let err = r.error.as_deref().unwrap_or_default();
-        assert!(err.starts_with("could not render report.html"), "{err}");
+        render_outputs(&missing, &mut r, &[], None);
+        assert_eq!((r.exit_code, r.verdict.as_str()), (exit::VIOLATION, "fail"));
+        assert!(r.error.is_some());
 
         // The same report renders into a folder that exists, and lists the files.
         let mut r = report();

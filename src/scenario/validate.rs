@@ -512,22 +512,11 @@ fn validate_latencies(
     check("providers.smtp.latency", &p.smtp.latency)?;
     for (stage, l) in &p.smtp.stage_latency {
         check(
-            &format!("providers.smtp.stage_latency.{}", stage_name(*stage)),
+            &format!("providers.smtp.stage_latency.{}", stage.as_str()),
             l,
         )?;
     }
     Ok(())
-}
-
-fn stage_name(stage: mock_providers::config::SmtpStage) -> &'static str {
-    use mock_providers::config::SmtpStage;
-    match stage {
-        SmtpStage::Greeting => "greeting",
-        SmtpStage::Mail => "mail",
-        SmtpStage::Rcpt => "rcpt",
-        SmtpStage::Data => "data",
-        SmtpStage::DataEnd => "data_end",
-    }
 }
 
 /// Tolerance for shares written as percentages that add up to exactly 100%.
@@ -566,7 +555,7 @@ fn validate_faults(
 
     let mut per_stage: BTreeMap<&str, f64> = BTreeMap::new();
     for (i, f) in p.smtp.faults.iter().enumerate() {
-        let stage = stage_name(f.stage);
+        let stage = f.stage.as_str();
         let at = |key: &str| format!("providers.smtp.faults[{i}].{key}");
         // RFC 5321 §4.2.1: 4yz is a transient, 5yz a permanent negative reply; the second digit
         // is 0..=5.

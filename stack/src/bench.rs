@@ -59,6 +59,16 @@ pub enum Amount {
     },
 }
 
+impl Amount {
+    /// How long each side claims, when the amount is a duration (else: until the rows run out).
+    fn duration(&self) -> Option<Duration> {
+        match self {
+            Amount::Rows(_) => None,
+            Amount::Duration { duration, .. } => Some(*duration),
+        }
+    }
+}
+
 fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
 }
@@ -166,10 +176,6 @@ pub async fn claim_bench(
                 }
                 Amount::Duration { rows, .. } => rows,
             };
-            let deadline = match opts.amount {
-                Amount::Rows(_) => None,
-                Amount::Duration { duration, .. } => Some(duration),
-            };
             let mut rounds: Vec<BenchRow> = Vec::new();
             for round in 0..opts.rounds.max(1) {
                 // Alternate which side goes first, so drift on a shared machine hits both alike.
@@ -191,8 +197,15 @@ pub async fn claim_bench(
                     None
                 };
                 seed(&pool, seeded).await?;
-                let mut row =
-                    stack_side(&pool, workers, batch, opts.lease, deadline, postmaster).await?;
+                let mut row = stack_side(
+                    &pool,
+                    workers,
+                    batch,
+                    opts.lease,
+                    opts.amount.duration(),
+                    postmaster,
+                )
+                .await?;
                 row.seeded = seeded;
                 let pg = if pgbench_first {
                     first
@@ -250,10 +263,7 @@ async fn pgbench_side(
         batch,
         lease: opts.lease,
         transactions: seeded / (workers as u64 * batch as u64),
-        duration: match opts.amount {
-            Amount::Rows(_) => None,
-            Amount::Duration { duration, .. } => Some(duration),
-        },
+        duration: opts.amount.duration(),
     };
     let before = usage::Snapshot::take(pool, postmaster).await;
     let tx = run.execute().await?;

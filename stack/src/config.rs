@@ -159,7 +159,8 @@ pub struct Config {
     pub flaws: Flaws,
     /// Sends in flight per worker (`TING_WORKER_CONCURRENCY`, default 32).
     pub concurrency: usize,
-    /// Sends in flight per worker and channel (`TING_CHANNEL_CONCURRENCY`, default = concurrency).
+    /// Sends in flight per worker and channel (`TING_CHANNEL_CONCURRENCY`; 0, the default, means
+    /// `concurrency`); read it through [`Config::channel_limit`].
     pub channel_concurrency: usize,
     /// Per-channel overrides of `channel_concurrency` (`TING_CHANNEL_CONCURRENCY_LINE`, `_EMAIL`,
     /// `_SMS`); read them through [`Config::channel_limit`].
@@ -246,7 +247,7 @@ impl Config {
         cfg.validated()
     }
 
-    fn validated(mut self) -> Result<Config, ConfigError> {
+    fn validated(self) -> Result<Config, ConfigError> {
         let pos = |var: &'static str, ok: bool, v: String| {
             if ok {
                 Ok(())
@@ -292,9 +293,6 @@ impl Config {
                 &format!("{}/{}", self.backoff.jitter, self.backoff.factor),
                 "jitter must be in [0,1] and factor >= 1",
             ));
-        }
-        if self.channel_concurrency == 0 || self.channel_concurrency > self.concurrency {
-            self.channel_concurrency = self.concurrency;
         }
         for (var, v) in [
             ("TING_CHANNEL_CONCURRENCY_LINE", self.channel_overrides.line),
@@ -398,7 +396,9 @@ mod tests {
         let cfg = Config::from_map(&HashMap::new()).unwrap();
         assert_eq!(cfg.email_unknown_policy, UnknownPolicy::Hold);
         assert!(cfg.flaws.is_empty());
-        assert_eq!(cfg.channel_concurrency, cfg.concurrency);
+        assert!(Channel::ALL
+            .iter()
+            .all(|c| cfg.channel_limit(*c) == cfg.concurrency));
     }
 
     #[test]

@@ -374,25 +374,11 @@ async fn duplicate_and_stale_reports_change_nothing() {
     pool.close().await;
 }
 
-/// Inserts one delivery per channel for recipient `r` of batch `b` (batch row included).
-async fn seed_channels(pool: &PgPool) {
-    seed(pool, "b", 0).await;
-    sqlx::query(
-        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
-         payload_sha256, correlation_id) \
-         SELECT 'b', 'b:r' || g || ':' || c, 'r' || g, c, 'a' || g, 1, '{\"text\": \"hi\"}'::jsonb, 'h', \
-         c || g FROM generate_series(1, 2) g, unnest(ARRAY['line', 'email', 'sms']) c",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 #[tokio::test]
 async fn rescuer_reconciles_expired_leases_per_channel() {
     let db = common::fresh_db().await;
     let pool = common::pool(&db.url).await;
-    seed_channels(&pool).await;
+    seed_recipients(&pool, 2).await;
     let mut cfg = stack::Config::for_tests(&db.url);
     let mut conn = pool.acquire().await.unwrap();
     let rows = claim::claim(&mut conn, "dead", 10, LEASE).await.unwrap();

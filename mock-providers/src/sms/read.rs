@@ -151,23 +151,37 @@ pub(super) async fn list(
         .take(page_size)
         .map(|m| m.resource(now))
         .collect();
+    // Page links keep the request's filters, as Twilio's do: page 2 is page 2 of this list.
     let base = format!("/{API_VERSION}/Accounts/{account}/Messages.json");
-    let next = (start + page_size < all.len())
-        .then(|| format!("{base}?PageSize={page_size}&Page={}", page + 1));
-    let prev = (page > 0).then(|| format!("{base}?PageSize={page_size}&Page={}", page - 1));
+    let filters: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter(|(k, _)| k != "Page" && k != "PageSize")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let page_uri = |p: usize| {
+        let (size, p) = (page_size.to_string(), p.to_string());
+        let mut q = filters.clone();
+        q.extend([("PageSize", size.as_str()), ("Page", p.as_str())]);
+        format!(
+            "{base}?{}",
+            serde_urlencoded::to_string(q).unwrap_or_default()
+        )
+    };
+    let next = (start + page_size < all.len()).then(|| page_uri(page + 1));
+    let prev = (page > 0).then(|| page_uri(page - 1));
     record_poll(&st, peer, to.unwrap_or(""), None, 200);
     Reply::json(
         200,
         json!({
             "end": (start + messages.len()).saturating_sub(1),
-            "first_page_uri": format!("{base}?PageSize={page_size}&Page=0"),
+            "first_page_uri": page_uri(0),
             "messages": messages,
             "next_page_uri": next,
             "page": page,
             "page_size": page_size,
             "previous_page_uri": prev,
             "start": start,
-            "uri": format!("{base}?PageSize={page_size}&Page={page}"),
+            "uri": page_uri(page),
         }),
     )
     .into_response()

@@ -85,16 +85,6 @@ pub struct Rcpt {
     pub plan: Plan,
 }
 
-pub fn stage_name(stage: SmtpStage) -> &'static str {
-    match stage {
-        SmtpStage::Greeting => "greeting",
-        SmtpStage::Mail => "mail",
-        SmtpStage::Rcpt => "rcpt",
-        SmtpStage::Data => "data",
-        SmtpStage::DataEnd => "data_end",
-    }
-}
-
 /// The fault (if any) the profile injects at `stage` for attempt `attempt` of `subject`.
 pub fn stage_fault(
     seed: u64,
@@ -107,7 +97,7 @@ pub fn stage_fault(
     if of_stage.is_empty() {
         return None;
     }
-    let name = stage_name(stage);
+    let name = stage.as_str();
     let salt = format!("smtp:{name}");
     let i = faults::pick(
         seed,
@@ -195,7 +185,7 @@ pub fn delay(
     subject: &str,
     attempt: u32,
 ) -> Duration {
-    let salt = format!("smtp:latency:{}", stage_name(stage));
+    let salt = format!("smtp:latency:{}", stage.as_str());
     let mut rng = faults::rng(seed, Provider::Smtp, subject, attempt, &salt);
     let mut d = cfg
         .stage_latency

@@ -225,3 +225,19 @@ pub fn stuff(message: &str) -> String {
 pub fn simple_message(id: &str, subject: &str, body: &str) -> String {
     format!("Message-ID: <{id}>\r\nSubject: {subject}\r\nFrom: shop@x.test\r\nTo: r@x.test\r\n\r\n{body}\r\n")
 }
+
+/// The `X-Events-Url` header for lettre: where the fake posts this message's delivery events.
+#[derive(Clone)]
+pub struct XEventsUrl(pub String);
+
+impl lettre::message::header::Header for XEventsUrl {
+    fn name() -> lettre::message::header::HeaderName {
+        lettre::message::header::HeaderName::new_from_ascii_str("X-Events-Url")
+    }
+    fn parse(s: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(XEventsUrl(s.to_string()))
+    }
+    fn display(&self) -> lettre::message::header::HeaderValue {
+        lettre::message::header::HeaderValue::new(Self::name(), self.0.clone())
+    }
+}

@@ -19,7 +19,7 @@ use lettre::transport::smtp::client::AsyncSmtpConnection;
 use lettre::transport::smtp::extension::ClientId;
 use lettre::Message;
 
-use super::{class, Outcome};
+use super::{class, Channel, Outcome};
 use crate::claim::Claimed;
 use crate::config::Config;
 
@@ -52,7 +52,7 @@ impl EmailClient {
             addr: format!("{host}:{port}"),
             timeout: cfg.provider_timeout,
             idle: Arc::default(),
-            max_idle: cfg.channel_concurrency.max(1),
+            max_idle: cfg.channel_limit(Channel::Email),
             from,
             events_url: format!("http://{}/v1/callbacks/email", cfg.api_addr),
         })

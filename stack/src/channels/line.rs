@@ -58,7 +58,7 @@ impl LineClient {
             accepted_request.as_deref(),
             || {
                 sent_message_id(&text)
-                    .or_else(|| header("x-line-accepted-request-id"))
+                    .or_else(|| accepted_request.clone())
                     .or_else(|| header("x-line-request-id"))
             },
         )

@@ -8,10 +8,7 @@
 
 mod send;
 
-pub use send::{
-    decide, decide_at, exhausted_before_send, first_poll, payload_to_send, Decision,
-    SMS_LOOKUP_SKEW,
-};
+pub use send::{decide, first_poll, payload_to_send, Decision};
 
 use std::collections::HashMap;
 use std::future::Future;
