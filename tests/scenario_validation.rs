@@ -140,11 +140,21 @@ fn cross_field_errors_point_at_the_key() {
         ("[stack]\nworkers = 4\nlease = \"2s\"\nheartbeat = \"500ms\"\n", "stack.workers = 0\nstack.lease = \"2s\"\nstack.heartbeat = \"500ms\"\n", "workers", 4, 7, "`workers` must be between 1 and 64 (got 0)", None),
         ("heartbeat = \"500ms\"\n", "heartbeat = \"500ms\"\nbackoff = { base = \"0ms\", max = \"1s\" }\n", "base", 8, 13, "`base` (0s) must be greater than 0", None),
         ("", "[providers.line]\nlatency = { kind = \"uniform\", min = \"2s\", max = \"1s\" }", "min", 19, 31, "uniform latency has min 2s > max 1s", None),
+        ("", "[providers.sms]\nlatency = { kind = \"lognormal\", p50 = \"2s\", p99 = \"1s\" }", "p50", 19, 33, "lognormal latency has p50 2s > p99 1s", None),
+        ("", "[providers.smtp]\nstage_latency = { rcpt = { kind = \"uniform\", min = \"2s\", max = \"1s\" } }", "min", 19, 46, "uniform latency has min 2s > max 1s", None),
         // Inside an inline array: the whole key path is named.
         ("", "[providers.line]\ntransient = [{ status = 500, rate = 1.5 }]", "rate", 19, 37, "bad value for `providers.line.transient[0].rate`: 1.5 (150%) is out of range", None),
         ("", "[providers.line]\ntransient = [{ status = 500, rat = 0.5 }]", "rat", 19, 30, "unknown key `rat` in `providers.line.transient[0]`", Some("rate")),
     ];
     check_cases(cases);
+    // A missing trigger has no key to point at: the entry's own header.
+    let err = parse(&with("progress = \"40%\"\n", "")).unwrap_err();
+    assert_eq!((err.line, err.col), (13, 1), "{err}");
+    assert!(
+        err.to_string()
+            .contains("[[chaos]] #1: needs a trigger: one of `at`, `progress`, `on_accept`"),
+        "{err}"
+    );
 }
 
 /// Values that parse but cannot mean what was written are rejected here, not mid-run.
@@ -169,6 +179,12 @@ fn wrong_values_are_rejected_at_the_boundary() {
         ("", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\n[load.template]\ntext = \"Hi {{name}} {{#item}}\"", "text", 23, 1, "template `text`: `{{#item}}` is never closed: add `{{/item}}`", None),
         ("", "[load.template]\nsms = \"Order {{order_id}\"", "sms", 19, 1, "template `sms`: tag `{{order_id}` is never closed", None),
         ("", "[load.template]\nline = \"Hi {{{name}}}\"", "line", 19, 1, "inserts recipient data unescaped", None),
+        // The built-in stack renders bare variable names only (stack/src/render.rs).
+        ("", "[load.template]\nsms = \"Hi {{name.first}}\"", "sms", 19, 1, "template `sms`: `{{name.first}}`: `name` is text, so `name.first` finds nothing; the built-in stack renders bare variable names only", None),
+        ("", "[load.template]\ntext = \"Hi {{this}}\"", "text", 19, 1, "template `text`: `{{this}}`: `this` is a context path", None),
+        ("", "[load.template]\nhtml = \"{{@index}}\"", "html", 19, 1, "template `html`: `{{@index}}`: `@index` is a data variable", None),
+        ("", "[load.template]\nsubject = \"{{42}}\"", "subject", 19, 1, "template `subject`: `{{42}}`: `42` is a literal", None),
+        ("", "[load.template]\nline = \"Hi \\\\{{name}}\"", "line", 19, 1, "template `line`: `\\{{name}}`: the built-in stack does not support escaped mustaches", None),
         ("", "[load.template]\nsms = \"\"", "sms", 19, 1, "template `sms` must not be empty: channel `sms` sends it", None),
         ("", "[database]\nurl = \"mysql://u:secret@h/db\"", "url", 19, 1, "`url` must be a PostgreSQL URL (`postgres://…` or `postgresql://…`), not `mysql://…`", None),
         ("", "[database]\nurl = \"localhost:5432\"", "url", 19, 1, "`url` must be a PostgreSQL URL such as", None),
@@ -193,6 +209,7 @@ fn good_variants_pass() {
         ("", "[providers.smtp]\nfaults = [{ stage = \"rcpt\", code = 451, enhanced = \"4.3.0\", rate = 0.5 }, { stage = \"data_end\", code = 554, rate = 0.5 }, { stage = \"greeting\", code = 421, rate = 0.5 }]"),
         ("", "[database]\nurl = \"postgresql://u@127.0.0.1:5432/postgres\""),
         ("", "[load.template]\nsubject = \"{{item}} {{ order_id }} {{! note }}\""),
+        ("", "[load.template]\nhtml = \"{{!-- {{#each}} --}}<p>{{ name }} 🚀</p>\""),
         // An external stack may take full Mustache.
         ("", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\n[load.template]\nsubject = \"{{#if item}}{{item}}{{else}}order{{/if}} {{! note }}\""),
         ("[stack]\n", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\ncwd = \"tests\"\n[stack]\n"),

@@ -40,17 +40,6 @@ pub struct Ports {
 }
 
 impl Listeners {
-    /// Binds all four on port 0 of `ip`.
-    pub async fn bind(ip: IpAddr) -> std::io::Result<Listeners> {
-        let any = SocketAddr::new(ip, 0);
-        Ok(Listeners {
-            line: TcpListener::bind(any).await?,
-            sms: TcpListener::bind(any).await?,
-            smtp: TcpListener::bind(any).await?,
-            smtp_control: TcpListener::bind(any).await?,
-        })
-    }
-
     /// Binds all four on `ip` at `ports` (0: any free port); the error names the listener.
     pub async fn bind_ports(ip: IpAddr, ports: Ports) -> anyhow::Result<Listeners> {
         let bind = |what: &'static str, port: u16| async move {
@@ -80,17 +69,14 @@ pub struct Providers {
     tasks: Vec<(&'static str, JoinHandle<std::io::Result<()>>)>,
 }
 
-/// Starts the three fakes on port 0 of `bind`.
+/// Starts the three fakes on any free ports of `bind`.
 pub async fn start(
     seed: u64,
     cfg: ProvidersConfig,
     bind: IpAddr,
     ledger: Ledger,
 ) -> anyhow::Result<Providers> {
-    let listeners = Listeners::bind(bind)
-        .await
-        .with_context(|| format!("binding the fake providers on {bind}"))?;
-    start_on(seed, cfg, listeners, ledger).await
+    start_with_ports(seed, cfg, bind, Ports::default(), ledger).await
 }
 
 /// Starts the three fakes on `bind` at fixed `ports` (0: any free port), e.g. so a developer can

@@ -32,7 +32,7 @@ pub(crate) fn channel_color(channel: &str) -> RGBColor {
 pub(crate) fn event_color(kind: &str) -> RGBColor {
     match kind {
         "sigkill" => RGBColor(0xdc, 0x26, 0x26),
-        "sigterm" | "restart_begin" | "SIGTERM (restart)" => RGBColor(0xf5, 0x9e, 0x0b),
+        "sigterm" | "restart_begin" => RGBColor(0xf5, 0x9e, 0x0b),
         "sigstop" | "sigcont" => RGBColor(0x93, 0x33, 0xea),
         "restart" => RGBColor(0x08, 0x91, 0xb2),
         k if k.starts_with("db_") => RGBColor(0x92, 0x40, 0x0e),
@@ -125,8 +125,9 @@ pub(crate) fn timeline(ps: &PerSecond, markers: &[Marker]) -> Result<String, Str
                 color.stroke_width(2),
             );
             chart.draw_series(std::iter::once(line))?;
-            if !legend.iter().any(|l| l.0 == m.kind) {
-                legend.push((m.kind.clone(), color, false));
+            let name = super::event_label(&m.kind);
+            if !legend.iter().any(|l| l.0 == name) {
+                legend.push((name.to_string(), color, false));
             }
             // Stagger labels over three rows so neighbouring events stay readable.
             let row = (i % 3) as f64;

@@ -278,16 +278,10 @@ fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
                 .and_then(|p| workers.get(&p))
                 .map(|w| format!(" {w}"))
                 .unwrap_or_default();
-            // The SIGTERM half of a `restart` action (its second half is the `restart` event).
-            let kind = if e.kind == "restart_begin" {
-                "SIGTERM (restart)".to_string()
-            } else {
-                e.kind.clone()
-            };
             Marker {
                 at_s: e.mono_ns as f64 / 1e9,
-                label: format!("{kind}{who}"),
-                kind,
+                label: format!("{}{who}", super::event_label(&e.kind)),
+                kind: e.kind.clone(),
             }
         })
         .collect();
@@ -307,7 +301,7 @@ fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
         .map(|e| {
             vec![
                 secs(e.mono_ns),
-                esc(&e.kind).into_owned(),
+                esc(super::event_label(&e.kind)).into_owned(),
                 e.slot.map(|s| s.to_string()).unwrap_or_default(),
                 e.pid.map(|p| p.to_string()).unwrap_or_default(),
                 esc(&e.detail).into_owned(),

@@ -111,12 +111,7 @@ impl World {
                 (None, Some(p)) => format!(" pid {p}"),
                 _ => String::new(),
             };
-            // The SIGTERM half of a `restart` action, said as people know it.
-            let shown = if kind == "restart_begin" {
-                "SIGTERM (restart)"
-            } else {
-                kind
-            };
+            let shown = crate::report::event_label(kind);
             p.line(&format!(
                 "[{:>5.1}s] {shown}{who} {}",
                 ev.mono_ns as f64 / 1e9,

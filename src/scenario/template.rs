@@ -45,14 +45,175 @@ pub struct Rules {
     /// Whether `{{{x}}}` / `{{&x}}` may appear (the built-in stack refuses them unless its
     /// `unescaped-template` flaw is on).
     pub allow_unescaped: bool,
-    /// Only variables and comments: no sections, helpers or whitespace control. The built-in
-    /// stack's renderer accepts nothing else; an external stack may take full Mustache.
+    /// Only what the built-in stack's renderer takes ([`check_built_in`]): comments and bare
+    /// recipient variables, no sections, helpers, whitespace control, paths or literals. An
+    /// external stack may take full Mustache.
     pub variables_only: bool,
 }
 
 /// Checks `src` under `rules`.
 pub fn check(src: &str, rules: Rules) -> Result<(), TemplateError> {
-    let allow_unescaped = rules.allow_unescaped;
+    if rules.variables_only {
+        check_built_in(src, rules.allow_unescaped)
+    } else {
+        check_mustache(src, rules.allow_unescaped)
+    }
+}
+
+/// Whitespace Handlebars skips inside a tag (its grammar's `WHITESPACE`). Any other character,
+/// Unicode whitespace included, becomes part of the name (and then is no variable) or a syntax
+/// error.
+const TAG_SPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// The built-in stack's subset, exactly as `stack/src/render.rs` reads it (`check_subset`, then
+/// Handlebars in strict mode with no helpers, rendered with each recipient's variables):
+/// comments `{{! … }}` (closed by the first `}}`) and `{{!-- … --}}` (closed by the first
+/// `--}}`), and escaped variables `{{ name }}` whose name is exactly one of [`TEMPLATE_VARS`]
+/// (every one is text, so a dotted path finds nothing); with `allow_unescaped`, also `{{{ name }}}`
+/// and `{{& name}}`. No `\{{`, sections, helpers, `else`, partials, decorators, delimiter
+/// changes, whitespace control, `@data`, `this`, `.`/`..` paths or literals.
+fn check_built_in(src: &str, allow_unescaped: bool) -> Result<(), TemplateError> {
+    let only_variables = |tag: &str| {
+        fail(format!(
+            "`{tag}`: the built-in stack's templates hold escaped variables such as \
+             `{{{{order_id}}}}` and comments only (no sections, helpers or whitespace control)"
+        ))
+    };
+    let mut i = 0;
+    while let Some(p) = src[i..].find("{{") {
+        let start = i + p;
+        if src[i..start].ends_with('\\') {
+            return Err(fail(format!(
+                "`\\{}`: the built-in stack does not support escaped mustaches `\\{{{{`",
+                snippet(&src[start..])
+            )));
+        }
+        let at = &src[start..];
+        // Long comments may contain `}}`; the first `--}}` closes them.
+        if let Some(body) = at.strip_prefix("{{!--") {
+            let Some(q) = body.find("--}}") else {
+                return Err(fail(format!(
+                    "comment `{}` is never closed with `--}}}}`",
+                    snippet(at)
+                )));
+            };
+            i = start + 5 + q + 4;
+            continue;
+        }
+        let (inner, len, triple) = if let Some(body) = at.strip_prefix("{{{") {
+            let Some(q) = body.find("}}}") else {
+                return Err(fail(format!(
+                    "tag `{}` opens with `{{{{{{` but does not close with `}}}}}}`",
+                    snippet(at)
+                )));
+            };
+            (&body[..q], 3 + q + 3, true)
+        } else {
+            let Some(q) = at[2..].find("}}") else {
+                return Err(fail(format!(
+                    "tag `{}` is never closed with `}}}}`",
+                    snippet(at)
+                )));
+            };
+            (&at[2..2 + q], 2 + q + 2, false)
+        };
+        let tag = &at[..len];
+        i = start + len;
+        let unescaped_refused = |name: &str| {
+            fail(format!(
+                "`{tag}` inserts recipient data unescaped, which the built-in stack refuses; \
+                 write `{{{{{}}}}}`, or switch on the `unescaped-template` flaw",
+                name.trim().trim_start_matches('&').trim()
+            ))
+        };
+        if triple && !allow_unescaped {
+            return Err(unescaped_refused(inner));
+        }
+        if !triple && inner.starts_with('!') {
+            continue;
+        }
+        if inner.starts_with('~') || inner.ends_with('~') {
+            return Err(only_variables(tag));
+        }
+        let body = inner.trim_matches(TAG_SPACE);
+        let name = match body.chars().next() {
+            Some('&') if triple => {
+                return Err(fail(format!(
+                    "`{tag}`: `{{{{{{ }}}}}}` and `&` do not combine; write `{{{{{{{}}}}}}}`",
+                    body[1..].trim_matches(TAG_SPACE)
+                )))
+            }
+            Some('&') if !allow_unescaped => return Err(unescaped_refused(&body[1..])),
+            Some('&') => body[1..].trim_matches(TAG_SPACE),
+            Some('#' | '^' | '/') => return Err(only_variables(tag)),
+            Some('>') => {
+                return Err(fail(format!(
+                    "`{tag}`: partials are not supported (the template has none)"
+                )))
+            }
+            Some('*') => return Err(fail(format!("`{tag}`: decorators are not supported"))),
+            Some('=') => {
+                return Err(fail(format!(
+                    "`{tag}`: changing the delimiters is not supported"
+                )))
+            }
+            _ => body,
+        };
+        if name == "else" || name.contains(TAG_SPACE) {
+            return Err(only_variables(tag));
+        }
+        bare_variable(name, tag)?;
+    }
+    Ok(())
+}
+
+/// One name in a built-in stack tag: exactly a variable every recipient has.
+fn bare_variable(name: &str, tag: &str) -> Result<(), TemplateError> {
+    if TEMPLATE_VARS.contains(&name) {
+        return Ok(());
+    }
+    let not_a_variable = |what: String| {
+        fail(format!(
+            "`{tag}`: {what}; the built-in stack renders bare variable names only, such as \
+             `{{{{order_id}}}}`"
+        ))
+    };
+    if name.is_empty() {
+        return Err(fail(format!("empty tag `{tag}`")));
+    }
+    if name.starts_with('@') {
+        return Err(not_a_variable(format!("`{name}` is a data variable")));
+    }
+    if name == "this"
+        || name == "."
+        || ["this.", "this/", "./", "../", ".."]
+            .iter()
+            .any(|p| name.starts_with(p))
+    {
+        return Err(not_a_variable(format!("`{name}` is a context path")));
+    }
+    if name.starts_with(|c: char| c.is_ascii_digit() || "-\"'[".contains(c))
+        || ["true", "false", "null", "undefined"].contains(&name)
+    {
+        return Err(not_a_variable(format!("`{name}` is a literal")));
+    }
+    let root = name.split(['.', '/']).next().unwrap_or(name);
+    if root != name && TEMPLATE_VARS.contains(&root) {
+        return Err(not_a_variable(format!(
+            "`{root}` is text, so `{name}` finds nothing"
+        )));
+    }
+    Err(TemplateError {
+        message: format!(
+            "`{tag}` uses unknown variable `{root}`; every recipient has {}",
+            super::error::list(TEMPLATE_VARS)
+        ),
+        suggestion: nearest(root, TEMPLATE_VARS.iter().copied()),
+    })
+}
+
+/// Full Mustache (and the Handlebars helpers any engine of an external stack may know).
+fn check_mustache(src: &str, allow_unescaped: bool) -> Result<(), TemplateError> {
     let mut open: Vec<Open> = Vec::new();
     let mut i = 0;
     while let Some(p) = src[i..].find("{{") {
@@ -117,17 +278,6 @@ pub fn check(src: &str, rules: Rules) -> Result<(), TemplateError> {
         };
         let words: Vec<&str> = body.split_whitespace().collect();
         let first = body.chars().next();
-        if rules.variables_only
-            && (tag.contains('~')
-                || matches!(first, Some('#' | '^' | '/'))
-                || words.first() == Some(&"else")
-                || (words.len() > 1 && first != Some('!')))
-        {
-            return Err(fail(format!(
-                "`{tag}`: the built-in stack's templates hold escaped variables such as \
-                 `{{{{order_id}}}}` and comments only (no sections, helpers or whitespace control)"
-            )));
-        }
         match first {
             None => return Err(fail(format!("empty tag `{tag}`"))),
             Some('!') => {}
@@ -380,5 +530,76 @@ mod tests {
         };
         assert_eq!(check("{{{name}}} {{&item}}", flawed), Ok(()));
         assert!(check("{{#if name}}{{/if}}", flawed).is_err());
+    }
+
+    /// What full Mustache reads as data, context paths or literals, the built-in stack's
+    /// `check_subset` refuses or its strict rendering finds nothing for: a tag there names one of
+    /// the recipient's variables, bare.
+    #[test]
+    fn the_built_in_stack_takes_bare_variable_names_only() {
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("{{@index}}", "`@index` is a data variable", None),
+            ("{{@root.name}}", "`@root.name` is a data variable", None),
+            ("{{this}}", "`this` is a context path", None),
+            ("{{this.name}}", "`this.name` is a context path", None),
+            ("{{.}}", "`.` is a context path", None),
+            ("{{../name}}", "`../name` is a context path", None),
+            ("{{42}}", "`42` is a literal", None),
+            ("{{\"x\"}}", "`\"x\"` is a literal", None),
+            ("{{true}}", "`true` is a literal", None),
+            (
+                "{{name.first}}",
+                "`name` is text, so `name.first` finds nothing",
+                None,
+            ),
+            ("{{nmae.first}}", "unknown variable `nmae`", Some("name")),
+            (
+                "{{name\u{a0}}}",
+                "unknown variable `name\u{a0}`",
+                Some("name"),
+            ),
+            (
+                "Hi \\{{name}}",
+                "`\\{{name}}`: the built-in stack does not support escaped",
+                None,
+            ),
+            ("{{*dec}}", "decorators are not supported", None),
+            (
+                "{{!--}}",
+                "comment `{{!--}}` is never closed with `--}}`",
+                None,
+            ),
+            ("{{!-- x --~}}", "never closed with `--}}`", None),
+            ("{{ }}", "empty tag", None),
+            ("{{else}}", "variables", None),
+            ("{{ ! x }}", "variables", None),
+        ];
+        let flawed = Rules {
+            allow_unescaped: true,
+            ..BUILT_IN
+        };
+        for (src, fragment, suggestion) in cases {
+            for rules in [BUILT_IN, flawed] {
+                let e = check(src, rules).expect_err(src);
+                assert!(e.message.contains(fragment), "{src}: {}", e.message);
+                assert_eq!(e.suggestion.as_deref(), *suggestion, "{src}");
+            }
+        }
+        // Comments close where the stack closes them, and may hold anything, `~` included.
+        assert_eq!(
+            check(
+                "{{! x ~}}{{!----}}{{!-- }} {{@index}} --}}{{! {{this}} }}}",
+                BUILT_IN
+            ),
+            Ok(())
+        );
+        // The flaw's unescaped slots take the same bare names.
+        assert_eq!(check("{{{ name }}} {{&  item }}", flawed), Ok(()));
+        assert!(check("{{{this}}}", flawed).is_err());
+        let e = check("{{{&name}}}", flawed).unwrap_err();
+        assert!(e.message.contains("do not combine"), "{}", e.message);
+        let e = check("{{{&name}}}", BUILT_IN).unwrap_err();
+        assert!(e.message.contains("write `{{name}}`"), "{}", e.message);
+        assert!(check("{{&name.first}}", flawed).is_err());
     }
 }

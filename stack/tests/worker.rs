@@ -864,3 +864,190 @@ async fn a_worker_stalled_in_the_sms_lookup_does_not_send_after_its_lease() {
     );
     pool.close().await;
 }
+
+/// How the twin's attempt in flight ends in [`twin_in_flight`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum TwinEnds {
+    /// Its worker records its outcome: the sid of the message it sent.
+    Recorded,
+    /// Its worker dies: the lease lapses and the rescuer marks it uncertain.
+    Rescued,
+}
+
+/// Twins A and B (two recipients sharing a phone, the same text): B's send has landed at the
+/// provider but B has not recorded its sid yet (its attempt is in flight under another worker's
+/// lease). A, whose earlier attempt is uncertain (it never landed), must not adopt B's message:
+/// B's own outcome records that sid without the adoption lock, so two rows would own one message
+/// and A's would never be sent. A cannot tell yet and looks again later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sms_lookup_does_not_adopt_a_twins_message_in_flight() {
+    twin_in_flight(TwinEnds::Recorded).await;
+}
+
+/// As above, but B's worker dies: once the rescuer has marked B uncertain too, B is no longer
+/// in flight and cannot record the sid except through the adoption lock, so the twins do not
+/// wait on each other: one adopts B's message, the other sends its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sms_twins_both_uncertain_settle_with_one_message_each() {
+    twin_in_flight(TwinEnds::Rescued).await;
+}
+
+async fn twin_in_flight(ends: TwinEnds) {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
+    let phone = "+15550000009";
+    let mut body = common::batch_body("pair", 2, &["sms"]);
+    for i in 0..2 {
+        body["recipients"][i]["phone"] = serde_json::json!(phone);
+        body["recipients"][i]["name"] = serde_json::json!("Ana");
+        body["recipients"][i]["vars"] = serde_json::json!({"order_id": "A-1"});
+    }
+    let r = reqwest::Client::new()
+        .post(format!("http://{api}/v1/batches"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let (a, b) = ("pair:r000000:sms", "pair:r000001:sms");
+    let text = sms_text(&pool, a).await;
+    assert_eq!(text, sms_text(&pool, b).await);
+
+    // B: claimed by another worker (alive: its lease has an hour left), attempt started a second
+    // ago; its message is at the provider, its answer not recorded yet.
+    let theirs = fake.inject_sms(phone, &text, chrono::Utc::now());
+    sqlx::query(
+        "UPDATE deliveries SET state = 'sending', attempts = 1, lease_owner = 'wOther', \
+         lease_token = 7, attempt_lease_token = 7, lease_expires_at = now() + interval '1 hour', \
+         attempt_started_at = now() - interval '1 second' WHERE key = $1",
+    )
+    .bind(b)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // A: its attempt a second ago may have landed (it did not).
+    make_uncertain(&pool, a, "1 second").await;
+
+    let mut cfg = worker_cfg(&db.url, &fakes, &api, "w1");
+    cfg.sms_poll_after = Duration::from_secs(3600);
+    // A looks again every few tens of ms while B is in flight: its attempts must not run out
+    // before the test lets B finish.
+    cfg.max_attempts = 10_000;
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    let sid_of = |key: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let (s,): (Option<String>,) =
+                sqlx::query_as("SELECT provider_message_id FROM deliveries WHERE key = $1")
+                    .bind(key)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            s
+        }
+    };
+    // A looked up and found B's message: it either adopted it (wrong) or gave up on this
+    // attempt without a decision (cannot tell).
+    common::wait_for("A's lookup decided", Duration::from_secs(20), || async {
+        count_where(
+            &pool,
+            &format!(
+                "key = '{a}' AND (provider_message_id IS NOT NULL \
+                 OR (state = 'retryable' AND attempts >= 2))"
+            ),
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert_ne!(
+        sid_of(a).await.as_deref(),
+        Some(theirs.as_str()),
+        "A adopted its twin's message, whose attempt is still in flight"
+    );
+    let (b_state, b_sid): (String, Option<String>) =
+        sqlx::query_as("SELECT state, provider_message_id FROM deliveries WHERE key = $1")
+            .bind(b)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((b_state.as_str(), b_sid), ("sending", None), "B untouched");
+
+    match ends {
+        // B's worker gets its answer and records it, as `attempt` does (fenced on its lease).
+        TwinEnds::Recorded => {
+            let r = sqlx::query(
+                "UPDATE deliveries SET state = 'submitted', provider_message_id = $2, \
+                 submitted_at = now(), next_poll_at = now() + interval '1 hour', \
+                 last_error_class = NULL, uncertain_since = NULL, lease_owner = NULL, \
+                 lease_expires_at = NULL \
+                 WHERE key = $1 AND state = 'sending' AND lease_owner = 'wOther' \
+                 AND lease_token = 7",
+            )
+            .bind(b)
+            .bind(&theirs)
+            .execute(&pool)
+            .await
+            .unwrap();
+            assert_eq!(r.rows_affected(), 1);
+        }
+        // B's worker is gone: its lease lapses (by hand) and w1's rescuer takes the row.
+        TwinEnds::Rescued => {
+            sqlx::query(
+                "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' \
+                 WHERE key = $1",
+            )
+            .bind(b)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    }
+    common::wait_for("both submitted", Duration::from_secs(20), || async {
+        count_where(&pool, "state = 'submitted'").await == 2
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    w.await.unwrap().unwrap();
+
+    // One message each on the shared phone: B's (adopted by one of them, or recorded by B) and
+    // one more; no row owns another's.
+    let sent: Vec<String> = fake
+        .sms
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|m| m.to == phone)
+        .map(|m| m.sid.clone())
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    let (sid_a, sid_b) = (sid_of(a).await.unwrap(), sid_of(b).await.unwrap());
+    assert_ne!(sid_a, sid_b, "two rows own one message");
+    assert!(sent.contains(&sid_a) && sent.contains(&sid_b), "{sent:?}");
+    if ends == TwinEnds::Recorded {
+        assert_eq!(sid_b, theirs);
+    }
+    let (shared,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM (SELECT provider_message_id FROM deliveries \
+         WHERE provider_message_id IS NOT NULL GROUP BY 1 HAVING count(*) > 1) s",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(shared, 0);
+    // A held back at least once, saying why.
+    let (held_back,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id \
+         WHERE d.key = $1 AND e.from_state = 'sending' AND e.to_state = 'retryable' \
+         AND e.detail LIKE '%in flight%cannot tell yet%'",
+    )
+    .bind(a)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(held_back >= 1);
+    pool.close().await;
+}
