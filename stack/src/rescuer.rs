@@ -301,7 +301,8 @@ pub async fn poll_sms_once(
         };
         let t = Transition {
             delivery_id: id,
-            from: &[State::Submitted],
+            // `unknown` too: the horizon may have settled the row while this poll was out.
+            from: &[State::Submitted, State::Unknown],
             to,
             source: Source::Poll,
             detail: Some(format!("polled {sid}: {}", msg.status)),

@@ -118,7 +118,7 @@ pub fn legal(from: State, to: State, source: Source) -> bool {
         (Sending, Unknown) => matches!(source, Worker | Rescuer),
         (Submitted, Delivered | PermanentFailure) => matches!(source, Callback | Poll),
         (Submitted, Unknown) => source == Poll,
-        (Unknown, Delivered | PermanentFailure) => source == Callback,
+        (Unknown, Delivered | PermanentFailure) => matches!(source, Callback | Poll),
         (Unknown, Retryable | Failed) => source == Rescuer,
         _ => false,
     }
@@ -327,7 +327,8 @@ mod tests {
             (Sending, "poll_unconfirmed", None),
             (Unknown, "cb_failed", Some(PermanentFailure)),
             (Unknown, "cb_unknown_sent", None),
-            (Unknown, "poll_delivered", None),
+            // A poll under way when the horizon settled the row still records its answer.
+            (Unknown, "poll_delivered", Some(Delivered)),
             (Sending, "rescue_unknown", Some(Unknown)),
             (Pending, "rescue_resend", None),
             (Submitted, "rescue_resend", None),

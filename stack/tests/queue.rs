@@ -884,3 +884,76 @@ async fn sms_past_the_poll_horizon_becomes_unknown_with_an_event() {
     drop(conn);
     pool.close().await;
 }
+
+/// A status poll that was under way when the reconciliation horizon settled its row as
+/// `unknown` still records the final status it fetched: its answer is not thrown away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_under_way_at_the_horizon_still_records_its_answer() {
+    use std::sync::atomic::Ordering;
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed_recipients(&pool, 1).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let mut cfg = stack::Config::for_tests(&db.url);
+    cfg.sms_api_base = fakes;
+    cfg.reconcile_horizon = Duration::from_secs(600);
+    let cfg = std::sync::Arc::new(cfg);
+    let sid = fake.inject_sms("a1", "hi", chrono::Utc::now());
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 20, LEASE).await.unwrap();
+    let d = rows.iter().find(|d| d.key == "b:r1:sms").unwrap();
+    let set = Updates {
+        provider_message_id: Some(sid.clone()),
+        ..Updates::default()
+    };
+    assert!(transition(&mut conn, &fenced(d, State::Submitted, set))
+        .await
+        .unwrap()
+        .is_some());
+    // Due for a poll, one second inside the horizon.
+    sqlx::query(
+        "UPDATE deliveries SET next_poll_at = now(), \
+         submitted_at = now() - interval '599 seconds' WHERE key = 'b:r1:sms'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    fake.sms_fetch_hold.store(true, Ordering::SeqCst);
+    let client = stack::channels::sms::SmsClient::new(reqwest::Client::new(), cfg.clone());
+    let (p, c) = (pool.clone(), cfg.clone());
+    let poll = tokio::spawn(async move { stack::rescuer::poll_sms_once(&p, &c, &client).await });
+    common::wait_for(
+        "the poll's fetch in flight",
+        Duration::from_secs(20),
+        || async { fake.sms_fetches.load(Ordering::SeqCst) >= 1 },
+    )
+    .await;
+    // Meanwhile the horizon passes and the row is settled as unknown.
+    sqlx::query("UPDATE deliveries SET submitted_at = now() - interval '601 seconds' WHERE key = 'b:r1:sms'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        stack::rescuer::settle_unconfirmed_sms(&pool, &cfg)
+            .await
+            .unwrap(),
+        1
+    );
+    fake.sms_fetch_hold.store(false, Ordering::SeqCst);
+    assert_eq!(poll.await.unwrap().unwrap(), 1);
+    let (state,): (String,) = sqlx::query_as("SELECT state FROM deliveries WHERE key = 'b:r1:sms'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "delivered");
+    let (from, source): (String, String) = sqlx::query_as(
+        "SELECT e.from_state, e.source FROM delivery_events e JOIN deliveries d \
+         ON d.id = e.delivery_id WHERE d.key = 'b:r1:sms' AND e.to_state = 'delivered'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((from.as_str(), source.as_str()), ("unknown", "poll"));
+    drop(conn);
+    pool.close().await;
+}

@@ -112,6 +112,10 @@ pub struct Fake {
     pub sms_lookups_done: AtomicUsize,
     /// How long each list request takes to answer, in milliseconds.
     pub sms_list_delay_ms: std::sync::atomic::AtomicU64,
+    /// Status fetches (`GET …/Messages/{sid}.json`) received; while `sms_fetch_hold` is true they
+    /// wait before answering.
+    pub sms_fetches: AtomicUsize,
+    pub sms_fetch_hold: AtomicBool,
     /// While true, every send commits and then waits for `release`.
     pub hang: AtomicBool,
     pub hanging: AtomicUsize,
@@ -333,6 +337,10 @@ async fn sms_fetch(
     State(f): State<Arc<Fake>>,
     Path((_acct, sid)): Path<(String, String)>,
 ) -> (StatusCode, Json<Value>) {
+    f.sms_fetches.fetch_add(1, Ordering::SeqCst);
+    while f.sms_fetch_hold.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let sid = sid.trim_end_matches(".json").to_string();
     let found = f.sms.lock().unwrap().iter().any(|m| m.sid == sid);
     if found {
