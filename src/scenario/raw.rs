@@ -12,7 +12,6 @@ use mock_providers::config::{LineConfig, SmsConfig, SmtpConfig};
 use mock_providers::units::{HumanDuration, Ratio};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use toml::Spanned;
 
 /// One experiment: a stack, a load, provider faults, a chaos schedule and what to expect.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -34,8 +33,7 @@ pub struct RawScenario {
     #[serde(default)]
     pub providers: RawProviders,
     #[serde(default)]
-    #[schemars(with = "Vec<RawChaos>")]
-    pub chaos: Vec<Spanned<RawChaos>>,
+    pub chaos: Vec<RawChaos>,
     #[serde(default)]
     pub expect: RawExpect,
 }
@@ -177,8 +175,7 @@ pub struct RawLoad {
     /// Number of recipients (1..=1,000,000).
     pub recipients: u32,
     /// Subset of `line`, `email`, `sms`.
-    #[schemars(with = "Vec<Channel>")]
-    pub channels: Spanned<Vec<Channel>>,
+    pub channels: Vec<Channel>,
     /// Split the recipients into this many batches, enqueued back to back. Exclusive with `rate`.
     pub batches: Option<u32>,
     /// Batches per second, over `duration`. Exclusive with `batches`.

@@ -108,8 +108,8 @@ pub(super) fn validate(
     validate_faults(&cx, &providers)?;
 
     let mut chaos = Vec::new();
-    for (i, spanned) in raw.chaos.iter().enumerate() {
-        chaos.push(validate_chaos(&cx, i, spanned.get_ref(), &stack, &load)?);
+    for (i, c) in raw.chaos.iter().enumerate() {
+        chaos.push(validate_chaos(&cx, i, c, &stack, &load)?);
     }
 
     let e = raw.expect;
@@ -341,7 +341,7 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad, stack: &StackSpec) -> Result<Load, 
             ),
         ));
     }
-    let channels = l.channels.get_ref().clone();
+    let channels = l.channels.clone();
     if channels.is_empty() {
         return Err(cx.at(
             "load.channels",
