@@ -23,19 +23,21 @@ pub fn interrupted() -> impl std::future::Future<Output = ()> {
 }
 
 /// `ting-chaos run`.
-pub async fn run(path: &Path, opts: RunOptions, json: bool) -> i32 {
-    if let Some(w) = opts.workers {
+/// `overrides` (`--workers`, `--stack`, `--set`) replace the file's values before validation, so
+/// the chaos targets are checked against the worker count the run will really have.
+pub async fn run(
+    path: &Path,
+    overrides: &scenario::Overrides,
+    opts: RunOptions,
+    json: bool,
+) -> i32 {
+    if let Some(w) = overrides.workers {
         if !(1..=64).contains(&w) {
             eprintln!("error: --workers must be between 1 and 64 (got {w})");
             return exit::USAGE;
         }
     }
-    // `--workers` replaces `[stack].workers` before validation, so the chaos targets are checked
-    // against the worker count the run will really have.
-    let overrides = scenario::Overrides {
-        workers: opts.workers,
-    };
-    let s = match scenario::load_with(path, &overrides) {
+    let s = match scenario::load_with(path, overrides) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -257,6 +259,7 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
 /// `ting-chaos sweep`: the scenario over several seeds; exit 1 when any seed fails.
 pub async fn sweep(
     path: &Path,
+    overrides: &scenario::Overrides,
     seeds: &str,
     database_url: Option<String>,
     report_root: std::path::PathBuf,
@@ -269,7 +272,7 @@ pub async fn sweep(
             return exit::USAGE;
         }
     };
-    let s = match scenario::load(path) {
+    let s = match scenario::load_with(path, overrides) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");

@@ -33,6 +33,12 @@ enum Command {
         /// Override the number of workers.
         #[arg(long)]
         workers: Option<u32>,
+        /// A file holding `[stack.external]` that replaces the scenario's stack (paths relative to it).
+        #[arg(long, value_name = "FILE")]
+        stack: Option<PathBuf>,
+        /// Override one scenario key before validation, e.g. `--set load.recipients=200` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
         /// PostgreSQL server to create the run's database on (default: a throwaway cluster).
         #[arg(long, env = "DATABASE_URL")]
         database_url: Option<String>,
@@ -58,6 +64,12 @@ enum Command {
         /// Seeds to run: a count K (seeds 1..=K) or a list "3,7,11".
         #[arg(long, default_value = "10")]
         seeds: String,
+        /// A file holding `[stack.external]` that replaces the scenario's stack (paths relative to it).
+        #[arg(long, value_name = "FILE")]
+        stack: Option<PathBuf>,
+        /// Override one scenario key before validation, e.g. `--set load.recipients=200` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
         #[arg(long, env = "DATABASE_URL")]
         database_url: Option<String>,
         #[arg(long, default_value = "reports")]
@@ -75,6 +87,12 @@ enum Command {
     Validate {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// A file holding `[stack.external]` that replaces the scenario's stack (paths relative to it).
+        #[arg(long, value_name = "FILE")]
+        stack: Option<PathBuf>,
+        /// Override one scenario key before validation, e.g. `--set load.recipients=200` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
     },
     /// Print the JSON Schema of scenario files.
     Schema,
@@ -123,7 +141,14 @@ fn main() -> ExitCode {
     }
     init_tracing();
     let code = match cli.command {
-        Command::Validate { files } => validate(&files),
+        Command::Validate { files, stack, set } => validate(
+            &files,
+            &scenario::Overrides {
+                stack,
+                set,
+                ..Default::default()
+            },
+        ),
         Command::Schema => {
             println!(
                 "{}",
@@ -135,6 +160,8 @@ fn main() -> ExitCode {
             scenario,
             seed,
             workers,
+            stack,
+            set,
             database_url,
             report_dir,
             keep,
@@ -159,7 +186,12 @@ fn main() -> ExitCode {
                 self_exe: std::env::current_exe().unwrap_or_else(|_| "ting-chaos".into()),
                 progress: !json,
             };
-            runtime().block_on(ting_chaos::cli::run(&scenario, opts, json))
+            let overrides = scenario::Overrides {
+                workers,
+                stack,
+                set,
+            };
+            runtime().block_on(ting_chaos::cli::run(&scenario, &overrides, opts, json))
         }
         Command::Mocks(args) => runtime().block_on(ting_chaos::cli::mocks(args)),
         Command::Db {
@@ -169,12 +201,20 @@ fn main() -> ExitCode {
         Command::Sweep {
             scenario,
             seeds,
+            stack,
+            set,
             database_url,
             report_dir,
         } => {
             let self_exe = std::env::current_exe().unwrap_or_else(|_| "ting-chaos".into());
+            let overrides = scenario::Overrides {
+                stack,
+                set,
+                ..Default::default()
+            };
             runtime().block_on(ting_chaos::cli::sweep(
                 &scenario,
+                &overrides,
                 &seeds,
                 database_url,
                 report_dir,
@@ -213,10 +253,10 @@ fn init_tracing() {
         .init();
 }
 
-fn validate(files: &[PathBuf]) -> i32 {
+fn validate(files: &[PathBuf], overrides: &scenario::Overrides) -> i32 {
     let mut code = exit::OK;
     for f in files {
-        match scenario::load(f) {
+        match scenario::load_with(f, overrides) {
             Ok(s) => println!("ok: {} ({})", f.display(), s.name),
             Err(e) => {
                 eprintln!("error: {e}");

@@ -478,3 +478,97 @@ fn a_baseline_gates_the_run_by_tolerance() {
     assert!(gates.iter().all(|g| g["passed"] == true), "{gates:?}");
     assert_eq!(printed, third.report(), "the same report as report.json");
 }
+
+/// An external stack pointed at a shipped scenario with one flag: `--stack FILE` (cwd relative to
+/// FILE) and `--set` overrides. Its worker, a shell script, exits 3 at startup: the run reports
+/// the crash at once by name with its exit status and log tail, stops early because no worker
+/// can make progress (not a wait for the 60 s deadline), and exits 1.
+#[test]
+fn a_worker_that_crashes_at_startup_is_reported_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack_dir = dir.path().join("my-stack");
+    std::fs::create_dir_all(stack_dir.join("bin")).unwrap();
+    let worker = stack_dir.join("bin/worker.sh");
+    std::fs::write(
+        &worker,
+        "#!/bin/sh\necho \"worker $TING_WORKER_ID: cannot parse TING_LEASE_MS\" >&2\nexit 3\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&worker, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let stack = dir.path().join("my-stack.toml");
+    std::fs::write(
+        &stack,
+        format!(
+            "[stack.external]\nmigrate = [\"{bin}\", \"stack\", \"migrate\"]\napi = [\"{bin}\", \"stack\", \"api\"]\nworker = [\"./bin/worker.sh\"]\ncwd = \"my-stack\"\n",
+            bin = bin()
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(bin())
+        .arg("run")
+        .arg(repo().join("scenarios/restart-midway.toml"))
+        .arg("--stack")
+        .arg(&stack)
+        .args(["--set", "load.recipients=50", "--set", "stack.workers=2"])
+        .arg("--report-dir")
+        .arg(dir.path().join("reports"))
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(code(&out), 1, "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.contains("crashes"), "{shown}");
+    assert!(
+        shown.contains("worker 1 (w1, pid") && shown.contains("exit 3"),
+        "names the process and its status: {shown}"
+    );
+    let reports: Vec<_> = std::fs::read_dir(dir.path().join("reports"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(reports[0].join("report.json")).unwrap()).unwrap();
+    assert_valid_report(&report);
+    let v = verdict(&report, "crashes");
+    assert_eq!(v["status"], "violated", "{v}");
+    assert_eq!(v["total_counterexamples"], 2, "{v}");
+    let c = &v["counterexamples"][0];
+    assert_eq!(c["rule"], "process_crashed");
+    assert_eq!(c["exit_code"], 3);
+    assert!(
+        c["log_tail"]
+            .as_str()
+            .unwrap()
+            .contains("cannot parse TING_LEASE_MS"),
+        "{c}"
+    );
+    let q = verdict(&report, "quiescence");
+    assert_eq!(q["status"], "not_checked", "{q}");
+    assert!(
+        report["quiescence"]["stopped_early"]
+            .as_str()
+            .unwrap()
+            .contains("no worker is alive"),
+        "{}",
+        report["quiescence"]
+    );
+    // Stopped within seconds of the stack coming up, not at restart-midway's 60 s deadline.
+    let at = |kind: &str| {
+        report["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} event"))["mono_ns"]
+            .as_u64()
+            .unwrap()
+    };
+    let waited = (at("stopped_early") - at("api_ready")) as f64 / 1e9;
+    assert!(
+        waited < 15.0,
+        "stopped {waited:.1}s after the API was ready"
+    );
+    assert!(took < std::time::Duration::from_secs(55), "took {took:?}");
+}

@@ -226,17 +226,26 @@ fn good_variants_pass() {
 /// `run --workers N` goes through the same cross-field rules as the file's own value.
 #[test]
 fn workers_override_is_validated_like_the_file() {
-    let one = scenario::Overrides { workers: Some(1) };
+    let one = scenario::Overrides {
+        workers: Some(1),
+        ..Default::default()
+    };
     let err = scenario::parse_with(Path::new("case.toml"), BASE, &one).unwrap_err();
     assert_eq!(
         err.to_string(),
         "[[chaos]] #1: `target` worker 2 does not exist: workers are numbered 1..=1 \
          (`--workers 1` replaces [stack].workers) at case.toml:16:1"
     );
-    let two = scenario::Overrides { workers: Some(2) };
+    let two = scenario::Overrides {
+        workers: Some(2),
+        ..Default::default()
+    };
     let s = scenario::parse_with(Path::new("case.toml"), BASE, &two).expect("valid");
     assert_eq!(s.stack.workers, 2);
-    let zero = scenario::Overrides { workers: Some(0) };
+    let zero = scenario::Overrides {
+        workers: Some(0),
+        ..Default::default()
+    };
     let err = scenario::parse_with(Path::new("case.toml"), BASE, &zero).unwrap_err();
     assert!(
         err.to_string()
@@ -409,4 +418,238 @@ fn committed_schema_is_in_sync_with_the_types() {
         "{} is out of date: run `UPDATE_SCHEMAS=1 cargo test --test scenario_validation` and commit it",
         path.display()
     );
+}
+
+fn set(flags: &[&str]) -> scenario::Overrides {
+    scenario::Overrides {
+        set: flags.iter().map(|f| f.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// `--set key=value` writes into the scenario before validation: values are TOML or, when they
+/// do not parse as TOML, strings; new tables and array elements are reached by path.
+#[test]
+fn set_overrides_any_key_before_validation() {
+    let o = set(&[
+        "load.recipients=200",
+        "stack.workers=2",
+        "stack.lease=3s",
+        "stack.email_unknown_policy=resend",
+        "load.channels=[\"email\"]",
+        "chaos[0].target=\"busiest\"",
+        "expect.max_unknown=3",
+        "providers.line.latency={ kind = \"fixed\", value = \"5ms\" }",
+    ]);
+    let s = scenario::parse_with(Path::new("case.toml"), BASE, &o).expect("valid");
+    assert_eq!(s.load.recipients, 200);
+    assert_eq!(s.stack.workers, 2);
+    assert_eq!(s.stack.lease, std::time::Duration::from_secs(3));
+    assert_eq!(s.stack.email_unknown_policy, "resend");
+    assert_eq!(s.load.channels, [scenario::Channel::Email]);
+    assert_eq!(s.chaos[0].target, Target::Busiest);
+    assert_eq!(s.expect.max_unknown, 3);
+    // A later flag wins.
+    let o = set(&["load.recipients=5", "load.recipients=6"]);
+    let s = scenario::parse_with(Path::new("case.toml"), BASE, &o).expect("valid");
+    assert_eq!(s.load.recipients, 6);
+}
+
+/// An error about an overridden key names the flag; an error elsewhere keeps the file's own
+/// line and column even though the overrides rewrote the text.
+#[test]
+fn set_errors_name_the_flag_and_the_key() {
+    let err = |flags: &[&str]| {
+        scenario::parse_with(Path::new("case.toml"), BASE, &set(flags))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(&["stack.workers=0"]),
+        "--set stack.workers=0: `workers` must be between 1 and 64 (got 0)"
+    );
+    assert_eq!(
+        err(&["stack.wrkers=2"]),
+        "--set stack.wrkers=2: unknown key `wrkers` in [stack] — did you mean `workers`?"
+    );
+    assert!(
+        err(&["load.recipients=lots"])
+            .starts_with("--set load.recipients=lots: bad value for `recipients` in [load]"),
+        "{}",
+        err(&["load.recipients=lots"])
+    );
+    assert_eq!(
+        err(&["load.recipients.x=1"]),
+        "--set load.recipients.x=1: `load.recipients` is not a table"
+    );
+    assert_eq!(
+        err(&["chaos[3].target=1"]),
+        "--set chaos[3].target=1: `chaos` has 1 elements; there is no `chaos[3]`"
+    );
+    assert_eq!(
+        err(&["load.recipients"]),
+        "--set load.recipients: --set takes KEY=VALUE, e.g. --set load.recipients=200"
+    );
+    assert!(err(&["a..b=1"]).starts_with("--set a..b=1: `a..b` is not a key path"));
+    // A cross-field rule that the flag breaks elsewhere in the file: placed in the file, and the
+    // flag named as the cause.
+    assert_eq!(
+        err(&["stack.workers=1"]),
+        "[[chaos]] #1: `target` worker 2 does not exist: workers are numbered 1..=1 \
+         (`--set stack.workers=1` replaces [stack].workers) at case.toml:16:1"
+    );
+    // An error of the file's own, unrelated to the flag: the file's position, not the rewritten
+    // text's.
+    let text = with("lease = \"2s\"", "lease = \"2 parsecs\"");
+    let e = scenario::parse_with(Path::new("case.toml"), &text, &set(&["load.recipients=7"]))
+        .unwrap_err();
+    let plain = scenario::parse(Path::new("case.toml"), &text).unwrap_err();
+    assert_eq!((e.line, e.col), (plain.line, plain.col), "{e}");
+    assert_eq!(e.to_string(), plain.to_string());
+}
+
+const STACK: &str = r#"[stack.external]
+migrate = ["./bin/migrate"]
+api = ["./bin/api"]
+worker = ["./bin/worker"]
+env = { RUST_LOG = "info" }
+"#;
+
+/// `--stack FILE` replaces the scenario's stack with FILE's `[stack.external]`; `cwd` is relative
+/// to FILE (its folder when absent); the scenario's own tunables stay.
+#[test]
+fn stack_file_replaces_the_stack_with_paths_relative_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("mine/code")).unwrap();
+    let file = dir.path().join("mine/stack.toml");
+    std::fs::write(&file, STACK).unwrap();
+    let o = scenario::Overrides {
+        stack: Some(file.clone()),
+        ..Default::default()
+    };
+    let s = scenario::parse_with(Path::new("scenarios/x.toml"), BASE, &o).expect("valid");
+    assert_eq!(s.stack.kind, scenario::StackKind::External);
+    let x = s.stack.external.as_ref().unwrap();
+    assert_eq!(x.api, ["./bin/api"]);
+    assert_eq!(x.env["RUST_LOG"], "info");
+    assert_eq!(
+        x.cwd.canonicalize().unwrap(),
+        dir.path().join("mine").canonicalize().unwrap()
+    );
+    assert_eq!(s.stack.workers, 4);
+    assert_eq!(s.stack.lease, std::time::Duration::from_secs(2));
+
+    std::fs::write(&file, format!("{STACK}cwd = \"code\"\n")).unwrap();
+    let s = scenario::parse_with(Path::new("scenarios/x.toml"), BASE, &o).expect("valid");
+    let cwd = &s.stack.external.as_ref().unwrap().cwd;
+    assert_eq!(
+        cwd.canonicalize().unwrap(),
+        dir.path().join("mine/code").canonicalize().unwrap()
+    );
+}
+
+/// Errors in a `--stack` file are placed in that file; anything but `[stack.external]` in it is
+/// refused.
+#[test]
+fn stack_file_errors_point_into_that_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("stack.toml");
+    let o = scenario::Overrides {
+        stack: Some(file.clone()),
+        ..Default::default()
+    };
+    let name = file.display().to_string();
+    let err = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        scenario::parse_with(Path::new("case.toml"), BASE, &o)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(&STACK.replace("api = ", "apii = ")),
+        format!("unknown key `apii` in [stack.external] at {name}:3:1 — did you mean `api`?")
+    );
+    assert_eq!(
+        err(&STACK.replace("api = [\"./bin/api\"]", "api = []")),
+        format!(
+            "`api` must be a command as an argv array, e.g. api = [\"./bin/api\"] at {name}:3:1"
+        )
+    );
+    assert!(
+        err(&format!("{STACK}cwd = \"nowhere\"\n")).contains(&format!("at {name}:6:1")),
+        "{}",
+        err(&format!("{STACK}cwd = \"nowhere\"\n"))
+    );
+    assert_eq!(
+        err(&format!("[stack]\nworkers = 2\n{STACK}")),
+        format!(
+            "a --stack file holds only a [stack.external] table; `stack.workers` belongs in the \
+             scenario (or use --set) at {name}:2:1"
+        )
+    );
+    assert_eq!(
+        err("seed = 1\n"),
+        format!(
+            "a --stack file holds only a [stack.external] table; `seed` belongs in the scenario \
+             (or use --set) at {name}:1:1"
+        )
+    );
+    assert!(
+        err("[stack\n").contains(&format!("invalid TOML")),
+        "{}",
+        err("[stack\n")
+    );
+    std::fs::remove_file(&file).unwrap();
+    let e = scenario::parse_with(Path::new("case.toml"), BASE, &o).unwrap_err();
+    assert!(e.to_string().contains("cannot read --stack file"), "{e}");
+    // The built-in stack's flaws do not apply to an external one.
+    std::fs::write(&file, STACK).unwrap();
+    let flawed = with("workers = 4", "workers = 4\nflaws = [\"racy-claim\"]");
+    let e = scenario::parse_with(Path::new("case.toml"), &flawed, &o).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("`flaws` only applies to the built-in stack"),
+        "{e}"
+    );
+}
+
+/// `validate`, `run` and `sweep` take `--stack` and `--set`; a bad one is a usage error (exit 2)
+/// naming the flag.
+#[test]
+fn override_flags_on_every_subcommand() {
+    let bin = env!("CARGO_BIN_EXE_ting-chaos");
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, BASE).unwrap();
+    let stack = dir.path().join("stack.toml");
+    std::fs::write(&stack, STACK).unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["validate", "--set", "load.recipients=5", "--stack"])
+        .arg(&stack)
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for sub in [&["run"][..], &["sweep", "--seeds", "1"]] {
+        let out = std::process::Command::new(bin)
+            .args(sub)
+            .arg(&good)
+            .args(["--set", "stack.workers=0", "--report-dir"])
+            .arg(dir.path().join("reports"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{sub:?}: {stderr}");
+        assert!(
+            stderr.contains("error: --set stack.workers=0: `workers` must be between 1 and 64"),
+            "{sub:?}: {stderr}"
+        );
+    }
+    let out = std::process::Command::new(bin)
+        .args(["validate", "--set", "stack.workers=0"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--set stack.workers=0:"));
 }

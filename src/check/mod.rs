@@ -12,6 +12,7 @@
 
 pub mod callbacks;
 mod common;
+pub mod crashes;
 pub mod exactly_once;
 pub mod graceful_shutdown;
 pub mod immutable_payload;
@@ -112,6 +113,13 @@ pub struct ProcessRecord {
     /// The harness had to SIGKILL it after the grace period.
     pub killed_after_grace: bool,
     pub log: String,
+    /// It exited before the harness asked it to stop (no signal from the harness, not during
+    /// teardown): a crash, whatever its exit status. `migrate` is expected to exit and never is.
+    #[serde(default)]
+    pub exited_unasked: bool,
+    /// The last lines of its log, kept for a process that exited unasked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_tail: Option<String>,
 }
 
 /// Whether the run settled before its deadline.
@@ -123,6 +131,10 @@ pub struct Quiescence {
     pub open: Vec<String>,
     /// Callbacks the providers still had due.
     pub callbacks_pending: usize,
+    /// Why the harness stopped waiting before the deadline (a crash left nothing that could make
+    /// progress), when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<String>,
 }
 
 /// Everything a checker may look at.
@@ -205,6 +217,7 @@ pub fn run_all(input: &Input) -> Vec<Verdict> {
         .collect();
     out.push(responsiveness::check(input));
     out.push(quiescence::check(input));
+    out.push(crashes::check(input));
     out
 }
 
@@ -269,7 +282,8 @@ mod tests {
                 "graceful_shutdown",
                 "recovery",
                 "responsiveness",
-                "quiescence"
+                "quiescence",
+                "crashes"
             ]
         );
         for v in &verdicts {

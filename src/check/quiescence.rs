@@ -22,7 +22,16 @@ pub fn check(input: &Input) -> Verdict {
         "open": q.open.len(),
         "callbacks_pending": q.callbacks_pending,
         "deadline_ms": deadline_ms,
+        "stopped_early": q.stopped_early,
     }));
+    if let Some(why) = &q.stopped_early {
+        let summary = format!(
+            "not judged: the run was stopped at {} ms because {why} ({} deliveries open)",
+            ms(q.at_ns),
+            q.open.len()
+        );
+        return findings.verdict_with(NAME, Status::NotChecked, summary, figs);
+    }
     if q.reached {
         let summary = format!(
             "settled at {} ms: all deliveries final, no callbacks due",
@@ -66,6 +75,23 @@ mod tests {
         assert_eq!(v.counterexamples.len(), 50);
         assert_eq!(v.counterexamples[0]["delivery"], "r0/sms");
         assert_eq!(v.figures["callbacks_pending"], 2);
+    }
+
+    /// A run stopped early (a crash left nothing to make progress) is not judged here: the
+    /// `crashes` checker names the cause, and the wait that did not happen proves nothing.
+    #[test]
+    fn a_run_stopped_early_is_not_judged() {
+        let mut w = World::new();
+        w.quiescence.reached = false;
+        w.quiescence.open = vec!["r1/sms".into()];
+        w.quiescence.stopped_early = Some("the API exited on its own".into());
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::NotChecked);
+        assert!(
+            v.summary.contains("the API exited on its own"),
+            "{}",
+            v.summary
+        );
     }
 
     #[test]

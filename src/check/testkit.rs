@@ -89,6 +89,7 @@ impl World {
                 at_ns: 0,
                 open: Vec::new(),
                 callbacks_pending: 0,
+                stopped_early: None,
             },
             attempts: HashMap::new(),
         }
@@ -231,6 +232,8 @@ impl World {
             sigterm_ns: None,
             killed_after_grace: false,
             log: String::new(),
+            exited_unasked: false,
+            log_tail: None,
         });
         self.processes.last_mut().expect("just pushed")
     }

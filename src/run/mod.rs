@@ -9,6 +9,7 @@ mod chaos;
 mod env;
 mod progress;
 mod settle;
+mod watch;
 mod world;
 
 use std::collections::BTreeMap;
@@ -435,9 +436,35 @@ async fn execute(
         ),
     );
     chaos.start(load_start);
-    let enqueue = load::enqueue(scenario, &api_base, &people, &plan, || ledger.now_ns())
-        .await
-        .map_err(|e| infra(format!("{e}")))?;
+    // A crash is reported the moment it is seen, during the load too; a crash that leaves nothing
+    // able to make progress ends the load and the wait for quiescence.
+    let mut watch = watch::CrashWatch::new(world.clone(), chaos.clone());
+    let loaded = {
+        let watching = async {
+            loop {
+                if let Some(why) = watch.poll() {
+                    break why;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            r = load::enqueue(scenario, &api_base, &people, &plan, || ledger.now_ns()) => Ok(r),
+            why = watching => Err(why),
+        }
+    };
+    let (enqueue, mut stopped_early) = match loaded {
+        Ok(Ok(e)) => (e, None),
+        // An enqueue that failed because the API crashed is the stack's failure, not ours.
+        Ok(Err(e)) => {
+            supervisor.wait_exit(api_pid, Duration::from_secs(1)).await;
+            match watch.poll() {
+                Some(why) => (nothing_enqueued(), Some(why)),
+                None => return Err(infra(format!("{e}"))),
+            }
+        }
+        Err(why) => (nothing_enqueued(), Some(why)),
+    };
     world.event(
         "load_done",
         None,
@@ -468,6 +495,19 @@ async fn execute(
     let mut calm_since: Option<Instant> = None;
     let quiescence = loop {
         tracker.feed(&ledger.since(tracker.next_seq()));
+        if stopped_early.is_none() {
+            stopped_early = watch.poll();
+        }
+        if let Some(why) = &stopped_early {
+            world.event("stopped_early", None, None, why.clone());
+            break Quiescence {
+                reached: false,
+                at_ns: world.now_ns(),
+                open: tracker.open(&expected, None, &callback_channels),
+                callbacks_pending: 0,
+                stopped_early: stopped_early.clone(),
+            };
+        }
         // The status API returns every delivery with its transitions (megabytes for a big batch):
         // once a second is plenty, and keeps the poll from competing with the stack for the CPU.
         if status_api && !matches!(last_status, Some(t) if t.elapsed() < Duration::from_secs(1)) {
@@ -514,6 +554,7 @@ async fn execute(
                 at_ns: world.now_ns(),
                 open,
                 callbacks_pending: pending,
+                stopped_early: None,
             };
         }
         if Instant::now() >= deadline {
@@ -522,20 +563,23 @@ async fn execute(
                 at_ns: world.now_ns(),
                 open,
                 callbacks_pending: pending,
+                stopped_early: None,
             };
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    world.event(
-        if quiescence.reached {
-            "quiescent"
-        } else {
-            "deadline"
-        },
-        None,
-        None,
-        format!("{} open", quiescence.open.len()),
-    );
+    if quiescence.stopped_early.is_none() {
+        world.event(
+            if quiescence.reached {
+                "quiescent"
+            } else {
+                "deadline"
+            },
+            None,
+            None,
+            format!("{} open", quiescence.open.len()),
+        );
+    }
     if status_api {
         if let Ok(Some(rows)) = load::fetch_status(&client, &api_base, &batch_ids).await {
             status = Some(rows);
@@ -713,6 +757,14 @@ fn render_outputs(
                 report.verdict = "error".into();
             }
         }
+    }
+}
+
+/// The load's record when it was cut short before any batch was measured.
+fn nothing_enqueued() -> load::Enqueued {
+    load::Enqueued {
+        latency_us: hdrhistogram::Histogram::new(3).expect("histogram"),
+        batches: Vec::new(),
     }
 }
 

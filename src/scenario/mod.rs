@@ -7,6 +7,7 @@
 
 pub mod error;
 mod keys;
+mod overrides;
 pub mod raw;
 mod template;
 mod validate;
@@ -19,6 +20,7 @@ use mock_providers::config::ProvidersConfig;
 use serde::Serialize;
 
 pub use error::ScenarioError;
+pub use overrides::Overrides;
 pub use raw::{Channel, ChaosAction, RawTemplate, StackKind};
 pub use template::TEMPLATE_VARS;
 
@@ -200,14 +202,6 @@ pub struct Expect {
     pub thresholds: Vec<crate::report::gate::Threshold>,
 }
 
-/// Command-line values that replace the file's before validation, so every cross-field rule
-/// sees the values the run will use (`run --workers 2` with a chaos `target = 4` is an error).
-#[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    /// `run --workers N`: replaces `[stack].workers`.
-    pub workers: Option<u32>,
-}
-
 /// Reads and validates a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
     load_with(path, &Overrides::default())
@@ -240,9 +234,17 @@ pub fn parse_with(
     overrides: &Overrides,
 ) -> Result<Scenario, ScenarioError> {
     let file = path.display().to_string();
-    let raw: raw::RawScenario =
-        toml::from_str(text).map_err(|e| error::from_toml(&file, text, &e))?;
-    validate::validate(raw, path, &file, text, overrides)
+    let applied = overrides::apply(&file, text, overrides)?;
+    let text = applied.as_ref().map_or(text, |a| a.text.as_str());
+    let validated = toml::from_str::<raw::RawScenario>(text)
+        .map_err(|e| error::from_toml(&file, text, &e))
+        .and_then(|raw| validate::validate(raw, path, &file, text, overrides));
+    // An error in the applied text is placed where its key came from: the file, `--stack` or
+    // the `--set` flag.
+    validated.map_err(|e| match &applied {
+        Some(a) => a.place(e),
+        None => e,
+    })
 }
 
 /// The JSON Schema of scenario files, generated from the raw types.

@@ -723,8 +723,8 @@ fn validate_chaos(
         None => Target::Random,
         Some(toml::Value::Integer(i)) => {
             if *i < 1 || *i > stack.workers as i64 {
-                let why = match cx.overrides.workers {
-                    Some(w) => format!(" (`--workers {w}` replaces [stack].workers)"),
+                let why = match cx.overrides.workers_flag() {
+                    Some(flag) => format!(" (`{flag}` replaces [stack].workers)"),
                     None => String::new(),
                 };
                 return Err(err(

@@ -35,7 +35,13 @@ pub struct Spec {
 struct Proc {
     record: ProcessRecord,
     exited: watch::Receiver<bool>,
+    /// The harness sent it a signal that stops it (anything but SIGCONT): its exit is not a crash.
+    asked: bool,
 }
+
+/// How much of a crashed process's log the record keeps: the last lines, at most this many bytes.
+const LOG_TAIL_BYTES: u64 = 2_048;
+const LOG_TAIL_LINES: usize = 20;
 
 /// Starts, signals and reaps stack processes; every record is kept for the report.
 #[derive(Clone)]
@@ -43,6 +49,8 @@ pub struct Supervisor {
     log_dir: PathBuf,
     clock: Ledger,
     procs: Arc<Mutex<Vec<Proc>>>,
+    /// Teardown began: every exit from now on was asked for.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Supervisor {
@@ -54,6 +62,7 @@ impl Supervisor {
             log_dir: log_dir.to_path_buf(),
             clock,
             procs: Arc::default(),
+            stopping: Arc::default(),
         })
     }
 
@@ -99,12 +108,21 @@ impl Supervisor {
             sigterm_ns: None,
             killed_after_grace: false,
             log: log_path.file_name().unwrap().to_string_lossy().into_owned(),
+            exited_unasked: false,
+            log_tail: None,
         };
-        self.procs.lock().unwrap().push(Proc { record, exited: rx });
+        self.procs.lock().unwrap().push(Proc {
+            record,
+            exited: rx,
+            asked: false,
+        });
         let me = self.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
             let now = me.clock.now_ns();
+            let unasked = !me.stopping.load(std::sync::atomic::Ordering::SeqCst);
+            // Read outside the lock; kept only when the harness had not asked it to stop.
+            let tail = unasked.then(|| log_tail(&log_path));
             let mut procs = me.procs.lock().unwrap();
             if let Some(p) = procs
                 .iter_mut()
@@ -116,6 +134,10 @@ impl Supervisor {
                     p.record.exit_code = st.code();
                     p.record.signal = st.signal();
                 }
+                if unasked && !p.asked && p.record.role != "migrate" {
+                    p.record.exited_unasked = true;
+                    p.record.log_tail = tail;
+                }
             }
             drop(procs);
             let _ = tx.send(true);
@@ -123,17 +145,19 @@ impl Supervisor {
         Ok(pid)
     }
 
-    /// Sends `sig` to the process group of `pid` (the process and anything it forked).
+    /// Sends `sig` to the process group of `pid` (the process and anything it forked). Any
+    /// signal but SIGCONT marks the process as asked to stop: its exit is then not a crash.
     pub fn signal(&self, pid: u32, sig: Signal) -> anyhow::Result<()> {
-        if sig == Signal::SIGTERM {
-            let now = self.clock.now_ns();
-            if let Some(p) = self
-                .procs
-                .lock()
-                .unwrap()
-                .iter_mut()
-                .find(|p| p.record.pid == pid)
-            {
+        let now = self.clock.now_ns();
+        if let Some(p) = self
+            .procs
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .find(|p| p.record.pid == pid)
+        {
+            p.asked |= sig != Signal::SIGCONT;
+            if sig == Signal::SIGTERM {
                 p.record.sigterm_ns.get_or_insert(now);
             }
         }
@@ -220,6 +244,8 @@ impl Supervisor {
     /// Stops everything still running: SIGTERM to all, then SIGKILL after `grace`. Teardown
     /// SIGTERMs are not recorded as chaos (`sigterm_ns` stays as it was).
     pub async fn shutdown_all(&self, grace: Duration) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let live: Vec<u32> = self
             .procs
             .lock()
@@ -242,6 +268,8 @@ impl Supervisor {
 
     /// Kills everything at once (Ctrl-C path). Synchronous so it can run from any context.
     pub fn kill_all(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         for p in self
             .procs
             .lock()
@@ -251,5 +279,38 @@ impl Supervisor {
         {
             let _ = signal::killpg(Pid::from_raw(p.record.pid as i32), Signal::SIGKILL);
         }
+    }
+}
+
+/// The last lines of the log at `path` (at most [`LOG_TAIL_LINES`] lines of the last
+/// [`LOG_TAIL_BYTES`] bytes), lossily decoded.
+fn log_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
+    let mut buf = Vec::new();
+    let _ = f.take(LOG_TAIL_BYTES).read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.log");
+        let text: String = (1..=100).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        let tail = log_tail(&path);
+        assert_eq!(tail.lines().count(), LOG_TAIL_LINES);
+        assert!(tail.ends_with("line 100"), "{tail}");
+        assert_eq!(log_tail(&dir.path().join("missing.log")), "");
     }
 }
