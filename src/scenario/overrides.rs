@@ -238,12 +238,9 @@ fn replace_stack(root: &mut toml::Table, path: &Path) -> Result<StackFile, Scena
     let slot = root
         .entry("stack")
         .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    match slot {
-        toml::Value::Table(t) => {
-            t.insert("external".into(), toml::Value::Table(external));
-        }
-        // `stack = 3` in the scenario: its own error comes first.
-        _ => {}
+    // `stack = 3` in the scenario is left alone: its own error comes first.
+    if let toml::Value::Table(t) = slot {
+        t.insert("external".into(), toml::Value::Table(external));
     }
     Ok(StackFile { name, text, keys })
 }
