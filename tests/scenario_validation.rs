@@ -595,7 +595,7 @@ fn stack_file_errors_point_into_that_file() {
         )
     );
     assert!(
-        err("[stack\n").contains(&format!("invalid TOML")),
+        err("[stack\n").contains("invalid TOML"),
         "{}",
         err("[stack\n")
     );
