@@ -68,7 +68,7 @@ pub struct MocksArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// The seed faults derive from (default: the scenario's, else 0).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Address to bind; anything but loopback must be asked for explicitly.
     #[arg(long, default_value = "127.0.0.1")]
@@ -110,9 +110,14 @@ pub async fn mocks(args: MocksArgs) -> i32 {
         smtp: args.smtp_port.unwrap_or(file_ports.smtp),
         smtp_control: args.smtp_control_port.unwrap_or(file_ports.smtp_control),
     };
+    if let Err(e) = distinct_ports(&ports) {
+        eprintln!("error: {e}");
+        return exit::USAGE;
+    }
     // Armed before the addresses are printed: whoever reads them may signal at once.
     let stop = interrupted();
     let ledger = mock_providers::ledger::Ledger::new();
+    let credentials = credentials_banner(&cfg);
     let providers =
         match mock_providers::start_with_ports(seed, cfg, args.bind, ports, ledger).await {
             Ok(p) => p,
@@ -130,10 +135,44 @@ pub async fn mocks(args: MocksArgs) -> i32 {
         "SMTP  smtp://{}  (control: http://{}/_mock/*)",
         providers.smtp_addr, providers.smtp_control_addr
     );
+    print!("{credentials}");
     println!("seed {seed}; Ctrl-C to stop");
     stop.await;
     providers.shutdown().await;
     exit::OK
+}
+
+/// What a client must present to each fake (set them in `--config`: `[line] channel_token`,
+/// `[sms] account_sid` / `auth_token`, `[smtp] events_secret`), printed with the addresses so a
+/// user pointing an app at the fakes is not left guessing at a 401.
+fn credentials_banner(cfg: &mock_providers::config::ProvidersConfig) -> String {
+    format!(
+        "LINE  Authorization: Bearer {}\n\
+         SMS   account SID {}, auth token {} (HTTP Basic; callbacks signed with the auth token)\n\
+         SMTP  no auth; delivery events signed with HMAC-SHA256 secret {}\n",
+        cfg.line.channel_token, cfg.sms.account_sid, cfg.sms.auth_token, cfg.smtp.events_secret
+    )
+}
+
+/// Two fakes cannot listen on one port: say which settings clash (port 0 means "any free port").
+fn distinct_ports(p: &mock_providers::Ports) -> Result<(), String> {
+    let named = [
+        ("LINE (--line-port / [ports] line)", p.line),
+        ("SMS (--sms-port / [ports] sms)", p.sms),
+        ("SMTP (--smtp-port / [ports] smtp)", p.smtp),
+        (
+            "SMTP control (--smtp-control-port / [ports] smtp_control)",
+            p.smtp_control,
+        ),
+    ];
+    for (i, (a, pa)) in named.iter().enumerate() {
+        if let Some((b, _)) = named[i + 1..].iter().find(|(_, pb)| *pa != 0 && pb == pa) {
+            return Err(format!(
+                "the {a} and {b} fakes are both given port {pa}: each needs its own"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A providers-only `ting-chaos mocks --config` file: the three profiles and fixed ports.
@@ -177,6 +216,7 @@ fn load_providers(
         smtp: f.smtp,
         sms: f.sms,
     };
+    scenario::check_providers(path, &text, &cfg).map_err(|e| e.to_string())?;
     Ok((0, cfg, f.ports))
 }
 

@@ -28,7 +28,7 @@ enum Command {
     Run {
         scenario: PathBuf,
         /// Override the scenario's seed.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         seed: Option<u64>,
         /// Override the number of workers.
         #[arg(long)]
@@ -55,7 +55,7 @@ enum Command {
         #[arg(long)]
         baseline: Option<PathBuf>,
         /// Allowed regression against --baseline, e.g. "15%".
-        #[arg(long, default_value = "10%")]
+        #[arg(long, default_value = "10%", requires = "baseline")]
         tolerance: String,
     },
     /// Run a scenario over several seeds and print pass/fail per seed (a false-alarm sweep).

@@ -139,6 +139,15 @@ async fn mocks_serves_fixed_ports_and_stops_cleanly_on_sigterm() {
     .await;
     let pid = child.id().unwrap();
     assert!(lines.iter().any(|l| l.starts_with("seed 7")), "{lines:?}");
+    // The banner says what clients must present: the token from the file, the default SMS account.
+    let banner = lines.join("\n");
+    for want in [
+        "Bearer dev-token",
+        "AC00000000000000000000000000000000",
+        "ting-sms-auth-token",
+    ] {
+        assert!(banner.contains(want), "{want} not in the banner:\n{banner}");
+    }
     let line = addr_of(&lines, "LINE", "http://");
     let sms = addr_of(&lines, "SMS", "http://");
     let smtp = addr_of(&lines, "SMTP", "smtp://");
@@ -264,4 +273,48 @@ fn a_taken_port_is_reported() {
     assert_eq!(code(&out), 3, "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("SMTP") && err.contains(&port), "{err}");
+}
+
+/// Two fakes given one port is a usage error (exit 2) naming both settings, before anything binds.
+#[test]
+fn one_port_for_two_fakes_is_a_usage_error() {
+    let out = std::process::Command::new(bin())
+        .args(["mocks", "--line-port", "47001", "--sms-port", "47001"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--line-port") && err.contains("--sms-port") && err.contains("47001"),
+        "{err}"
+    );
+}
+
+/// A providers-only config obeys the rules a scenario's `[providers]` do, placed at the key:
+/// exit 2 before anything is served.
+#[test]
+fn a_providers_config_that_cannot_work_is_refused_at_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[line]\ntransient = [{ status = 200, rate = \"10%\" }]\n", "mocks.toml:2:", "status"),
+        ("[sms]\nrate_limit = -5.0\n", "mocks.toml:2:1", "rate_limit"),
+        ("[smtp]\nmax_size = 0\n", "mocks.toml:2:1", "max_size"),
+        ("[sms.callbacks]\nenabled = true\ndelay_max = \"300000000000y\"\n", "mocks.toml:3:", "too long"),
+        // An internally tagged table is placed at its header.
+        ("[line.latency]\nkind = \"fixed\"\nvalue = \"100000000000000000000.5s\"\n", "mocks.toml:1:1", "too long"),
+        ("[smtp]\nfaults = [{ stage = \"rcpt\", code = 451, enhanced = \"4.3.0\\r\\n250 ok\", rate = 0.1 }]\n", "mocks.toml:2:", "enhanced"),
+    ];
+    for (toml, at, says) in cases {
+        let config = dir.path().join("mocks.toml");
+        std::fs::write(&config, toml).unwrap();
+        let out = std::process::Command::new(bin())
+            .args(["mocks", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{toml}: {err}");
+        assert!(err.contains(at) && err.contains(says), "{toml}: {err}");
+        assert!(!err.contains("panicked"), "{toml}: {err}");
+    }
 }

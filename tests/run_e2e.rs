@@ -237,6 +237,26 @@ fn bad_scenario_is_a_usage_error() {
     assert!(text(&out).contains("bad.toml:4:"), "{}", text(&out));
 }
 
+/// Flags that cannot mean what was typed are usage errors before anything starts: a tolerance
+/// with no baseline to compare with (it used to be ignored, and the run went ahead), a negative
+/// seed (clap used to suggest `-- -1`).
+#[test]
+fn meaningless_run_flags_are_usage_errors() {
+    let case = Case::new(
+        "flags",
+        "name = \"x\"\n[load]\nrecipients = 1\nchannels = [\"line\"]\n",
+    );
+    for (flags, says) in [
+        (&["--tolerance", "abc"][..], "--baseline"),
+        (&["--seed", "-1"][..], "invalid value '-1' for '--seed"),
+    ] {
+        let out = case.run(flags);
+        assert_eq!(code(&out), 2, "{flags:?}: {}", text(&out));
+        assert!(text(&out).contains(says), "{flags:?}: {}", text(&out));
+        assert!(!text(&out).contains("-- -1"), "{}", text(&out));
+    }
+}
+
 #[test]
 fn committed_report_schema_is_in_sync() {
     let path = repo().join("docs/report.schema.json");

@@ -157,6 +157,69 @@ fn cross_field_errors_point_at_the_key() {
     );
 }
 
+/// Durations past their bound are errors at the key, never a panic (a fractional value too large
+/// for `Duration` used to abort `validate`) nor a fake that overflows its clock mid-run.
+#[test]
+fn durations_past_their_bounds_are_errors_at_the_key() {
+    let cases: &[(&str, &str, usize, &str)] = &[
+        (
+            "lease = \"2s\"",
+            "lease = \"100000000000000000000.5s\"",
+            6,
+            "is too long: at most 7 days",
+        ),
+        (
+            "lease = \"2s\"",
+            "lease = \"8d\"",
+            6,
+            "is too long: at most 7 days",
+        ),
+        (
+            "",
+            "[providers.sms.callbacks]\nenabled = true\ndelay_max = \"300000000000y\"",
+            20,
+            "is too long: at most 7 days",
+        ),
+        (
+            "",
+            "[providers.sms.callbacks]\nenabled = true\ndelay_max = \"30h\"",
+            20,
+            "longer than a fake may wait (at most 24 hours)",
+        ),
+        (
+            "",
+            "[providers.line]\nlatency = { kind = \"fixed\", value = \"2d\" }",
+            19,
+            "longer than a fake may wait",
+        ),
+        (
+            "",
+            "[providers.line]\nchannel_token = \"\"",
+            19,
+            "`channel_token` must not be empty",
+        ),
+        (
+            "recipients = 100",
+            "recipients = 100\nrate = 0.0000001\nduration = \"1s\"",
+            11,
+            "`rate` must be between 0.001 and 1000",
+        ),
+    ];
+    for (from, to, line, fragment) in cases {
+        let text = case_text(from, to);
+        let err = match parse(&text) {
+            Ok(_) => panic!("case {to:?} was accepted"),
+            Err(e) => e,
+        };
+        let shown = err.to_string();
+        assert_eq!(err.line, *line, "case {to:?}: {shown}");
+        assert!(
+            shown.contains(fragment),
+            "case {to:?}: {shown:?} lacks {fragment:?}"
+        );
+    }
+}
+
 /// Values that parse but cannot mean what was written are rejected here, not mid-run.
 #[test]
 fn wrong_values_are_rejected_at_the_boundary() {
@@ -170,8 +233,8 @@ fn wrong_values_are_rejected_at_the_boundary() {
         ("", "[providers.line]\nrate_limit = 0.0", "rate_limit", 19, 1, "`rate_limit` must be requests per second greater than 0 (got 0)", None),
         ("", "[providers.sms]\nrate_limit = -5", "rate_limit", 19, 1, "(got -5)", None),
         ("", "[providers.sms.callbacks]\nenabled = true\ndelay_min = \"2s\"\ndelay_max = \"1s\"", "delay_min", 20, 1, "`delay_min` (2s) must be at most `delay_max` (1s)", None),
-        ("", "[providers.smtp.events]\ndelay_max = \"10ms\"", "delay_max", 19, 1, "`delay_min` (50ms (the default)) must be at most `delay_max` (10ms)", None),
-        ("", "[providers.line]\ntransient = [\n  { status = 500, rate = \"80%\" },\n  { status = 503, rate = \"80%\" },\n]", "rate", 21, 19, "the `rate`s of `providers.line.transient` add up to 1.6 (160%)", None),
+        ("", "[providers.smtp.events]\ndelay_max = \"10ms\"", "delay_max", 19, 1, "`delay_min` (50ms) must be at most `delay_max` (10ms); the defaults are 50ms and 500ms", None),
+        ("", "[providers.line]\ntransient = [\n  { status = 500, rate = \"80%\" },\n  { status = 503, rate = \"80%\" },\n]", "rate", 21, 19, "the `rate`s of the faults in `transient` add up to 1.6 (160%)", None),
         ("", "[providers.smtp]\nfaults = [\n  { stage = \"rcpt\", code = 451, rate = 0.6 },\n  { stage = \"data\", code = 554, rate = 0.6 },\n  { stage = \"rcpt\", code = 550, rate = 0.5 },\n]", "rate", 22, 33, "SMTP faults at stage `rcpt` add up to 1.1 (110%)", None),
         ("lease = \"2s\"", "shutdown_grace = \"0s\"\nlease = \"2s\"", "shutdown_grace", 6, 1, "`shutdown_grace` must be greater than 0", None),
         ("", "[load.template]\nsubject = \"Order {{ordr_id}} {{#broken\"", "subject", 19, 1, "template `subject`: `{{ordr_id}}` uses unknown variable `ordr_id`; every recipient has `id`, `name`, `order_id`, `item`, `total`", Some("order_id")),

@@ -3,7 +3,9 @@
 //! reset everything.
 //!
 //! `PUT /_mock/faults` is a shallow merge: each top-level field given replaces that field of the
-//! provider's profile, fields not given keep their current value. The control API must never
+//! provider's profile, fields not given keep their current value. The merged profile must pass
+//! the same rules as a scenario's `[providers]` tables ([`crate::validate`]): 422 with the field's
+//! `path` otherwise, 400 for what is not a profile at all. The control API must never
 //! change what was already recorded; it only reads the ledger or clears it whole.
 //!
 //! `GET /_mock/ledger` and `GET /_mock/stats` copy the ledger's entry pointers under its lock and
@@ -30,6 +32,7 @@ use serde_json::{json, Value};
 
 use crate::hub::Hub;
 use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+use crate::validate;
 
 #[derive(Clone)]
 struct Ctl {
@@ -174,23 +177,58 @@ async fn put_faults(
 ) -> Response {
     let hub = &c.hub;
     let result = match q.provider.unwrap_or(c.provider) {
-        Provider::Line => merge(&*hub.line.get(), patch).map(|n| {
+        Provider::Line => checked(&*hub.line.get(), patch, validate::line).map(|n| {
             hub.line.set(n.clone());
             json!(n)
         }),
-        Provider::Sms => merge(&*hub.sms.get(), patch).map(|n| {
+        Provider::Sms => checked(&*hub.sms.get(), patch, validate::sms).map(|n| {
             hub.sms.set(n.clone());
             json!(n)
         }),
-        Provider::Smtp => merge(&hub.smtp_config(), patch).map(|n| {
+        Provider::Smtp => checked(&hub.smtp_config(), patch, validate::smtp).map(|n| {
             *hub.smtp.write().unwrap_or_else(|p| p.into_inner()) = n.clone();
             json!(n)
         }),
     };
     match result {
         Ok(v) => Json(v).into_response(),
-        Err(e) => (StatusCode::BAD_REQUEST, Json(json!({ "error": e }))).into_response(),
+        Err(e) => e.into_response(),
     }
+}
+
+/// Why a `PUT /_mock/faults` was refused; the profile in force is unchanged.
+enum Refused {
+    /// Not a profile at all (not an object, unknown field, wrong type): 400.
+    Malformed(String),
+    /// A profile that parses but cannot work (the rules a scenario's `[providers]` obey): 422,
+    /// naming the field.
+    Invalid(validate::Problem),
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::Malformed(e) => {
+                (StatusCode::BAD_REQUEST, Json(json!({ "error": e }))).into_response()
+            }
+            Refused::Invalid(p) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Json(json!({ "error": p.message, "path": p.path() })),
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// `patch` merged into `current`, if the result passes `rules`.
+fn checked<T: Serialize + DeserializeOwned>(
+    current: &T,
+    patch: Value,
+    rules: fn(&T) -> Result<(), validate::Problem>,
+) -> Result<T, Refused> {
+    let next = merge(current, patch).map_err(Refused::Malformed)?;
+    rules(&next).map_err(Refused::Invalid)?;
+    Ok(next)
 }
 
 /// Replaces each top-level field of `current` given in `patch`.

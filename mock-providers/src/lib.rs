@@ -39,5 +39,6 @@ pub mod signing;
 pub mod sms;
 pub mod smtp;
 pub mod units;
+pub mod validate;
 
 pub use run::{start, start_on, start_with_ports, Listeners, Ports, Providers};

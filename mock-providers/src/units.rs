@@ -33,8 +33,25 @@ impl From<HumanDuration> for Duration {
     }
 }
 
-/// Parses `"500ms"`, `"2s"`, `"1.5s"`, `"2m"`, `"1h 30m"`; rejects negatives and garbage.
+/// The longest duration any setting takes: a week. Anything longer is a typo, and would overflow
+/// the clock arithmetic of whoever waits for it. Settings with a tighter meaning (a provider's
+/// latency, a callback delay: a day) say so where they are validated.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Parses `"500ms"`, `"2s"`, `"1.5s"`, `"2m"`, `"1h 30m"`; rejects negatives, garbage and anything
+/// longer than [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_unbounded(s)?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "duration `{}` is too long: at most 7 days",
+            s.trim()
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_unbounded(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.starts_with('-') {
         return Err(format!(
@@ -50,7 +67,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "h" => 3600.0,
             _ => return Err(format!("invalid duration `{s}`: unknown unit `{unit}`")),
         };
-        return Ok(Duration::from_secs_f64(num * scale));
+        return Duration::try_from_secs_f64(num * scale)
+            .map_err(|_| format!("duration `{}` is too long: at most 7 days", s.trim()));
     }
     humantime::parse_duration(t).map_err(|e| {
         format!("invalid duration `{s}` ({e}); write e.g. \"500ms\", \"2s\", \"1m 30s\"")
@@ -235,6 +253,11 @@ mod tests {
             ("-1s", Err(())),
             ("fast", Err(())),
             ("10", Err(())),
+            ("7d", Ok(7 * 24 * 3600 * 1000)),
+            ("8d", Err(())),
+            ("300000000000y", Err(())),
+            ("100000000000000000000.5s", Err(())),
+            ("1e300.5s", Err(())),
         ];
         for (input, want) in cases {
             let got = parse_duration(input)

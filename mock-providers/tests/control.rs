@@ -72,6 +72,67 @@ async fn ledger_stats_faults_reset() {
         .unwrap();
     assert_eq!(bad.status(), 400);
     assert_eq!(w.p.config().line.transient.len(), 1);
+    // A profile that parses but cannot work gets the scenario rules' answer: 422 naming the field
+    // (status 200 is no fault, shares past 100%, a rate limit of 0, a latency past a day, reply
+    // text that would forge SMTP replies), and changes nothing.
+    let invalid = [
+        (
+            &line,
+            json!({"transient": [{"status": 200, "rate": "10%"}]}),
+            "transient[0].status",
+        ),
+        (
+            &line,
+            json!({"transient": [{"status": 500, "rate": "70%"}, {"status": 503, "rate": "70%"}]}),
+            "transient[1].rate",
+        ),
+        (&line, json!({"rate_limit": 0}), "rate_limit"),
+        (&line, json!({"rate_limit": -5}), "rate_limit"),
+        (
+            &line,
+            json!({"latency": {"kind": "fixed", "value": "300000000000y"}}),
+            "",
+        ),
+        (
+            &line,
+            json!({"latency": {"kind": "uniform", "min": "2s", "max": "1s"}}),
+            "latency.min",
+        ),
+        (&line, json!({"channel_token": ""}), "channel_token"),
+        (
+            &smtp_ctl,
+            json!({"faults": [{"stage": "rcpt", "code": 451, "enhanced": "4.3.0\r\n250 ok", "rate": "10%"}]}),
+            "faults[0].enhanced",
+        ),
+        (&smtp_ctl, json!({"max_size": 0}), "max_size"),
+    ];
+    for (base, patch, path) in invalid {
+        let r = w
+            .http
+            .put(format!("{base}/_mock/faults"))
+            .json(&patch)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap();
+        if path.is_empty() {
+            // Refused while parsing (the duration itself is out of range).
+            assert_eq!(status, 400, "{patch}: {body}");
+        } else {
+            assert_eq!(
+                (status, body["path"].as_str()),
+                (422, Some(path)),
+                "{patch}: {body}"
+            );
+        }
+        assert!(
+            body["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{body}"
+        );
+    }
+    assert_eq!(w.p.config().line.transient.len(), 1);
+    assert_eq!(w.p.config().line.rate_limit, None);
     // The SMTP control port changes the SMTP profile.
     let r = w
         .http

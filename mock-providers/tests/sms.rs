@@ -18,6 +18,9 @@ fn sms_cfg(f: impl FnOnce(&mut SmsConfig)) -> ProvidersConfig {
 async fn conformance_table() {
     let to = phone(1);
     let full: Vec<(&str, &str)> = vec![("To", &to), ("From", "+15550009999"), ("Body", "hello")];
+    // Twilio's limit counts characters, not bytes: 1 600 multi-byte characters still go.
+    let longest = "é".repeat(1600);
+    let too_long = "x".repeat(1601);
     // (name, profile, auth, form, status, twilio code, outcome, fault)
     type Case<'a> = (
         &'a str,
@@ -88,6 +91,26 @@ async fn conformance_table() {
             vec![("To", &to), ("From", "+15550009999")],
             400,
             Some(21602),
+            Outcome::ProtocolError,
+            None,
+        ),
+        (
+            "longest body",
+            d(),
+            true,
+            vec![("To", &to), ("From", "+15550009999"), ("Body", &longest)],
+            201,
+            None,
+            Outcome::Accepted,
+            None,
+        ),
+        (
+            "body over 1600 characters",
+            d(),
+            true,
+            vec![("To", &to), ("From", "+15550009999"), ("Body", &too_long)],
+            400,
+            Some(21617),
             Outcome::ProtocolError,
             None,
         ),
@@ -301,6 +324,16 @@ async fn fetch_and_list_for_reconciliation() {
             format!("Messages.json?To={to}&PageSize=1&Page=1"),
             vec!["one"],
         ),
+        // Pages past the end are empty, however far: the offset arithmetic must not wrap round
+        // to the first page.
+        (
+            format!("Messages.json?To={to}&PageSize=1&Page=18446744073709551615"),
+            vec![],
+        ),
+        (
+            format!("Messages.json?To={to}&Page=9223372036854775808"),
+            vec![],
+        ),
     ];
     for (q, want) in cases {
         let r = w.sms_get(&q).await;
@@ -312,6 +345,9 @@ async fn fetch_and_list_for_reconciliation() {
             .map(|m| m["body"].as_str().unwrap())
             .collect();
         assert_eq!(got, want, "{q}");
+        if want.is_empty() {
+            assert!(r.json["next_page_uri"].is_null(), "{q}: {}", r.json);
+        }
     }
     // Following `next_page_uri` pages through the same filtered list (a message to another
     // number in between never shows up), and stops at its end.
@@ -335,7 +371,7 @@ async fn fetch_and_list_for_reconciliation() {
         .iter()
         .filter(|e| e.kind == EntryKind::Poll)
         .count();
-    assert_eq!(polls, 2 + 8 + 2);
+    assert_eq!(polls, 2 + 10 + 2);
 }
 
 #[tokio::test]

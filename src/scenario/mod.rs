@@ -247,6 +247,20 @@ pub fn parse_with(
     })
 }
 
+/// Checks provider profiles read from a providers-only TOML `text` (`ting-chaos mocks --config`,
+/// `[line]`/`[smtp]`/`[sms]` tables) with the rules a scenario's `[providers]` obey, placing an
+/// error at its key like scenario errors.
+pub fn check_providers(
+    path: &Path,
+    text: &str,
+    cfg: &mock_providers::config::ProvidersConfig,
+) -> Result<(), ScenarioError> {
+    mock_providers::validate::providers(cfg).map_err(|e| {
+        let paths: Vec<&str> = e.paths.iter().map(String::as_str).collect();
+        validate::placed(&path.display().to_string(), text, &paths, e.message)
+    })
+}
+
 /// The JSON Schema of scenario files, generated from the raw types.
 pub fn json_schema() -> serde_json::Value {
     let schema = schemars::schema_for!(raw::RawScenario);

@@ -41,10 +41,24 @@ impl Ctx<'_> {
             .unwrap_or(&paths[0]);
         self.at(path, message)
     }
+}
 
-    fn written(&self, path: &str) -> bool {
-        self.keys.get(path).is_some()
+/// An error about the first written of `paths` (key paths as in [`Ctx::at`]) in a TOML `text`
+/// that is not a scenario (a providers-only `mocks --config` file), placed like scenario errors.
+pub(super) fn placed(
+    file: &str,
+    text: &str,
+    paths: &[&str],
+    message: impl Into<String>,
+) -> ScenarioError {
+    let none = Overrides::default();
+    Ctx {
+        file,
+        text,
+        keys: Keys::parse(text).unwrap_or_default(),
+        overrides: &none,
     }
+    .at_first(paths, message)
 }
 
 pub(super) fn validate(
@@ -104,8 +118,7 @@ pub(super) fn validate(
         raw.load.bad_addresses.sms,
         &mut providers.sms.bad_addresses,
     )?;
-    validate_latencies(&cx, &providers)?;
-    validate_faults(&cx, &providers)?;
+    validate_providers(&cx, &providers)?;
 
     let mut chaos = Vec::new();
     for (i, c) in raw.chaos.iter().enumerate() {
@@ -382,10 +395,10 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad, stack: &StackSpec) -> Result<Load, 
             Pacing::Batches(n)
         }
         (None, Some(r)) => {
-            if !(r > 0.0 && r <= 1000.0) {
+            if !(0.001..=1000.0).contains(&r) {
                 return Err(cx.at(
                     "load.rate",
-                    format!("`rate` must be in (0, 1000] batches per second (got {r})"),
+                    format!("`rate` must be between 0.001 and 1000 batches per second (got {r})"),
                 ));
             }
             let Some(d) = l.duration.filter(|d| !d.0.is_zero()) else {
@@ -491,166 +504,17 @@ fn merge_bad(
     Ok(())
 }
 
-fn validate_latencies(
+/// Provider settings that parse but cannot work: the rules `mocks --config` and
+/// `PUT /_mock/faults` apply too ([`mock_providers::validate`]), placed at the key.
+fn validate_providers(
     cx: &Ctx,
     p: &mock_providers::config::ProvidersConfig,
 ) -> Result<(), ScenarioError> {
-    use mock_providers::config::Latency;
-    let check = |table: &str, l: &Latency| match l {
-        Latency::Uniform { min, max } if min > max => Err(cx.at_first(
-            &[&format!("{table}.min"), &format!("{table}.max"), table],
-            format!("uniform latency has min {min} > max {max}"),
-        )),
-        Latency::Lognormal { p50, p99 } if p50 > p99 => Err(cx.at_first(
-            &[&format!("{table}.p50"), &format!("{table}.p99"), table],
-            format!("lognormal latency has p50 {p50} > p99 {p99}"),
-        )),
-        _ => Ok(()),
-    };
-    check("providers.line.latency", &p.line.latency)?;
-    check("providers.sms.latency", &p.sms.latency)?;
-    check("providers.smtp.latency", &p.smtp.latency)?;
-    for (stage, l) in &p.smtp.stage_latency {
-        check(
-            &format!("providers.smtp.stage_latency.{}", stage.as_str()),
-            l,
-        )?;
-    }
-    Ok(())
-}
-
-/// Tolerance for shares written as percentages that add up to exactly 100%.
-const SUM_SLACK: f64 = 1e-9;
-
-/// Fault statuses and codes that are failures, fault shares that fit in one draw, positive rate
-/// limits, callback delay ranges the right way round.
-fn validate_faults(
-    cx: &Ctx,
-    p: &mock_providers::config::ProvidersConfig,
-) -> Result<(), ScenarioError> {
-    use mock_providers::config::{CallbackConfig, HttpFault};
-    let http = |list: &str, faults: &[HttpFault]| -> Result<(), ScenarioError> {
-        let mut sum = 0.0;
-        for (i, f) in faults.iter().enumerate() {
-            if !(400..=599).contains(&f.status) {
-                return Err(cx.at(
-                    &format!("{list}[{i}].status"),
-                    format!(
-                        "a fault's `status` must be an HTTP error between 400 and 599 (got {})",
-                        f.status
-                    ),
-                ));
-            }
-            sum += f.rate.get();
-            if sum > 1.0 + SUM_SLACK {
-                return Err(over_one(cx, list, i, sum));
-            }
-        }
-        Ok(())
-    };
-    http("providers.line.transient", &p.line.transient)?;
-    http("providers.line.permanent", &p.line.permanent)?;
-    http("providers.sms.transient", &p.sms.transient)?;
-    http("providers.sms.permanent", &p.sms.permanent)?;
-
-    let mut per_stage: BTreeMap<&str, f64> = BTreeMap::new();
-    for (i, f) in p.smtp.faults.iter().enumerate() {
-        let stage = f.stage.as_str();
-        let at = |key: &str| format!("providers.smtp.faults[{i}].{key}");
-        // RFC 5321 §4.2.1: 4yz is a transient, 5yz a permanent negative reply; the second digit
-        // is 0..=5.
-        if !(400..=599).contains(&f.code) || (f.code / 10) % 10 > 5 {
-            return Err(cx.at(
-                &at("code"),
-                format!(
-                    "SMTP fault at stage `{stage}` has `code` {}, which is not a negative reply: \
-                     use a 4yz (transient) or 5yz (permanent) code such as 451 or 550",
-                    f.code
-                ),
-            ));
-        }
-        if let Some(e) = &f.enhanced {
-            let parts: Vec<&str> = e.split('.').collect();
-            let class = (f.code / 100).to_string();
-            let well_formed = parts.len() == 3
-                && parts[0] == class
-                && parts[1..]
-                    .iter()
-                    .all(|p| (1..=3).contains(&p.len()) && p.chars().all(|c| c.is_ascii_digit()));
-            if !well_formed {
-                return Err(cx.at(
-                    &at("enhanced"),
-                    format!(
-                        "`enhanced` {e:?} does not fit `code` {}: write `{class}.x.y` (RFC 3463), e.g. \"{class}.0.0\"",
-                        f.code
-                    ),
-                ));
-            }
-        }
-        let sum = per_stage.entry(stage).or_default();
-        *sum += f.rate.get();
-        if *sum > 1.0 + SUM_SLACK {
-            let mut err = over_one(cx, "providers.smtp.faults", i, *sum);
-            err.message = format!(
-                "the `rate`s of the SMTP faults at stage `{stage}` add up to {}; one draw per attempt picks at most one of them, so together they must be at most 100%",
-                share(*sum)
-            );
-            return Err(err);
-        }
-    }
-
-    for (table, limit) in [
-        ("providers.line", p.line.rate_limit),
-        ("providers.sms", p.sms.rate_limit),
-    ] {
-        if let Some(r) = limit.filter(|r| !(r.is_finite() && *r > 0.0)) {
-            return Err(cx.at(
-                &format!("{table}.rate_limit"),
-                format!(
-                    "`rate_limit` must be requests per second greater than 0 (got {r}); leave it out for no limit"
-                ),
-            ));
-        }
-    }
-
-    let callbacks = |table: &str, c: &CallbackConfig| {
-        if c.delay_min > c.delay_max {
-            let min_default = !cx.written(&format!("{table}.delay_min"));
-            let max_default = !cx.written(&format!("{table}.delay_max"));
-            let note = |default: bool| if default { " (the default)" } else { "" };
-            return Err(cx.at_first(
-                &[&format!("{table}.delay_min"), &format!("{table}.delay_max")],
-                format!(
-                    "`delay_min` ({}{}) must be at most `delay_max` ({}{})",
-                    c.delay_min,
-                    note(min_default),
-                    c.delay_max,
-                    note(max_default)
-                ),
-            ));
-        }
-        Ok(())
-    };
-    callbacks("providers.sms.callbacks", &p.sms.callbacks)?;
-    callbacks("providers.smtp.events", &p.smtp.events)?;
-    Ok(())
-}
-
-/// The fault at `list[i]` takes the shares of `list` past 100%.
-fn over_one(cx: &Ctx, list: &str, i: usize, sum: f64) -> ScenarioError {
-    cx.at(
-        &format!("{list}[{i}].rate"),
-        format!(
-            "the `rate`s of `{list}` add up to {}; one draw per attempt picks at most one fault, so together they must be at most 100%",
-            share(sum)
-        ),
-    )
-}
-
-/// `1.6 (160%)`.
-fn share(v: f64) -> String {
-    let v = (v * 1e6).round() / 1e6;
-    format!("{v} ({}%)", (v * 1000.0).round() / 10.0)
+    mock_providers::validate::providers(p).map_err(|e| {
+        let e = e.under("providers");
+        let paths: Vec<&str> = e.paths.iter().map(String::as_str).collect();
+        cx.at_first(&paths, e.message)
+    })
 }
 
 fn validate_chaos(

@@ -42,6 +42,9 @@ struct Form {
     status_callback: Option<String>,
 }
 
+/// Twilio refuses a body longer than this (error 21617), however it would be segmented.
+pub const MAX_BODY_CHARS: usize = 1600;
+
 fn parse_form(raw: &[u8]) -> Result<Form, (u32, Option<String>)> {
     let pairs: Vec<(String, String)> =
         serde_urlencoded::from_bytes(raw).map_err(|_| (21000, None))?;
@@ -59,6 +62,9 @@ fn parse_form(raw: &[u8]) -> Result<Form, (u32, Option<String>)> {
         return Err((21603, Some(to)));
     }
     let body = get("Body").ok_or((21602, Some(to.clone())))?;
+    if body.chars().count() > MAX_BODY_CHARS {
+        return Err((21617, Some(to)));
+    }
     Ok(Form {
         to,
         from,

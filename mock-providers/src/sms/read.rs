@@ -144,7 +144,9 @@ pub(super) async fn list(
                 .all(|(c, b)| matches(m.filter_date(now), *c, *b))
         })
         .collect();
-    let start = page * page_size;
+    // Any `Page` parses (Twilio answers a page past the end with an empty list): the arithmetic
+    // saturates rather than wrapping back to the first page.
+    let start = page.saturating_mul(page_size);
     let messages: Vec<_> = all
         .iter()
         .skip(start)
@@ -167,13 +169,13 @@ pub(super) async fn list(
             serde_urlencoded::to_string(q).unwrap_or_default()
         )
     };
-    let next = (start + page_size < all.len()).then(|| page_uri(page + 1));
+    let next = (start.saturating_add(page_size) < all.len()).then(|| page_uri(page + 1));
     let prev = (page > 0).then(|| page_uri(page - 1));
     record_poll(&st, peer, to.unwrap_or(""), None, 200);
     Reply::json(
         200,
         json!({
-            "end": (start + messages.len()).saturating_sub(1),
+            "end": start.saturating_add(messages.len()).saturating_sub(1),
             "first_page_uri": page_uri(0),
             "messages": messages,
             "next_page_uri": next,
