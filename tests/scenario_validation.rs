@@ -716,3 +716,60 @@ fn override_flags_on_every_subcommand() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--set stack.workers=0:"));
 }
+
+/// The corpus of broken scenarios in `tests/fixtures/bad/` — one mistake each, the fragment its
+/// error must contain on the file's first line (`# expect: …`): every one is refused, placed at
+/// `file:line:col`, in words a user can act on; and `validate` over all of them exits 2 naming
+/// each file. Add a file here for every mistake a user reports getting a poor message for.
+#[test]
+fn every_file_in_the_broken_corpus_is_refused_at_its_place() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 50, "only {} broken files", files.len());
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        let first = String::from_utf8_lossy(&bytes);
+        let expect = first
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# expect: "))
+            .unwrap_or_else(|| panic!("{} lacks its `# expect: …` line", f.display()));
+        let err = match scenario::load(f) {
+            Ok(_) => panic!("{} was accepted", f.display()),
+            Err(e) => e,
+        };
+        let shown = err.to_string();
+        assert!(
+            err.line > 0 && err.col > 0,
+            "{}: no position: {shown}",
+            f.display()
+        );
+        let place = format!("{}:{}:{}", f.display(), err.line, err.col);
+        assert!(shown.contains(&place), "{shown} does not say {place}");
+        assert!(
+            shown.contains(expect),
+            "{}: {shown:?} lacks {expect:?}",
+            f.display()
+        );
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ting-chaos"))
+        .arg("validate")
+        .args(&files)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for f in &files {
+        assert!(
+            stderr.contains(&format!("{}:", f.display())),
+            "{} not named: {stderr}",
+            f.display()
+        );
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

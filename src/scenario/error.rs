@@ -72,13 +72,13 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
     let offset = err.span().map(|s| s.start);
     let msg = err.message().trim().to_string();
     let Some(keys) = Keys::parse(text) else {
-        // Not TOML at all: the parser's message and position are all there is.
+        // Not TOML at all: the parser's message and position, in plain words where we know them.
         let (line, col) = offset.map_or((0, 0), |o| line_col(text, o));
         return ScenarioError {
             file: file.into(),
             line,
             col,
-            message: format!("invalid TOML: {msg}"),
+            message: format!("invalid TOML: {}", plain_syntax(&msg)),
             key: offset.and_then(|o| key_on_line(text, o)),
             suggestion: None,
         };
@@ -99,13 +99,22 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
                 None => (key.to_string(), offset),
             };
             let (line, col) = at(pos);
+            let suggestion = nearest(key, expected.iter().copied());
+            // No plausible typo: say what may be written here instead.
+            let valid = match (&suggestion, expected.is_empty()) {
+                (None, false) => format!("; valid keys here: {}", list(&expected)),
+                _ => String::new(),
+            };
             return ScenarioError {
                 file: file.into(),
                 line,
                 col,
-                message: format!("unknown key `{key}` {}", place(parent(&path).unwrap_or(""))),
+                message: format!(
+                    "unknown key `{key}` {}{valid}",
+                    place(parent(&path).unwrap_or(""))
+                ),
                 key: Some(key.to_string()),
-                suggestion: nearest(key, expected.iter().copied()),
+                suggestion,
             };
         }
     }
@@ -156,10 +165,11 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
             suggestion: None,
         };
     }
-    // A bad value: name its key and table.
+    // A bad value: name its key and table, and say how to write it when the type is wrong.
+    let hint = type_hint(&msg);
     let message = match &path {
-        Some(p) => format!("bad value for {}: {msg}", describe(p)),
-        None => msg,
+        Some(p) => format!("bad value for {}: {msg}{hint}", describe(p)),
+        None => format!("{msg}{hint}"),
     };
     ScenarioError {
         file: file.into(),
@@ -168,6 +178,48 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
         message,
         key: path.as_deref().map(|p| leaf(p).to_string()),
         suggestion: None,
+    }
+}
+
+/// The TOML parser's message for the syntax errors people make most, in plain words first (the
+/// parser's own text follows).
+fn plain_syntax(msg: &str) -> String {
+    let first = msg.lines().next().unwrap_or(msg);
+    let plain = if first.contains("invalid basic string")
+        || first.contains("invalid literal string")
+    {
+        Some("a string is not closed: end it with a quote on the same line (use \"\"\"…\"\"\" for text over several lines)")
+    } else if first.contains("invalid table header") || first.contains("invalid array table header")
+    {
+        Some("a table header must be `[name]` or `[[name]]` alone on its line, with a closing bracket")
+    } else if first.contains("expected `=`") || first.contains("expected `.`, `=`") {
+        Some("a key must be followed by `=` and a value (`key = \"value\"`)")
+    } else {
+        None
+    };
+    match plain {
+        Some(p) => format!("{p} ({})", msg.replace('\n', " ")),
+        None => msg.to_string(),
+    }
+}
+
+/// How to write a value whose type is wrong: `"4"` for a number, `4` for a string.
+fn type_hint(msg: &str) -> &'static str {
+    let Some(rest) = msg.strip_prefix("invalid type: ") else {
+        return "";
+    };
+    let wants_number = ["expected u", "expected i", "expected f"]
+        .iter()
+        .any(|e| rest.contains(e));
+    if rest.starts_with("string") && wants_number {
+        "; write the number without quotes, e.g. `workers = 4`"
+    } else if rest.starts_with("string") && rest.contains("expected a boolean") {
+        "; write `true` or `false` without quotes"
+    } else if (rest.starts_with("integer") || rest.starts_with("float")) && rest.contains("string")
+    {
+        "; write it in quotes, e.g. `lease = \"2s\"` or `rate = \"40%\"`"
+    } else {
+        ""
     }
 }
 

@@ -209,15 +209,36 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
 
 /// Reads and validates a scenario file with command-line `overrides` applied.
 pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Scenario, ScenarioError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
-        file: path.display().to_string(),
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| ScenarioError {
+        file: file.clone(),
         line: 0,
         col: 0,
         message: format!("cannot read scenario: {e}"),
         key: None,
         suggestion: None,
     })?;
+    let text =
+        String::from_utf8(bytes).map_err(|e| not_utf8(&file, e.as_bytes(), e.utf8_error()))?;
     parse_with(path, &text, overrides)
+}
+
+/// A file that is not UTF-8, placed at its first bad byte (the text before it is valid).
+fn not_utf8(file: &str, bytes: &[u8], e: std::str::Utf8Error) -> ScenarioError {
+    let at = e.valid_up_to();
+    let before = std::str::from_utf8(&bytes[..at]).unwrap_or_default();
+    let (line, col) = error::line_col(before, at);
+    ScenarioError {
+        file: file.into(),
+        line,
+        col,
+        message: format!(
+            "byte {at} (0x{:02x}) is not UTF-8: scenario files are UTF-8 TOML; re-save the file as UTF-8",
+            bytes[at]
+        ),
+        key: None,
+        suggestion: None,
+    }
 }
 
 /// Validates scenario `text` as if read from `path`.
