@@ -398,3 +398,18 @@ async fn status_moves_along_the_timeline() {
 fn urlencode(s: &str) -> String {
     s.replace('+', "%2B")
 }
+
+/// A request body past the HTTP limit gets Twilio's JSON error shape (status 413, code 21617),
+/// like every other refusal, not the HTTP stack's plain text.
+#[tokio::test]
+async fn an_oversized_body_is_refused_in_twilios_shape() {
+    let w = world(1, ProvidersConfig::default()).await;
+    let huge = "x".repeat(3 * 1024 * 1024);
+    let r = w.sms_send(&phone(1), &huge, None).await;
+    assert_eq!(
+        (r.status, r.json["code"].as_u64(), r.json["status"].as_u64()),
+        (413, Some(21617), Some(413)),
+        "{}",
+        r.json
+    );
+}

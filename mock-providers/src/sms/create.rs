@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Path, State};
 use axum::http::HeaderMap;
+use axum::response::IntoResponse;
 use axum::response::Response;
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -27,8 +28,18 @@ pub(super) async fn create(
     Path(account): Path<String>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    // A body past the server's limit is refused in Twilio's JSON shape, like every other error,
+    // not with the HTTP stack's plain-text 413.
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            let status = rejection.status().as_u16();
+            let code = if status == 413 { 21617 } else { 21000 };
+            return twilio_error(status, code, "").into_response();
+        }
+    };
     let inline = crate::http::no_latency(&st.inner.hub.sms.get().latency);
     detached(inline, handle(st, account, peer, headers, body)).await
 }
