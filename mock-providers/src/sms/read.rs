@@ -78,9 +78,11 @@ enum Cmp {
 }
 
 fn matches(date: DateTime<Utc>, cmp: Cmp, bound: Bound) -> bool {
-    let ord = match bound {
-        Bound::Day(d) => date.date_naive().cmp(&d),
-        Bound::At(t) => date.cmp(&t),
+    let ord = match (cmp, bound) {
+        (_, Bound::Day(d)) => date.date_naive().cmp(&d),
+        // Twilio's `DateSent=` filters by day: an instant names its (UTC) day, not one second.
+        (Cmp::Eq, Bound::At(t)) => date.date_naive().cmp(&t.date_naive()),
+        (_, Bound::At(t)) => date.cmp(&t),
     };
     match cmp {
         Cmp::Eq => ord.is_eq(),
@@ -201,6 +203,8 @@ mod tests {
             (Cmp::OnOrAfter, "2024-05-02", false),
             (Cmp::OnOrBefore, "2024-04-30", false),
             (Cmp::Eq, "2024-05-01", true),
+            (Cmp::Eq, "2024-05-01T00:00:00Z", true),
+            (Cmp::Eq, "2024-05-02T10:00:00Z", false),
             (Cmp::OnOrAfter, "2024-05-01T09:59:59Z", true),
             (Cmp::OnOrAfter, "2024-05-01T10:00:01Z", false),
             (Cmp::OnOrBefore, "Wed, 01 May 2024 11:00:00 +0000", true),
