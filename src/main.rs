@@ -245,8 +245,10 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn init_tracing() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("TING_LOG").unwrap_or_else(|_| "warn".into());
+    // sqlx warns about every statement over a second ("slow statement"); on a loaded machine that
+    // is a wall of noise between a benchmark's rows and says nothing a user can act on.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TING_LOG")
+        .unwrap_or_else(|_| "warn,sqlx::query=error".into());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
