@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use crate::check::Status;
 use crate::exit;
 use crate::run::{self, RunOptions};
 use crate::scenario;
@@ -296,7 +297,8 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
     }
 }
 
-/// `ting-chaos sweep`: the scenario over several seeds; exit 1 when any seed fails.
+/// `ting-chaos sweep`: the scenario over several seeds; exit 0 only when every seed passed, else
+/// the worst seed's code ([`exit::worst`]): an inconclusive seed is not a pass.
 pub async fn sweep(
     path: &Path,
     overrides: &scenario::Overrides,
@@ -338,8 +340,16 @@ pub async fn sweep(
             .report
             .as_ref()
             .map(|r| {
-                r.violated()
-                    .map(|v| v.checker.clone())
+                r.checks
+                    .iter()
+                    .filter(|v| matches!(v.status, Status::Violated | Status::Insufficient))
+                    .map(|v| format!("{} {}", v.checker, v.status.as_str()))
+                    .chain(
+                        r.gates
+                            .iter()
+                            .filter(|g| g.insufficient)
+                            .map(|g| format!("{} no data", g.name)),
+                    )
                     .chain(r.regressions.iter().cloned())
                     .collect()
             })
@@ -347,10 +357,11 @@ pub async fn sweep(
         let verdict = match outcome.exit_code {
             exit::OK => "pass",
             exit::VIOLATION => "FAIL",
+            exit::INCONCLUSIVE => "INCONCLUSIVE",
             _ => "ERROR",
         };
         println!(
-            "seed {seed:>6}  {verdict:<5} {:>6.1}s  {}  {}",
+            "seed {seed:>6}  {verdict:<12} {:>6.1}s  {}  {}",
             t.elapsed().as_secs_f64(),
             violated.join(", "),
             outcome.report_dir.display()
@@ -359,10 +370,10 @@ pub async fn sweep(
             passed += 1;
         } else {
             failed += 1;
-            worst = worst.max(outcome.exit_code);
+            worst = exit::worst(worst, outcome.exit_code);
         }
     }
-    println!("{}: {passed} passed, {failed} failed", s.name);
+    println!("{}: {passed} passed, {failed} not passed", s.name);
     worst
 }
 

@@ -24,7 +24,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a scenario against a stack and check it; exit 0 pass, 1 violation, 2 usage, 3 infrastructure.
+    /// Run a scenario against a stack and check it; exit 0 pass, 1 violation, 2 usage,
+    /// 3 infrastructure, 4 inconclusive (nothing violated, but a checker judged too little or a
+    /// gate had no data: never a pass).
     Run {
         scenario: PathBuf,
         /// Override the scenario's seed.
@@ -58,7 +60,8 @@ enum Command {
         #[arg(long, default_value = "10%", requires = "baseline")]
         tolerance: String,
     },
-    /// Run a scenario over several seeds and print pass/fail per seed (a false-alarm sweep).
+    /// Run a scenario over several seeds and print pass/fail/inconclusive per seed (a false-alarm
+    /// sweep); exits with the worst seed's code (3, then 1, then 4), 0 only when every seed passed.
     Sweep {
         scenario: PathBuf,
         /// Seeds to run: a count K (seeds 1..=K) or a list "3,7,11".

@@ -35,19 +35,20 @@ fn run(name: &str, toml: &str) -> (i32, String, serde_json::Value) {
     (code(&out), text(&out), report)
 }
 
-/// The correct stack passes the variant: exit 0, every checker holds or is not checked, and every
-/// chaos step fired (a pass where the chaos never happened proves nothing). Returns the report.
+/// The correct stack passes the variant: exit 0, every checker holds (with enough judged) or is
+/// not checked, and every chaos step fired (a pass where the chaos never happened proves
+/// nothing). Returns the report.
 fn passes(scenario: &str, edits: &[(&str, &str, &str)]) -> serde_json::Value {
     let (code, out, report) = run(scenario, &variant(scenario, edits, &[]));
     let broken: Vec<String> = report["checks"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|v| v["status"] == "violated")
+        .filter(|v| v["status"] == "violated" || v["status"] == "insufficient")
         .map(|v| {
             format!(
-                "{}: {}\n  first counterexample: {}",
-                v["checker"], v["summary"], v["counterexamples"][0]
+                "{} {}: {}\n  first counterexample: {}",
+                v["checker"], v["status"], v["summary"], v["counterexamples"][0]
             )
         })
         .collect();
@@ -335,7 +336,10 @@ fn flaw_trust_forged_callbacks() {
         "trust-forged-callbacks",
         "callbacks-chaos",
         CALLBACKS,
-        &[("callbacks", "forged_accepted")],
+        &[
+            ("callbacks", "forged_accepted"),
+            ("callbacks", "forged_answered_2xx"),
+        ],
     );
 }
 
@@ -379,6 +383,31 @@ fn flaw_unescaped_template() {
         "template-injection",
         INJECTION,
         &[("immutable_payload", "unescaped_html")],
+    );
+}
+
+/// With `flaw` on, nothing is violated but `checker` judged too little: the run is INCONCLUSIVE
+/// (exit 4), never a pass, and the verdict table says why.
+fn inconclusive(flaw: &str, scenario: &str, edits: &[(&str, &str, &str)], checker: &str) {
+    let (code, out, report) = run(scenario, &variant(scenario, edits, &[flaw]));
+    let v = verdict(&report, checker);
+    assert_eq!(v["status"], "insufficient", "flaw {flaw}: {v:#}\n{out}");
+    assert_eq!(code, 4, "flaw {flaw}: {out}");
+    assert_eq!(report["verdict"], "inconclusive");
+    assert!(
+        out.contains("INCONCLUSIVE") && out.contains("INSUFFICIENT"),
+        "{out}"
+    );
+}
+
+#[test]
+fn flaw_status_without_message_id() {
+    // Reports cannot be matched to a row: callbacks cannot hold on 0 judged.
+    inconclusive(
+        "status-without-message-id",
+        "callbacks-chaos",
+        CALLBACKS,
+        "callbacks",
     );
 }
 

@@ -115,6 +115,9 @@ fn bad_scenarios_name_key_line_and_column() {
         ("", "[load.bad_adresses]\nline = \"1%\"", "bad_adresses", 18, 7, "unknown key `bad_adresses` in [load]", Some("bad_addresses")),
         // A transposition in a short key still finds the key.
         ("progress = \"40%\"", "on_accept = { channel = \"line\", nht = 3 }", "nht", 14, 33, "unknown key `nht` in `chaos[0].on_accept`", Some("nth")),
+
+        // `min_judged` is keyed by checker name.
+        ("", "[expect]\nmin_judged = { callbaks = 100 }", "callbaks", 19, 16, "unknown checker `callbaks` in `min_judged`", Some("callbacks")),
     ];
     check_cases(cases);
 }

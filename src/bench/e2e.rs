@@ -156,9 +156,10 @@ pub async fn e2e(args: E2eArgs, self_exe: &Path) -> i32 {
                     latency_ms: latency.as_millis() as u64,
                     workers: w,
                     deliveries: u64::from(args.recipients) * channels.len() as u64,
-                    deliveries_per_s: r.metrics.deliveries_per_s,
-                    e2e_p50_ms: r.metrics.e2e_p50_ms,
-                    e2e_p99_ms: r.metrics.e2e_p99_ms,
+                    // A bench row always ran a load; a figure without data shows as 0.
+                    deliveries_per_s: r.metrics.deliveries_per_s.unwrap_or_default(),
+                    e2e_p50_ms: r.metrics.e2e_p50_ms.unwrap_or_default(),
+                    e2e_p99_ms: r.metrics.e2e_p99_ms.unwrap_or_default(),
                     run_seconds: r.duration_ms as f64 / 1000.0,
                     verdict: r.verdict.clone(),
                     exit_code: r.exit_code,
@@ -180,10 +181,9 @@ pub async fn e2e(args: E2eArgs, self_exe: &Path) -> i32 {
                         .unwrap_or_default()
                 );
                 if r.exit_code != exit::OK && code == exit::OK {
-                    code = if r.exit_code == exit::VIOLATION {
-                        exit::VIOLATION
-                    } else {
-                        exit::INFRA
+                    code = match r.exit_code {
+                        exit::VIOLATION | exit::INCONCLUSIVE => r.exit_code,
+                        _ => exit::INFRA,
                     };
                 }
                 rows.push(row);

@@ -3,8 +3,9 @@
 //!
 //! Ground truth is the ledger's `Callback` entries: the `Genuine` report with a final status
 //! (SMS `delivered`/`undelivered`/`failed`, e-mail `delivered`/`bounced`) per message id. Only
-//! messages whose genuine final report the stack acknowledged (2xx) are judged, and a row still
-//! `submitted` while callbacks are pending is skipped. Rules:
+//! messages whose genuine final report the stack acknowledged (2xx) are judged (an unacknowledged
+//! one only when the state agrees with it), and a row still `submitted` while callbacks are
+//! pending is skipped (quiescence reports those). Rules:
 //!
 //! - **disagrees**: the status row with that `provider_message_id` (angle brackets ignored, so an
 //!   e-mail matches on its Message-ID) is not `delivered` for a delivered report, or not
@@ -15,6 +16,14 @@
 //!   out-of-order report applied), on any row.
 //! - **duplicate_applied**: two transitions with source `callback` to the same state on one row.
 //!
+//! - **forged_answered_2xx**: a report with a forged signature answered 2xx (the contract says
+//!   403: a stack that accepts it would accept anyone's).
+//!
+//! Judged: genuine final reports matched to a status row by message id (`disagrees`, needs one
+//! whenever there are genuine final reports; reports never acknowledged or matching no row are
+//! unjudged, and more than 1% of them makes the verdict insufficient — a stack that leaves
+//! `provider_message_id` empty cannot be judged, it does not hold); rows with transitions
+//! (`regression`, `duplicate_applied`); forged-signature reports (`forged_answered_2xx`).
 //! Needs the status API: without it the verdict is `NotChecked`, never `Holds`.
 
 use std::collections::{BTreeMap, HashMap};
@@ -67,9 +76,13 @@ pub fn check(input: &Input) -> Verdict {
         return not_checked(NAME, "no callbacks were sent");
     }
 
+    let mut findings = Findings::default();
     let mut truth: BTreeMap<(Provider, &str), Truth> = BTreeMap::new();
     let mut forged: HashMap<(Provider, &str), Vec<&str>> = HashMap::new();
-    let mut forged_2xx = 0u64;
+    let mut forged_sig = 0u64;
+    // Forged reports answered 2xx, reported after the disagreements (a state changed by a forged
+    // report is the graver news, so it comes first in the kept counterexamples).
+    let mut forged_acked: Vec<serde_json::Value> = Vec::new();
     for cb in &cbs {
         let (Some(id), Some(status)) = (cb.message_id.as_deref(), cb.callback_status.as_deref())
         else {
@@ -92,8 +105,19 @@ pub fn check(input: &Input) -> Verdict {
                     .entry((cb.provider, cb.recipient.as_str()))
                     .or_default()
                     .push(status);
-                if acked && cb.callback_variant == Some(CallbackVariant::ForgedSignature) {
-                    forged_2xx += 1;
+                if cb.callback_variant == Some(CallbackVariant::ForgedSignature) {
+                    forged_sig += 1;
+                    if acked {
+                        forged_acked.push(json!({
+                            "rule": "forged_answered_2xx",
+                            "channel": channel_of(cb.provider).as_str(),
+                            "address": cb.recipient,
+                            "message_id": id,
+                            "claimed": status,
+                            "answered": cb.callback_response,
+                            "at_ms": ms(cb.mono_ns),
+                        }));
+                    }
                 }
             }
             _ => {}
@@ -104,19 +128,25 @@ pub fn check(input: &Input) -> Verdict {
         .iter()
         .filter_map(|r| Some(((r.channel, norm(r.provider_message_id.as_deref()?)), r)))
         .collect();
-    let mut findings = Findings::default();
     let (mut judged, mut not_acked, mut unmatched, mut pending) = (0u64, 0u64, 0u64, 0u64);
     for ((provider, id), t) in &truth {
-        if !t.acked {
-            not_acked += 1;
-            continue;
-        }
         let Some(row) = by_id.get(&(channel_of(*provider), *id)) else {
             unmatched += 1;
             continue;
         };
         if row.state == "submitted" && input.quiescence.callbacks_pending > 0 {
             pending += 1;
+            continue;
+        }
+        if !t.acked {
+            // Never acknowledged (5xx, timeouts until the provider gave up): a state that agrees
+            // is judged (the stack learned it, perhaps from an answer it could not send back);
+            // one that does not cannot be blamed on the stack.
+            if agrees(t.status, &row.state) {
+                judged += 1;
+            } else {
+                not_acked += 1;
+            }
             continue;
         }
         judged += 1;
@@ -138,6 +168,10 @@ pub fn check(input: &Input) -> Verdict {
         }));
     }
 
+    let forged_2xx = forged_acked.len() as u64;
+    for f in forged_acked {
+        findings.push(f);
+    }
     let (mut regressions, mut duplicates) = (0u64, 0u64);
     for row in rows {
         let mut prev: Option<&str> = None;
@@ -172,12 +206,31 @@ pub fn check(input: &Input) -> Verdict {
     }
 
     let summary = format!(
-        "{} callbacks, {} genuine final reports: {judged} judged, {} disagree; {regressions} regressions, \
-         {duplicates} duplicates applied",
+        "{} callbacks, {} genuine final reports: {judged} judged, {} disagree, {unmatched} match no \
+         status row, {not_acked} never acknowledged; {regressions} regressions, {duplicates} \
+         duplicates applied, {forged_2xx} forged reports answered 2xx",
         cbs.len(),
         truth.len(),
-        findings.total() as u64 - regressions - duplicates,
+        findings.total() as u64 - regressions - duplicates - forged_2xx,
     );
+    if !truth.is_empty() {
+        // A genuine final report the stack never acknowledged, or whose message id no status row
+        // carries, is one the agreement rules could not judge: too many and "holds" means nothing.
+        let truths = truth.len() as u64;
+        findings.unjudged(
+            "disagrees",
+            truths - pending,
+            not_acked + unmatched,
+            super::common::MAX_UNJUDGED_SHARE,
+            "genuine final reports never acknowledged (2xx) or matching no status row's provider_message_id",
+        );
+        findings.judged("disagrees", judged);
+    }
+    let with_transitions = rows.iter().filter(|r| !r.transitions.is_empty()).count();
+    findings.judged("regression", with_transitions as u64);
+    if forged_sig > 0 {
+        findings.judged("forged_answered_2xx", forged_sig);
+    }
     let figs = figures(json!({
         "callbacks": cbs.len(),
         "genuine_final": truth.len(),
@@ -316,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn unacknowledged_or_pending_reports_are_not_judged() {
+    fn unacknowledged_or_unmatched_reports_are_insufficient_not_holds() {
         // The stack answered 500 to the final report: it never learned the truth.
         let mut w = healthy();
         w.ledger
@@ -325,8 +378,35 @@ mod tests {
             .for_each(|e| e.callback_response = Some(500));
         w.status.as_mut().unwrap()[0].state = "submitted".into();
         let v = check(&w.input());
-        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
         assert_eq!(v.figures["final_not_acknowledged"], 1);
+        // A status API that leaves `provider_message_id` empty: no report can be matched.
+        let mut w = healthy();
+        for r in w.status.as_mut().unwrap() {
+            r.provider_message_id = None;
+        }
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert_eq!(v.judged["disagrees"].judged, 0);
+        assert!(
+            v.summary.contains("disagrees judged 0 of the 1"),
+            "{}",
+            v.summary
+        );
+        // Still a violation when something else is provably wrong.
+        let rows = w.status.as_mut().unwrap();
+        rows[0].transitions.push(crate::check::StatusTransition {
+            from: Some("delivered".into()),
+            to: "submitted".into(),
+            source: "callback".into(),
+            at: None,
+            detail: None,
+        });
+        assert_eq!(check(&w.input()).status, Status::Violated);
+    }
+
+    #[test]
+    fn pending_reports_are_skipped_and_callbacks_without_final_reports_hold() {
         // Acknowledged, but reports are still due at the end: a `submitted` row is skipped.
         let mut w = healthy();
         w.status.as_mut().unwrap()[0].state = "submitted".into();
@@ -334,5 +414,27 @@ mod tests {
         let v = check(&w.input());
         assert_eq!(v.status, Status::Holds, "{v:#?}");
         assert_eq!(v.figures["skipped_pending"], 1);
+        // Only interim reports (`sent`): nothing final to agree with, the rows are still judged.
+        let mut w = World::new();
+        let s = w.expect("r1", Sms);
+        w.send(Sms, &s, Accepted, 0).message_id("SM1");
+        w.callback(Sms, &s, "SM1", "sent", Genuine, Some(200), 100);
+        w.status_row("r1", Sms, Some("SM1"), &["sending", "submitted"]);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert!(!v.judged.contains_key("disagrees"));
+    }
+
+    #[test]
+    fn a_forged_report_answered_2xx_is_a_violation() {
+        let mut w = healthy();
+        w.ledger
+            .iter_mut()
+            .filter(|e| e.callback_variant == Some(ForgedSignature))
+            .for_each(|e| e.callback_response = Some(200));
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated, "{v:#?}");
+        assert_eq!(rules(&v), ["forged_answered_2xx"]);
+        assert_eq!(v.judged["forged_answered_2xx"].judged, 1);
     }
 }

@@ -4,12 +4,12 @@
 //! Nothing here decides whether an invariant holds; that stays in each checker's own file so a
 //! reader sees a rule and its test side by side. Never add I/O here: checkers are pure.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use mock_providers::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
 use serde_json::{json, Map, Value};
 
-use super::{Expected, Input, Status, StatusDelivery, Verdict};
+use super::{Expected, Input, Population, Status, StatusDelivery, Unjudged, Verdict};
 use crate::scenario::Channel;
 
 /// Counterexamples kept per verdict; `total_counterexamples` counts them all.
@@ -26,11 +26,27 @@ pub fn gap_ms(later_ns: u64, earlier_ns: u64) -> f64 {
     ((later_ns as f64 - earlier_ns as f64) / 1_000.0).round() / 1_000.0
 }
 
-/// Counterexamples of one checker: keeps the first [`MAX_KEPT`], counts them all.
+/// Share of sends a pid-based rule may leave unjudged (no known sender) before it is
+/// `insufficient`.
+pub const MAX_UNATTRIBUTED_SHARE: f64 = 0.01;
+
+/// Share of its items a rule may leave unjudged for other reasons (reports it cannot match)
+/// before it is `insufficient`.
+pub const MAX_UNJUDGED_SHARE: f64 = 0.01;
+
+/// Counterexamples of one checker (keeps the first [`MAX_KEPT`], counts them all) and the
+/// population each of its rules judged.
+///
+/// Every rule that applies to the run declares its population with [`Findings::judged`] before
+/// [`Findings::verdict`]: a verdict with no violation and a rule short of its minimum is
+/// `insufficient`, never `holds`. A rule the run never provokes (no SIGTERM, callbacks off) is
+/// simply not declared, or the whole checker is [`not_checked`] with the reason.
 #[derive(Default)]
 pub struct Findings {
     kept: Vec<Value>,
     total: usize,
+    judged: BTreeMap<String, Population>,
+    main_rule: Option<String>,
 }
 
 impl Findings {
@@ -45,7 +61,49 @@ impl Findings {
         self.total
     }
 
-    /// `Holds` with no findings, `Violated` otherwise.
+    /// `rule` applied to this run and judged `n` items; it needs at least one.
+    pub fn judged(&mut self, rule: &str, n: u64) -> &mut Population {
+        self.judged_at_least(rule, n, 1)
+    }
+
+    /// `rule` applied to this run and judged `n` items; it needs at least `min` (e.g. 100 samples
+    /// for a p99). Declaring a rule twice adds the counts. The first rule declared is the
+    /// checker's main one, the one `[expect] min_judged` raises.
+    pub fn judged_at_least(&mut self, rule: &str, n: u64, min: u64) -> &mut Population {
+        self.main_rule.get_or_insert_with(|| rule.to_string());
+        let p = self.judged.entry(rule.to_string()).or_default();
+        p.judged += n;
+        p.min = p.min.max(min);
+        p
+    }
+
+    /// `rule` could not judge `count` of the `of` items it looked at (`why`); it is short when
+    /// their share exceeds `max_share`. Declaring twice adds the counts.
+    pub fn unjudged(&mut self, rule: &str, of: u64, count: u64, max_share: f64, why: &str) {
+        let p = self.judged_at_least(rule, 0, 0);
+        let u = p.unjudged.get_or_insert_with(|| Unjudged {
+            max_share,
+            why: why.into(),
+            ..Default::default()
+        });
+        u.of += of;
+        u.count += count;
+    }
+
+    /// `rule` needs the sender pid of each of `sends` it looked at; `unattributed` had none. Short
+    /// when their share exceeds [`MAX_UNATTRIBUTED_SHARE`].
+    pub fn unattributed(&mut self, rule: &str, sends: u64, unattributed: u64) {
+        self.unjudged(
+            rule,
+            sends,
+            unattributed,
+            MAX_UNATTRIBUTED_SHARE,
+            "sends with no known sender pid",
+        );
+    }
+
+    /// `Violated` with findings; otherwise `Insufficient` when a declared rule judged too little,
+    /// else `Holds`.
     pub fn verdict(self, checker: &str, summary: String, figures: Map<String, Value>) -> Verdict {
         let status = if self.total == 0 {
             Status::Holds
@@ -62,14 +120,32 @@ impl Findings {
         summary: String,
         figures: Map<String, Value>,
     ) -> Verdict {
-        Verdict {
+        let mut v = Verdict {
             checker: checker.into(),
             status,
             summary,
             counterexamples: self.kept,
             total_counterexamples: self.total,
             figures,
-        }
+            judged: self.judged,
+            main_rule: self.main_rule,
+        };
+        settle(&mut v);
+        v
+    }
+}
+
+/// Turns a `holds` whose populations fall short into `insufficient`, saying why in the summary.
+/// A violation stays a violation: a counterexample is proof however little was judged.
+pub fn settle(v: &mut Verdict) {
+    if v.status != Status::Holds {
+        return;
+    }
+    let short = v.shortfalls();
+    if !short.is_empty() {
+        v.status = Status::Insufficient;
+        v.summary
+            .push_str(&format!(" — insufficient: {}", short.join("; ")));
     }
 }
 
@@ -82,6 +158,8 @@ pub fn not_checked(checker: &str, reason: impl Into<String>) -> Verdict {
         counterexamples: Vec::new(),
         total_counterexamples: 0,
         figures: Map::new(),
+        judged: BTreeMap::new(),
+        main_rule: None,
     }
 }
 

@@ -8,7 +8,8 @@
 //! (role, slot, worker id, pid), its exit status and the tail of its log. The harness also stops the
 //! run early when such a crash leaves nothing to make progress (the API is gone, or no worker is
 //! alive and none is due to restart): a run waiting out its deadline for a dead stack proves
-//! nothing more. Must never judge from the log's content: only from how the process ended.
+//! nothing more. Judged: the stack processes started (migrate aside; needs one). Must never judge
+//! from the log's content: only from how the process ended.
 
 use serde_json::json;
 
@@ -51,6 +52,7 @@ pub fn check(input: &Input) -> Verdict {
         ),
     };
     let figs = figures(json!({ "processes": judged.len(), "crashed": crashed }));
+    findings.judged("process_crashed", judged.len() as u64);
     findings.verdict(NAME, summary, figs)
 }
 

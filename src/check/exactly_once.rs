@@ -2,7 +2,9 @@
 //!
 //! Counts `Accepted` send attempts in the ledger per expected (recipient, channel). More than one
 //! is a duplicate; zero is allowed here (whether it ended properly is `no_loss`'s business). An
-//! `IdempotentRepeat` is the provider recognising a retry key, not a new delivery. Must never
+//! `IdempotentRepeat` is the provider recognising a retry key, not a new delivery. Judged: every
+//! expected delivery (`duplicate`, needs one) and every address that saw a send
+//! (`unexpected_recipient`, may be none). Must never
 //! consult the stack's status API: the ledger alone says what customers got.
 
 use std::collections::HashSet;
@@ -81,6 +83,8 @@ pub fn check(input: &Input) -> Verdict {
         "unexpected_sends": unexpected,
         "never_accepted": never,
     }));
+    findings.judged("duplicate", input.expected.len() as u64);
+    findings.judged_at_least("unexpected_recipient", sends.keys().count() as u64, 0);
     findings.verdict(NAME, summary, figs)
 }
 

@@ -17,6 +17,11 @@
 //! recorded it is attributed through another request on the same TCP connection (same local
 //! address) that was attributed to the process while it lived. Must never judge from the
 //! process's own log.
+//!
+//! Judged: processes sent SIGTERM (`not_clean_exit`, `over_grace`; none sent means not checked)
+//! and the sends that arrived after a terminated process's allowance while it lived
+//! (`sent_after_sigterm`): those with no known sender pid cannot be blamed or cleared, and more
+//! than 1% of them makes the verdict insufficient.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -41,6 +46,9 @@ pub fn check(input: &Input) -> Verdict {
     let grace = input.scenario.stack.shutdown_grace;
     let mut findings = Findings::default();
     let (mut clean, mut late_sends, mut abandoned_sends) = (0u64, 0u64, 0u64);
+    // Sends that arrived after a terminated process's allowance while it lived: the ones
+    // `sent_after_sigterm` had to attribute, and those with no known sender.
+    let (mut window_sends, mut window_unattributed) = (0u64, 0u64);
     // TCP peer → (arrival, pid) of the attributed sends it carried.
     let mut by_peer: HashMap<SocketAddr, Vec<(u64, u32)>> = HashMap::new();
     for e in input.ledger.iter().filter(|e| e.kind == EntryKind::Send) {
@@ -87,6 +95,12 @@ pub fn check(input: &Input) -> Verdict {
         let allowance = input.scenario.expect.in_flight_allowance;
         let limit = term + allowance.as_nanos() as u64;
         let alive = p.started_ns..=p.exited_ns.unwrap_or(u64::MAX);
+        for e in input.ledger.iter().filter(|e| {
+            e.kind == EntryKind::Send && e.received_ns > limit && alive.contains(&e.received_ns)
+        }) {
+            window_sends += 1;
+            window_unattributed += u64::from(!input.pids.contains_key(&e.seq));
+        }
         let late: Vec<Value> = input
             .ledger
             .iter()
@@ -169,6 +183,10 @@ pub fn check(input: &Input) -> Verdict {
         "grace_ms": grace.as_millis() as u64,
         "allowance_ms": input.scenario.expect.in_flight_allowance.as_millis() as u64,
     }));
+    findings.judged("not_clean_exit", termed.len() as u64);
+    // No send after the allowance at all is a definite "none late", not too little judged.
+    findings.judged_at_least("sent_after_sigterm", window_sends - window_unattributed, 0);
+    findings.unattributed("sent_after_sigterm", window_sends, window_unattributed);
     findings.verdict(NAME, summary, figs)
 }
 
@@ -331,5 +349,23 @@ mod tests {
                 assert_eq!(c["detail"]["sends"][0]["address"], addr("r2", Sms));
             }
         }
+    }
+
+    #[test]
+    fn sends_after_sigterm_without_a_known_sender_are_insufficient() {
+        // A send 300 ms after SIGTERM (past the 200 ms allowance) whose sender is unknown: it
+        // may have been worker 7's, so "none sent after SIGTERM" cannot be claimed.
+        let mut w = world();
+        let b = w.expect("r2", Sms);
+        w.send(Sms, &b, Accepted, 1_300).unattributed();
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert!(v.summary.contains("no known sender pid"), "{}", v.summary);
+        // One unknown among more than a hundred attributed sends is within the 1% tolerated.
+        for i in 0..120 {
+            let c = w.expect(&format!("r{}", 100 + i), Line);
+            w.send(Line, &c, Accepted, 1_300).pid(8);
+        }
+        assert_eq!(check(&w.input()).status, Status::Holds);
     }
 }

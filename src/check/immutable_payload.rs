@@ -7,7 +7,9 @@
 //! of an accepted send must not contain the raw name, and decoding its character references once
 //! must give the name back (so any correct escaping passes — Mustache implementations differ on
 //! `'`, `=`, `/` and `` ` `` — while a double-escaped name does not). The second half is skipped
-//! when the template's HTML does not mention `name` at all. Must never
+//! when the template's HTML does not mention `name` at all. Judged: deliveries with a hashed
+//! attempt (`payload_changed`, needs one); accepted e-mails to HTML-special names
+//! (`unescaped_html`, needs one when there are such e-mails, each with its HTML part). Must never
 //! look at the stack's own `payload_sha256`: the provider's hash of what arrived is the truth.
 
 use std::collections::BTreeMap;
@@ -65,6 +67,8 @@ pub fn check(input: &Input) -> Verdict {
     let needs_escaped = mentions_name(&input.scenario.load.template.html);
     let mut findings = Findings::default();
     let (mut changed, mut html_checked) = (0u64, 0u64);
+    // Deliveries with at least one hashed attempt; accepted e-mails to HTML-special names.
+    let (mut hashed, mut html_due) = (0u64, 0u64);
 
     for e in input.expected {
         let attempts = sends.of_expected(e);
@@ -77,6 +81,7 @@ pub fn check(input: &Input) -> Verdict {
                     .push(json!({"seq": s.seq, "attempt": s.attempt}));
             }
         }
+        hashed += u64::from(!hashes.is_empty());
         if hashes.len() > 1 {
             changed += 1;
             let mut c = delivery_json(e);
@@ -92,6 +97,7 @@ pub fn check(input: &Input) -> Verdict {
             continue;
         }
         for s in attempts.iter().filter(|s| s.outcome == Outcome::Accepted) {
+            html_due += 1;
             let Some(html) = s.html.as_deref() else {
                 continue;
             };
@@ -122,6 +128,18 @@ pub fn check(input: &Input) -> Verdict {
         "payload_changed": changed,
         "html_checked": html_checked,
     }));
+    findings.judged("payload_changed", hashed);
+    if html_due > 0 {
+        // An accepted e-mail whose HTML the ledger did not keep cannot be judged.
+        findings.unjudged(
+            "unescaped_html",
+            html_due,
+            html_due - html_checked,
+            0.0,
+            "accepted e-mails with no HTML part recorded",
+        );
+        findings.judged("unescaped_html", html_checked);
+    }
     findings.verdict(NAME, summary, figs)
 }
 
@@ -217,5 +235,23 @@ mod tests {
         w.scenario.load.template.html = "<p>Your order shipped.</p>".into();
         tricky(&mut w, "<p>Your order shipped.</p>");
         assert_eq!(check(&w.input()).status, Status::Holds);
+    }
+
+    #[test]
+    fn escaping_without_the_html_recorded_is_insufficient() {
+        // An accepted e-mail to an HTML-special name whose HTML part was not recorded.
+        let mut w = World::new();
+        let a = w.expect("r1", Email);
+        w.expected[0].tricky_name = Some(NAME_.into());
+        w.send(Email, &a, Accepted, 0);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        // No HTML-special names at all: the escaping rule does not apply.
+        let mut w = World::new();
+        let a = w.expect("r1", Email);
+        w.send(Email, &a, Accepted, 0);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert!(!v.judged.contains_key("unescaped_html"));
     }
 }

@@ -24,7 +24,7 @@ pub mod retry_discipline;
 #[cfg(test)]
 mod testkit;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use mock_providers::ledger::LedgerEntry;
 use schemars::JsonSchema;
@@ -153,12 +153,78 @@ pub struct Input<'a> {
     pub quiescence: &'a Quiescence,
 }
 
+/// A checker's status. `Insufficient` sits between holds and violated: nothing was found, but a
+/// rule that applied to this run judged fewer items than it needs, so "holds" would be a guess.
+/// It is never a pass (see [`crate::verdict`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Holds,
+    Insufficient,
     Violated,
     NotChecked,
+}
+
+impl Status {
+    /// As written in `report.json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Holds => "holds",
+            Status::Insufficient => "insufficient",
+            Status::Violated => "violated",
+            Status::NotChecked => "not_checked",
+        }
+    }
+}
+
+/// How many items one rule judged, and how many it needs (`report.json` `checks[].judged`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Population {
+    /// Items the rule judged (deliveries, callbacks, processes, sends…).
+    pub judged: u64,
+    /// The fewest it needs for a verdict (1 unless the rule or `[expect] min_judged` says more).
+    pub min: u64,
+    /// Items the rule should have judged but could not (a report matching no status row, a
+    /// report the stack never acknowledged), and the largest share of them it tolerates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unjudged: Option<Unjudged>,
+}
+
+/// Items a rule could not judge, and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Unjudged {
+    /// Items it looked at (judged or not).
+    pub of: u64,
+    /// Of those, the ones it could not judge.
+    pub count: u64,
+    /// The largest share `count / of` the rule tolerates before it is insufficient.
+    pub max_share: f64,
+    /// Why they could not be judged ("sends with no known sender pid").
+    pub why: String,
+}
+
+impl Population {
+    /// Why this population is too small for a verdict, if it is.
+    pub fn shortfall(&self, rule: &str) -> Option<String> {
+        if self.judged < self.min {
+            return Some(format!(
+                "{rule} judged {} of the {} it needs",
+                self.judged, self.min
+            ));
+        }
+        let u = self.unjudged.as_ref()?;
+        let share = u.count as f64 / u.of.max(1) as f64;
+        (u.count > 0 && share > u.max_share).then(|| {
+            format!(
+                "{rule} could not judge {} of {} ({:.1}% > {:.1}%): {}",
+                u.count,
+                u.of,
+                share * 100.0,
+                u.max_share * 100.0,
+                u.why
+            )
+        })
+    }
 }
 
 /// A checker's answer.
@@ -177,10 +243,45 @@ pub struct Verdict {
     /// Figures the checker computed (counts by outcome, percentiles…).
     #[serde(default)]
     pub figures: serde_json::Map<String, serde_json::Value>,
+    /// Per rule that applied to this run: how many items it judged and the minimum it needs.
+    /// A rule judging fewer makes the verdict `insufficient` (unless something is violated).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub judged: BTreeMap<String, Population>,
+    /// The rule whose population `[expect] min_judged` sets a minimum for (the checker's main
+    /// one: delivered reports for `callbacks`, deliveries for `no_loss`…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main_rule: Option<String>,
+}
+
+impl Verdict {
+    /// Why the verdict is `insufficient`: every population short of its minimum.
+    pub fn shortfalls(&self) -> Vec<String> {
+        self.judged
+            .iter()
+            .filter_map(|(rule, p)| p.shortfall(rule))
+            .collect()
+    }
+
+    /// Raises the minimum of the checker's main population to `min` (`[expect] min_judged`),
+    /// and turns a `holds` that no longer has enough into `insufficient`.
+    pub fn require(&mut self, min: u64) {
+        let main = self.main_rule.as_ref().and_then(|r| self.judged.get_mut(r));
+        let Some(main) = main else {
+            if self.status == Status::Holds && min > 0 {
+                self.status = Status::Insufficient;
+                self.summary
+                    .push_str(&format!(" — insufficient: judged nothing, needs {min}"));
+            }
+            return;
+        };
+        main.min = main.min.max(min);
+        common::settle(self);
+    }
 }
 
 /// Runs every checker, in report order. A checker switched off in `[expect]` is `NotChecked`
-/// with reason "disabled in [expect]"; responsiveness and quiescence have no switch.
+/// with reason "disabled in [expect]"; responsiveness and quiescence have no switch. A checker
+/// that ran is held to `[expect] min_judged` on top of its own minimums.
 pub fn run_all(input: &Input) -> Vec<Verdict> {
     let e = &input.scenario.expect;
     type Checker = fn(&Input) -> Verdict;
@@ -218,8 +319,27 @@ pub fn run_all(input: &Input) -> Vec<Verdict> {
     out.push(responsiveness::check(input));
     out.push(quiescence::check(input));
     out.push(crashes::check(input));
+    for v in out.iter_mut().filter(|v| v.status != Status::NotChecked) {
+        if let Some(min) = e.min_judged.get(v.checker.as_str()) {
+            v.require(*min);
+        }
+    }
     out
 }
+
+/// Every checker's name, in report order (`[expect] min_judged` keys).
+pub const NAMES: [&str; 10] = [
+    exactly_once::NAME,
+    no_loss::NAME,
+    retry_discipline::NAME,
+    immutable_payload::NAME,
+    callbacks::NAME,
+    graceful_shutdown::NAME,
+    recovery::NAME,
+    responsiveness::NAME,
+    quiescence::NAME,
+    crashes::NAME,
+];
 
 #[cfg(test)]
 mod tests {
@@ -261,6 +381,11 @@ mod tests {
                 );
             }
         }
+        // A LINE message in flight when worker 8 was killed, retried by worker 7 after the lease.
+        let a = w.expect("r9", Line);
+        w.send(Line, &a, Transient, 1_990).pid(8);
+        w.send(Line, &a, Accepted, 2_600).pid(7).message_id("m9");
+        w.status_row("r9", Line, Some("m9"), &["sending", "delivered"]);
         w.enqueue_us.record(12_000).unwrap();
         w.scenario.expect.enqueue_p99 = Some(std::time::Duration::from_millis(100));
         w
@@ -289,7 +414,36 @@ mod tests {
         for v in &verdicts {
             assert_eq!(v.status, Status::Holds, "{v:#?}");
             serde_json::to_string(v).expect("verdicts serialize");
+            // Every checker says what it judged: a holds with no population is a guess.
+            assert!(
+                v.judged.values().any(|p| p.judged > 0),
+                "{} declares no judged population",
+                v.checker
+            );
         }
+    }
+
+    #[test]
+    fn min_judged_in_the_scenario_raises_the_main_population() {
+        let mut w = healthy();
+        w.scenario
+            .expect
+            .min_judged
+            .insert(callbacks::NAME.into(), 100);
+        let verdicts = run_all(&w.input());
+        let v = verdicts.iter().find(|v| v.checker == "callbacks").unwrap();
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert!(
+            v.summary.contains("judged 2 of the 100 it needs"),
+            "{}",
+            v.summary
+        );
+        w.scenario
+            .expect
+            .min_judged
+            .insert(callbacks::NAME.into(), 2);
+        let verdicts = run_all(&w.input());
+        assert_eq!(verdicts[4].status, Status::Holds);
     }
 
     #[test]
@@ -311,5 +465,20 @@ mod tests {
         w.scenario.expect.exactly_once = true;
         let v = &run_all(&w.input())[0];
         assert_eq!(v.status, Status::Violated);
+    }
+
+    #[test]
+    fn a_run_with_nothing_expected_judges_nothing() {
+        let w = World::new();
+        for v in run_all(&w.input()) {
+            let want = match v.checker.as_str() {
+                // Not provoked: no status API, no SIGTERM, no kill, no SLO.
+                "callbacks" | "graceful_shutdown" | "recovery" | "responsiveness" => {
+                    Status::NotChecked
+                }
+                _ => Status::Insufficient,
+            };
+            assert_eq!(v.status, want, "{v:#?}");
+        }
     }
 }

@@ -9,6 +9,7 @@
 //! failures than allowed and then silence. When the run did not reach quiescence, such deliveries
 //! are reported as **open** instead (they were still owed at the deadline), still a violation.
 //! Must never count the stack's own word as delivery: only the `unknown` state is taken from it.
+//! Judged: every expected delivery (rule `lost`, needs one).
 //!
 //! Figure **unknown_resolved** (by channel too): deliveries the stack once held as `unknown`
 //! that left it for a final state on a delivery event (`unknown → delivered / permanent_failure`
@@ -169,6 +170,7 @@ pub fn check(input: &Input) -> Verdict {
         "unknown_resolved_by_channel": resolved.to_json(),
         "quiescent": quiescent,
     }));
+    findings.judged("lost", input.expected.len() as u64);
     findings.verdict(NAME, summary, figs)
 }
 

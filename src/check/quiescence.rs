@@ -4,6 +4,7 @@
 //! The harness decides quiescence while it runs (it polls the ledger and the callback queue);
 //! this checker only reports that decision, with the open deliveries as counterexamples. Must
 //! never re-derive it from the ledger: the other checkers already judge each delivery's end.
+//! Judged: every expected delivery (needs one).
 
 use serde_json::json;
 
@@ -15,6 +16,7 @@ pub const NAME: &str = "quiescence";
 pub fn check(input: &Input) -> Verdict {
     let q = input.quiescence;
     let mut findings = Findings::default();
+    findings.judged("open_delivery", input.expected.len() as u64);
     let deadline_ms = input.scenario.expect.quiescence.as_millis() as u64;
     let figs = figures(json!({
         "reached": q.reached,
@@ -62,6 +64,12 @@ mod tests {
     fn reached_holds_and_unsettled_lists_what_is_open() {
         let mut w = World::new();
         w.quiescence.at_ns = ns(1_234);
+        assert_eq!(
+            check(&w.input()).status,
+            Status::Insufficient,
+            "nothing expected"
+        );
+        w.expect("r1", crate::scenario::Channel::Line);
         let v = check(&w.input());
         assert_eq!(v.status, Status::Holds);
         assert!(v.summary.contains("1234 ms"), "{}", v.summary);

@@ -19,6 +19,12 @@
 //! Rule **zombie_duplicate**: an `Accepted` send from P that arrived after T, for a delivery some
 //! other pid had already got `Accepted` before it arrived (a worker resumed after losing its lease
 //! and sent anyway). Must never use the stack's status API: a stuck `sending` row is not evidence.
+//!
+//! Judged: the unfinished deliveries the victims held (`no_progress`: needs one — a kill or stop
+//! that caught nothing in flight tested nothing; no kill or stop at all means not checked), and
+//! acceptances after each event (`zombie_duplicate`). Both need each send's sender pid: more than
+//! 1% of the sends in flight at an event (resp. accepted after it) without one makes the verdict
+//! insufficient.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -138,6 +144,10 @@ pub fn check(input: &Input) -> Verdict {
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
     let (mut at_risk, mut zombies, mut worst_ns) = (0u64, 0u64, 0u64);
+    // Sends whose sender decides what a victim held (in flight at a kill/stop) or whether a
+    // late acceptance was a zombie's (accepted after it), and those with no known sender.
+    let (mut in_flight, mut in_flight_unknown) = (0u64, 0u64);
+    let (mut after, mut after_unknown) = (0u64, 0u64);
     let offset = wall_offset_ms(input);
 
     for ev in events {
@@ -147,6 +157,18 @@ pub fn check(input: &Input) -> Verdict {
             .saturating_add(lease)
             .max(able.unwrap_or(0))
             .saturating_add(slack);
+        for e in input.ledger.iter().filter(|e| {
+            e.kind == EntryKind::Send && e.received_ns <= t && e.mono_ns + IN_FLIGHT_WINDOW_NS > t
+        }) {
+            in_flight += 1;
+            in_flight_unknown += u64::from(!input.pids.contains_key(&e.seq));
+        }
+        for e in input.ledger.iter().filter(|e| {
+            e.kind == EntryKind::Send && e.outcome == Outcome::Accepted && e.received_ns > t
+        }) {
+            after += 1;
+            after_unknown += u64::from(!input.pids.contains_key(&e.seq));
+        }
         let held: BTreeSet<(Provider, &str)> = input
             .ledger
             .iter()
@@ -269,6 +291,11 @@ pub fn check(input: &Input) -> Verdict {
         "lease_ms": input.scenario.stack.lease.as_millis() as u64,
         "slack_ms": input.scenario.expect.recovery_slack.as_millis() as u64,
     }));
+    // A kill or stop that held nothing unfinished tested nothing: recovery judged nothing.
+    findings.judged("no_progress", at_risk);
+    findings.unattributed("no_progress", in_flight, in_flight_unknown);
+    findings.judged_at_least("zombie_duplicate", after - after_unknown, 0);
+    findings.unattributed("zombie_duplicate", after, after_unknown);
     findings.verdict(NAME, summary, figs)
 }
 

@@ -140,3 +140,29 @@ fn not_checked_without_kill_or_stop() {
     w.event("sigterm", Some(7), 1_000);
     assert_eq!(check(&w.input()).status, Status::NotChecked);
 }
+
+#[test]
+fn a_kill_that_caught_nothing_in_flight_is_insufficient() {
+    // Worker 7 is killed at 1000 ms after its only send was accepted: recovery was never tested.
+    let mut w = kill_rescued();
+    w.ledger.retain(|e| e.recipient != addr("r1", Line));
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+    assert!(v.summary.contains("no_progress judged 0"), "{}", v.summary);
+    // No kill or stop at all: not applicable, not insufficient.
+    let mut w = kill_rescued();
+    w.timeline.clear();
+    assert_eq!(check(&w.input()).status, Status::NotChecked);
+}
+
+#[test]
+fn unattributed_sends_in_flight_at_a_kill_are_insufficient() {
+    // A send in flight at the kill with no known sender may have been the victim's.
+    let mut w = kill_rescued();
+    let c = w.expect("r3", Email);
+    w.send(Email, &c, Transient, 995).unattributed().latency(50);
+    w.send(Email, &c, Accepted, 1_200).pid(8);
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+    assert!(v.summary.contains("no known sender pid"), "{}", v.summary);
+}

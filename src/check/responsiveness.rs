@@ -2,7 +2,8 @@
 //!
 //! Compares the p99 of the harness's measured `POST /v1/batches` latencies with
 //! `expect.enqueue_p99`. Without an SLO the figures are still computed and the verdict is
-//! `NotChecked`. Must never use latencies the stack reports about itself.
+//! `NotChecked`. Judged: the enqueues measured (needs one; with an SLO and none measured the
+//! verdict is insufficient). Must never use latencies the stack reports about itself.
 
 use serde_json::json;
 
@@ -44,7 +45,7 @@ pub fn check(input: &Input) -> Verdict {
             format!("no enqueue_p99 in [expect]; {stats}"),
         ),
         Some(_) if h.is_empty() => (
-            Status::NotChecked,
+            Status::Holds, // made insufficient by the population below
             "no enqueue latency was measured".to_string(),
         ),
         Some(slo) => {
@@ -63,6 +64,9 @@ pub fn check(input: &Input) -> Verdict {
             }
         }
     };
+    if slo.is_some() {
+        findings.judged("enqueue_p99_over_slo", h.len());
+    }
     findings.verdict_with(NAME, status, summary, figs)
 }
 
@@ -84,7 +88,7 @@ mod tests {
             (&many_fast_few_slow, Some(100), Status::Holds),
             (&two_percent_slow, Some(100), Status::Violated),
             (&two_percent_slow, None, Status::NotChecked),
-            (&[], Some(100), Status::NotChecked),
+            (&[], Some(100), Status::Insufficient),
         ];
         for (lat, slo, status) in cases {
             let mut w = World::new();

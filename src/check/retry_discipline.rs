@@ -23,6 +23,11 @@
 //!
 //! A `ProtocolError` answer (a malformed request) counts as an attempt but sets no floor.
 //!
+//! Judged: deliveries with an attempt (`too_many_attempts`, needs one), deliveries answered
+//! `Permanent` (`attempt_after_permanent`, may be none), and retries after a transient failure
+//! (`gap_below_floor`, `retry_after_ignored`: needs one when some transient answer left the
+//! delivery with attempts to spare — a run whose providers never failed has nothing to space).
+//!
 //! Must never judge from the stack's own attempt counter: only ledger times count.
 
 use std::time::Duration;
@@ -78,6 +83,9 @@ pub fn check(input: &Input) -> Verdict {
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
     let (mut retries, mut bad_deliveries, mut lost_answers) = (0u64, 0u64, 0u64);
+    // Deliveries with an attempt; transient answers a correct stack must follow with a retry
+    // (fewer failures than allowed so far); permanent answers.
+    let (mut attempted, mut retry_due, mut permanents) = (0u64, 0u64, 0u64);
 
     for e in input.expected {
         let all = sends.of_expected(e);
@@ -87,6 +95,13 @@ pub fn check(input: &Input) -> Verdict {
             .map_or(all.len(), |i| i + 1);
         let chain = &all[..end];
         let before = findings.total();
+        attempted += u64::from(!chain.is_empty());
+        permanents += u64::from(chain.iter().any(|s| s.outcome == Outcome::Permanent));
+        let mut failures = 0usize;
+        for s in chain {
+            failures += usize::from(super::common::is_failure(s.outcome));
+            retry_due += u64::from(s.outcome == Outcome::Transient && failures < max);
+        }
 
         if chain.len() > max {
             let mut c = pair(e, "too_many_attempts", chain[max - 1], chain[max], input);
@@ -148,6 +163,11 @@ pub fn check(input: &Input) -> Verdict {
         "max_attempts": max,
         "after_permanent_lost_answer": lost_answers,
     }));
+    findings.judged("too_many_attempts", attempted);
+    findings.judged_at_least("attempt_after_permanent", permanents, 0);
+    // Spacing is judged on retries; a run whose providers never asked for one has none to judge.
+    let min = u64::from(retry_due > 0);
+    findings.judged_at_least("gap_below_floor", retries, min);
     findings.verdict(NAME, summary, figs)
 }
 
@@ -317,5 +337,34 @@ mod tests {
         assert_eq!(c["gap_ms"], 80.0);
         assert_eq!(c["floor_ms"], 160.0);
         assert_eq!(c["failure_no"], 2);
+    }
+
+    #[test]
+    fn a_transient_failure_never_retried_is_insufficient_and_no_failure_is_not_applicable() {
+        // One transient answer with attempts to spare, and no retry: spacing was never judged.
+        let mut w = World::new();
+        delivery(&mut w, &[0], Transient);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert!(
+            v.summary.contains("gap_below_floor judged 0"),
+            "{}",
+            v.summary
+        );
+        // Providers that never failed: there was nothing to space.
+        let mut w = World::new();
+        delivery(&mut w, &[0], Accepted);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.judged["gap_below_floor"].min, 0);
+        // The last allowed attempt failing needs no retry either.
+        let mut w = World::new();
+        w.scenario.expect.max_attempts = 1;
+        delivery(&mut w, &[0], Transient);
+        assert_eq!(check(&w.input()).status, Status::Holds);
+        // Nothing attempted at all.
+        let mut w = World::new();
+        w.expect("r1", Sms);
+        assert_eq!(check(&w.input()).status, Status::Insufficient);
     }
 }

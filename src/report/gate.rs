@@ -3,8 +3,9 @@
 //! `e2e_p99 <= 3s`).
 //!
 //! It compares [`Metrics`] only — never invariants, which the checkers own. A metric a baseline
-//! does not have (zero: a report written before metrics existed) is never compared, so an old
-//! baseline cannot fail a run by accident.
+//! does not have (null, or zero: a report written before metrics existed) is never compared, so
+//! an old baseline cannot fail a run by accident. A metric *this* run has no data for is never a
+//! pass: its gate is insufficient (`no data`), which makes the run inconclusive.
 
 use std::fmt;
 use std::str::FromStr;
@@ -58,7 +59,8 @@ impl Metric {
         self != Metric::DeliveriesPerS
     }
 
-    pub fn of(self, m: &Metrics) -> f64 {
+    /// This metric's value in `m`; `None` when the run had no data for it.
+    pub fn of(self, m: &Metrics) -> Option<f64> {
         match self {
             Metric::DeliveriesPerS => m.deliveries_per_s,
             Metric::EnqueueP99 => m.enqueue_p99_ms,
@@ -272,16 +274,20 @@ impl fmt::Display for Regression {
     }
 }
 
+/// A baseline's value for `metric`, when it has a usable one (not null, not zero).
+fn baseline_value(metric: Metric, baseline: &Metrics) -> Option<f64> {
+    metric.of(baseline).filter(|b| b.is_finite() && *b > 0.0)
+}
+
 /// Compares two runs' metrics: throughput below `baseline × (1 − tolerance)` or a tail latency
-/// above `baseline × (1 + tolerance)` is a regression.
+/// above `baseline × (1 + tolerance)` is a regression. A metric either run lacks is not compared
+/// here ([`evaluate`] makes a missing one of the new run insufficient).
 pub fn compare_metrics(baseline: &Metrics, new: &Metrics, tolerance: f64) -> Vec<Regression> {
     Metric::COMPARED
         .into_iter()
         .filter_map(|metric| {
-            let (b, n) = (metric.of(baseline), metric.of(new));
-            if !(b.is_finite() && b > 0.0) {
-                return None;
-            }
+            let b = baseline_value(metric, baseline)?;
+            let n = metric.of(new)?;
             let regressed = if metric.is_latency() {
                 n > b * (1.0 + tolerance)
             } else {
@@ -312,9 +318,13 @@ pub struct GateResult {
     pub metric: String,
     /// The threshold's limit, or the baseline's value (ms for latencies, deliveries/s).
     pub limit: f64,
-    /// This run's value.
-    pub value: f64,
+    /// This run's value; null when the run has no data for the metric.
+    pub value: Option<f64>,
     pub passed: bool,
+    /// The run has no data for the metric (no e2e latency, too few enqueues): the gate could not
+    /// judge, which is never a pass (`passed` is false and the run is inconclusive).
+    #[serde(default)]
+    pub insufficient: bool,
     /// Why it failed, naming the metric, the threshold or baseline and the new value; empty when
     /// it passed.
     pub message: String,
@@ -338,39 +348,52 @@ pub fn evaluate(
                 metric: t.metric.name().into(),
                 limit: t.limit,
                 value,
-                passed: failed.is_empty(),
-                message: failed.first().map(ToString::to_string).unwrap_or_default(),
+                passed: value.is_some() && failed.is_empty(),
+                insufficient: value.is_none(),
+                message: match value {
+                    None => no_data(t.metric),
+                    Some(_) => failed.first().map(ToString::to_string).unwrap_or_default(),
+                },
             }
         })
         .collect();
     if let Some((base, tolerance)) = baseline {
         let failed = compare_metrics(base, metrics, tolerance);
         for metric in Metric::COMPARED {
-            let b = metric.of(base);
-            if !(b.is_finite() && b > 0.0) {
+            let Some(b) = baseline_value(metric, base) else {
                 continue;
-            }
+            };
             let hit = failed.iter().find(|r| r.metric == metric);
+            let value = metric.of(metrics);
             out.push(GateResult {
                 kind: "baseline".into(),
                 name: format!("{} within {}% of baseline", metric.name(), pct(tolerance)),
                 metric: metric.name().into(),
                 limit: b,
-                value: metric.of(metrics),
-                passed: hit.is_none(),
-                message: hit.map(ToString::to_string).unwrap_or_default(),
+                value,
+                passed: value.is_some() && hit.is_none(),
+                insufficient: value.is_none(),
+                message: match value {
+                    None => no_data(metric),
+                    Some(_) => hit.map(ToString::to_string).unwrap_or_default(),
+                },
             });
         }
     }
     out
 }
 
-/// Every threshold the metrics break.
+/// Why a gate on `metric` could not be judged.
+fn no_data(metric: Metric) -> String {
+    format!("{metric}: no data in this run (nothing measured), so the gate cannot pass")
+}
+
+/// Every threshold the metrics break (a metric without data breaks none: see [`evaluate`]).
 pub fn check_thresholds(metrics: &Metrics, thresholds: &[Threshold]) -> Vec<Regression> {
     thresholds
         .iter()
         .filter_map(|t| {
-            let value = t.metric.of(metrics);
+            let value = t.metric.of(metrics)?;
             (!t.op.holds(value, t.limit)).then(|| Regression {
                 metric: t.metric,
                 baseline: t.limit,

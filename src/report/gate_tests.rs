@@ -5,10 +5,10 @@ use super::*;
 
 fn m(deliveries_per_s: f64, enqueue_p99_ms: f64, e2e_p50_ms: f64, e2e_p99_ms: f64) -> Metrics {
     Metrics {
-        deliveries_per_s,
-        enqueue_p99_ms,
-        e2e_p50_ms,
-        e2e_p99_ms,
+        deliveries_per_s: Some(deliveries_per_s),
+        enqueue_p99_ms: Some(enqueue_p99_ms),
+        e2e_p50_ms: Some(e2e_p50_ms),
+        e2e_p99_ms: Some(e2e_p99_ms),
     }
 }
 
@@ -198,9 +198,43 @@ fn every_gate_is_listed_and_failures_carry_their_line() {
         gates[2].message,
         "deliveries_per_s regressed: baseline 4000.0 → this run 412.0 (−89.7%, tolerance 15%)"
     );
-    assert_eq!((gates[2].limit, gates[2].value), (4000.0, 412.0));
+    assert_eq!((gates[2].limit, gates[2].value), (4000.0, Some(412.0)));
     // A metric the baseline lacks is not a gate at all.
     let gates = evaluate(&new, &[], Some((&m(0.0, 5.0, 0.0, 0.0), 0.15)));
     assert_eq!(gates.len(), 1);
     assert_eq!(gates[0].metric, "enqueue_p99_ms");
+}
+
+/// A metric this run has no data for never passes a gate: it is insufficient, with the reason;
+/// a baseline that has none (null) is not compared.
+#[test]
+fn a_gate_without_data_is_insufficient_never_passed() {
+    let ts: Vec<Threshold> = ["e2e_p99 <= 3s", "deliveries_per_s >= 1"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let mut new = m(412.0, 5.0, 100.0, 300.0);
+    new.e2e_p99_ms = None;
+    let base = m(400.0, 5.0, 100.0, 300.0);
+    let gates = evaluate(&new, &ts, Some((&base, 0.15)));
+    let got: Vec<(&str, bool, bool)> = gates
+        .iter()
+        .map(|g| (g.name.as_str(), g.passed, g.insufficient))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("e2e_p99 <= 3s", false, true),
+            ("deliveries_per_s >= 1", true, false),
+            ("deliveries_per_s within 15% of baseline", true, false),
+            ("enqueue_p99_ms within 15% of baseline", true, false),
+            ("e2e_p99_ms within 15% of baseline", false, true),
+        ]
+    );
+    assert!(gates[0].message.contains("no data"), "{}", gates[0].message);
+    assert_eq!(gates[0].value, None);
+    // A baseline without the metric compares nothing, whatever this run has.
+    let mut base = base;
+    base.e2e_p99_ms = None;
+    assert_eq!(evaluate(&new, &[], Some((&base, 0.15))).len(), 2);
 }

@@ -69,10 +69,28 @@ fn header(page: &mut String, r: &Report) {
     let class = match r.verdict.as_str() {
         "pass" => "pass",
         "fail" => "fail",
+        "inconclusive" => "inconclusive",
         _ => "error",
     };
     let violated: Vec<&str> = r.violated().map(|v| v.checker.as_str()).collect();
-    let line = if violated.is_empty() {
+    let short: Vec<&str> = r
+        .checks
+        .iter()
+        .filter(|v| v.status == Status::Insufficient)
+        .map(|v| v.checker.as_str())
+        .chain(
+            r.gates
+                .iter()
+                .filter(|g| g.insufficient)
+                .map(|g| g.name.as_str()),
+        )
+        .collect();
+    let line = if violated.is_empty() && !short.is_empty() {
+        format!(
+            "none violated, but too little was judged to call it a pass: {}",
+            short.join(", ")
+        )
+    } else if violated.is_empty() {
         let held = r
             .checks
             .iter()
@@ -132,7 +150,9 @@ fn gates(page: &mut String, r: &Report) {
             .gates
             .iter()
             .map(|g| {
-                let result = if g.passed {
+                let result = if g.insufficient {
+                    "<span class=\"pill insufficient\">NO DATA</span>".to_string()
+                } else if g.passed {
                     "<span class=\"pill holds\">PASSED</span>".to_string()
                 } else {
                     "<span class=\"pill violated\">FAILED</span>".to_string()
@@ -142,7 +162,7 @@ fn gates(page: &mut String, r: &Report) {
                     esc(&g.kind).into_owned(),
                     esc(&g.name).into_owned(),
                     format!("{:.1}", g.limit),
-                    format!("{:.1}", g.value),
+                    g.value.map_or("no data".into(), |v| format!("{v:.1}")),
                 ]
             })
             .collect();
@@ -181,10 +201,13 @@ fn cards(page: &mut String, r: &Report, m: &Metrics, ledger: &[LedgerEntry]) {
             r.load.expected_deliveries.to_string(),
         ),
         ("accepted sends", accepted.to_string()),
-        ("deliveries / s", format!("{:.1}", m.deliveries_per_s)),
-        ("enqueue p99", ms(m.enqueue_p99_ms)),
-        ("end-to-end p50", ms(m.e2e_p50_ms)),
-        ("end-to-end p99", ms(m.e2e_p99_ms)),
+        (
+            "deliveries / s",
+            m.deliveries_per_s.map_or("—".into(), |v| format!("{v:.1}")),
+        ),
+        ("enqueue p99", m.enqueue_p99_ms.map_or("—".into(), ms)),
+        ("end-to-end p50", m.e2e_p50_ms.map_or("—".into(), ms)),
+        ("end-to-end p99", m.e2e_p99_ms.map_or("—".into(), ms)),
         ("faults injected", faults.to_string()),
         ("callbacks sent", r.callbacks_sent.to_string()),
     ];
@@ -208,10 +231,11 @@ fn checks(page: &mut String, verdicts: &[Verdict]) {
     for v in verdicts {
         let (class, label) = match v.status {
             Status::Holds => ("holds", "HOLDS"),
+            Status::Insufficient => ("insufficient", "INSUFFICIENT"),
             Status::Violated => ("violated", "VIOLATED"),
             Status::NotChecked => ("not_checked", "NOT CHECKED"),
         };
-        let open = if v.status == Status::Violated {
+        let open = if matches!(v.status, Status::Violated | Status::Insufficient) {
             " open"
         } else {
             ""

@@ -71,7 +71,8 @@ fn write_doc(w: &mut Writer<Vec<u8>>, r: &Report) -> io::Result<()> {
     let gates = gate_cases(r);
     let gate_failures = gates.iter().filter(|g| g.1.is_some()).count();
     let tests = (r.checks.len() + gates.len() + errors).to_string();
-    let failures = (count(r, Status::Violated) + gate_failures).to_string();
+    let failures =
+        (count(r, Status::Violated) + count(r, Status::Insufficient) + gate_failures).to_string();
     let skipped = count(r, Status::NotChecked).to_string();
     let errors = errors.to_string();
     let time = format!("{:.3}", r.duration_ms as f64 / 1000.0);
@@ -209,6 +210,16 @@ fn testcase(w: &mut Writer<Vec<u8>>, suite: &str, v: &Verdict) -> io::Result<()>
                 w.create_element("skipped")
                     .with_attribute(("message", summary.as_str()))
                     .write_empty()?;
+                Ok(())
+            })?;
+        }
+        Status::Insufficient => {
+            // CI must not show a checker that could not look as a pass.
+            let body = format!("insufficient: {}", v.shortfalls().join("\n"));
+            case.write_inner_content(|w| {
+                w.create_element("failure")
+                    .with_attributes([("message", summary.as_str()), ("type", "insufficient")])
+                    .write_text_content(text(&body))?;
                 Ok(())
             })?;
         }

@@ -32,8 +32,11 @@ fn md(s: &str) -> String {
     out
 }
 
-/// Milliseconds as people read them: `694.3 ms`, `36.0 s`.
-fn duration(ms: f64) -> String {
+/// Milliseconds as people read them: `694.3 ms`, `36.0 s`; `—` without data.
+fn duration(ms: Option<f64>) -> String {
+    let Some(ms) = ms else {
+        return "—".into();
+    };
     if ms >= 10_000.0 {
         format!("{:.1} s", ms / 1000.0)
     } else {
@@ -73,7 +76,7 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
         let _ = write!(
             out,
             " · {:.1} deliveries/s · enqueue p99 {} · end-to-end p50 {}, p99 {}",
-            m.deliveries_per_s,
+            m.deliveries_per_s.unwrap_or(0.0),
             duration(m.enqueue_p99_ms),
             duration(m.e2e_p50_ms),
             duration(m.e2e_p99_ms),
@@ -96,6 +99,7 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
     for v in &report.checks {
         let status = match v.status {
             Status::Holds => "✅ holds",
+            Status::Insufficient => "⚠️ **insufficient**",
             Status::Violated => "❌ **violated**",
             Status::NotChecked => "➖ not checked",
         };
@@ -109,18 +113,20 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
     if !report.gates.is_empty() {
         out.push_str("\n| performance gate | result | threshold / baseline | this run |\n|---|---|---|---|\n");
         for g in &report.gates {
-            let result = if g.passed {
+            let result = if g.insufficient {
+                "⚠️ **no data**"
+            } else if g.passed {
                 "✅ passed"
             } else {
                 "❌ **failed**"
             };
             let _ = writeln!(
                 out,
-                "| {} {} | {result} | {:.1} | {:.1} |",
+                "| {} {} | {result} | {:.1} | {} |",
                 md(&g.kind),
                 md(&g.name),
                 g.limit,
-                g.value
+                g.value.map_or("no data".into(), |v| format!("{v:.1}"))
             );
         }
     }

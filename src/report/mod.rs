@@ -39,10 +39,12 @@ pub struct Report {
     pub scenario: serde_json::Value,
     pub started_at: String,
     pub duration_ms: u64,
-    /// 0 = every checked invariant held and every gate passed, 1 = violation or failed
-    /// performance gate, 3 = infrastructure failure (including renderings that could not be
-    /// written).
+    /// 0 = every checked invariant held with enough judged and every gate passed, 1 = violation
+    /// or failed performance gate, 3 = infrastructure failure (including renderings that could
+    /// not be written), 4 = inconclusive (nothing violated, but a checker judged too little or a
+    /// gate had no data).
     pub exit_code: i32,
+    /// `pass`, `fail`, `inconclusive` or `error` (see `exit_code`).
     pub verdict: String,
     /// Why the run could not complete, when it could not.
     pub error: Option<String>,
@@ -216,9 +218,10 @@ pub fn summary_text(r: &Report) -> String {
     }
     for v in &r.checks {
         let mark = match v.status {
-            Status::Holds => "holds      ",
-            Status::Violated => "VIOLATED   ",
-            Status::NotChecked => "not checked",
+            Status::Holds => "holds       ",
+            Status::Insufficient => "INSUFFICIENT",
+            Status::Violated => "VIOLATED    ",
+            Status::NotChecked => "not checked ",
         };
         out.push_str(&format!("  {mark}  {:<18} {}\n", v.checker, v.summary));
         if v.status == Status::Violated {
@@ -234,10 +237,14 @@ pub fn summary_text(r: &Report) -> String {
         }
     }
     for g in &r.gates {
-        if g.passed {
+        if g.insufficient {
+            out.push_str(&format!("  GATE NO DATA {:<18} {}\n", g.kind, g.message));
+        } else if g.passed {
             out.push_str(&format!(
                 "  gate ok      {:<18} {} (this run {:.1})\n",
-                g.kind, g.name, g.value
+                g.kind,
+                g.name,
+                g.value.unwrap_or_default()
             ));
         } else {
             out.push_str(&format!("  GATE FAILED  {:<18} {}\n", g.kind, g.message));

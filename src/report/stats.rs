@@ -13,25 +13,38 @@ use serde::{Deserialize, Serialize};
 
 use super::{BatchEnqueue, Report};
 
-/// The performance figures the regression gate compares (`report.json` `metrics`).
+/// The performance figures the regression gate compares (`report.json` `metrics`). Each is null
+/// when the run has no data for it (nothing accepted, nothing enqueued): a gate on it is then
+/// insufficient, never passed. A report written before they could be null has 0 instead.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Metrics {
     /// Accepted sends (new deliveries, not idempotent repeats) per second, from `load_start` to
     /// the last acceptance.
-    pub deliveries_per_s: f64,
+    #[serde(default)]
+    pub deliveries_per_s: Option<f64>,
     /// 99th percentile of the enqueue request (`POST /v1/batches`) latency.
-    pub enqueue_p99_ms: f64,
+    #[serde(default)]
+    pub enqueue_p99_ms: Option<f64>,
     /// Median end-to-end latency: from the moment the `POST /v1/batches` of the delivery's own
     /// batch was sent to the provider accepting the delivery's first copy.
-    pub e2e_p50_ms: f64,
+    #[serde(default)]
+    pub e2e_p50_ms: Option<f64>,
     /// 99th percentile of the same.
-    pub e2e_p99_ms: f64,
+    #[serde(default)]
+    pub e2e_p99_ms: Option<f64>,
 }
 
 impl Metrics {
     /// True for a report written before metrics existed (or a run that sent nothing).
     pub fn is_empty(&self) -> bool {
-        *self == Metrics::default()
+        [
+            self.deliveries_per_s,
+            self.enqueue_p99_ms,
+            self.e2e_p50_ms,
+            self.e2e_p99_ms,
+        ]
+        .iter()
+        .all(|m| m.is_none_or(|v| v == 0.0))
     }
 }
 
@@ -253,17 +266,20 @@ pub(crate) fn latency_of<'a>(
 pub fn metrics(report: &Report, ledger: &[LedgerEntry]) -> Metrics {
     let accepted = first_acceptances(ledger);
     let deliveries_per_s = match (load_start_ns(report), accepted.iter().map(|a| a.2).max()) {
-        (Some(t0), Some(t1)) if t1 > t0 => accepted.len() as f64 / ((t1 - t0) as f64 / 1e9),
-        _ => 0.0,
+        (Some(t0), Some(t1)) if t1 > t0 => {
+            Some(round3(accepted.len() as f64 / ((t1 - t0) as f64 / 1e9)))
+        }
+        _ => None,
     };
     let e2e = latency_of(report, ledger)
         .map(|l| l.e2e.clone())
-        .unwrap_or_default();
+        .filter(|p| p.count > 0);
+    let enqueue = Some(&report.load.enqueue_latency_ms).filter(|p| p.count > 0);
     Metrics {
-        deliveries_per_s: round3(deliveries_per_s),
-        enqueue_p99_ms: report.load.enqueue_latency_ms.p99,
-        e2e_p50_ms: e2e.p50,
-        e2e_p99_ms: e2e.p99,
+        deliveries_per_s,
+        enqueue_p99_ms: enqueue.map(|p| p.p99),
+        e2e_p50_ms: e2e.as_ref().map(|p| p.p50),
+        e2e_p99_ms: e2e.map(|p| p.p99),
     }
 }
 
@@ -565,6 +581,8 @@ mod tests {
             .as_object()
             .unwrap()
             .clone(),
+            judged: Default::default(),
+            main_rule: None,
         };
         let u = uncertain(&ledger, &[no_loss]);
         assert_eq!(

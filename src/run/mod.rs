@@ -614,8 +614,6 @@ async fn execute(
         quiescence: &quiescence,
     };
     let checks = check::run_all(&input);
-    let violated = checks.iter().any(|v| v.status == check::Status::Violated);
-    let exit_code = if violated { exit::VIOLATION } else { exit::OK };
 
     // 7. Files.
     let mut files = BTreeMap::new();
@@ -638,12 +636,9 @@ async fn execute(
         scenario: serde_json::to_value(scenario)?,
         started_at: String::new(),
         duration_ms: 0,
-        exit_code,
-        verdict: if violated {
-            "fail".into()
-        } else {
-            "pass".into()
-        },
+        // Set below from the checks and gates by `verdict::overall`.
+        exit_code: exit::OK,
+        verdict: String::new(),
         error: None,
         database: report::DatabaseInfo {
             kind: if throwaway {
@@ -705,13 +700,12 @@ async fn execute(
     report.regressions = report
         .gates
         .iter()
-        .filter(|g| !g.passed)
+        .filter(|g| !g.passed && !g.insufficient)
         .map(|g| g.message.clone())
         .collect();
-    if !report.regressions.is_empty() {
-        report.exit_code = exit::VIOLATION;
-        report.verdict = "fail".into();
-    }
+    let overall = crate::verdict::overall(&report.checks, &report.gates, &[]);
+    report.exit_code = overall.exit_code();
+    report.verdict = overall.verdict.as_str().into();
     render_outputs(
         report_dir,
         &mut report,

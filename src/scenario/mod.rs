@@ -41,6 +41,7 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "zombie-send",
     "resend-uncertain",
     "unescaped-template",
+    "status-without-message-id",
 ];
 
 /// A validated experiment.
@@ -200,6 +201,8 @@ pub struct Expect {
     #[serde(with = "ms")]
     pub in_flight_allowance: Duration,
     pub thresholds: Vec<crate::report::gate::Threshold>,
+    /// Checker name (one of [`crate::check::NAMES`]) → fewest items it must judge.
+    pub min_judged: std::collections::BTreeMap<String, u64>,
 }
 
 /// Reads and validates a scenario file.

@@ -325,6 +325,9 @@ pub struct RawExpect {
     /// `"e2e_p99 <= 3s"`.
     #[schemars(with = "Vec<String>")]
     pub thresholds: Vec<crate::report::gate::Threshold>,
+    /// Fewest items a checker must judge for its verdict to count, keyed by checker name
+    /// (`{ callbacks = 100 }`); below it the checker is `insufficient` and the run inconclusive.
+    pub min_judged: BTreeMap<String, u64>,
 }
 
 impl Default for RawExpect {
@@ -346,6 +349,7 @@ impl Default for RawExpect {
             recovery_slack: HumanDuration::from_millis(5_000),
             in_flight_allowance: HumanDuration::from_millis(1_000),
             thresholds: Vec::new(),
+            min_judged: BTreeMap::new(),
         }
     }
 }

@@ -133,6 +133,19 @@ pub(super) fn validate(
     if max_attempts == 0 {
         return Err(cx.at("expect.max_attempts", "`max_attempts` must be at least 1"));
     }
+    for name in e.min_judged.keys() {
+        if !crate::check::NAMES.contains(&name.as_str()) {
+            let mut err = cx.at(
+                &format!("expect.min_judged.{name}"),
+                format!(
+                    "unknown checker `{name}` in `min_judged`; checkers: {}",
+                    crate::check::NAMES.join(", ")
+                ),
+            );
+            err.suggestion = nearest(name, crate::check::NAMES);
+            return Err(err);
+        }
+    }
     let expect = Expect {
         exactly_once: e.exactly_once,
         no_loss: e.no_loss,
@@ -154,6 +167,7 @@ pub(super) fn validate(
         recovery_slack: e.recovery_slack.0,
         in_flight_allowance: e.in_flight_allowance.0,
         thresholds: e.thresholds,
+        min_judged: e.min_judged,
     };
 
     Ok(Scenario {

@@ -50,10 +50,11 @@ pub enum Flaw {
     ZombieSend,
     ResendUncertain,
     UnescapedTemplate,
+    StatusWithoutMessageId,
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 15] = [
+    pub const ALL: [(&'static str, Flaw); 16] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -69,6 +70,7 @@ impl Flaw {
         ("zombie-send", Flaw::ZombieSend),
         ("resend-uncertain", Flaw::ResendUncertain),
         ("unescaped-template", Flaw::UnescapedTemplate),
+        ("status-without-message-id", Flaw::StatusWithoutMessageId),
     ];
 
     pub fn name(self) -> &'static str {

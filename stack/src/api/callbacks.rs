@@ -251,6 +251,9 @@ async fn apply_email(
         set: Updates {
             outcome_class: Some(report_class(to)),
             error,
+            // The event names the message: a row its worker never finished (killed mid-send,
+            // held `unknown`) learns its Message-ID here, so the status API can show it.
+            provider_message_id: Some(mid.clone()),
             ..Updates::default()
         },
     };

@@ -15,6 +15,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
 
 use super::{ApiError, AppState};
+use crate::config::Flaw;
 
 pub(crate) async fn healthz(AxState(st): AxState<AppState>) -> StatusCode {
     match sqlx::query("SELECT 1").execute(&st.pool).await {
@@ -115,7 +116,9 @@ pub(crate) async fn deliveries(
                 "address": r.address,
                 "state": r.state,
                 "attempts": r.attempts,
-                "provider_message_id": r.provider_message_id,
+                "provider_message_id": r
+                    .provider_message_id
+                    .filter(|_| !st.cfg.flaws.has(Flaw::StatusWithoutMessageId)),
                 "payload_sha256": r.payload_sha256,
                 "last_error": r.last_error,
                 "last_error_class": r.last_error_class,
