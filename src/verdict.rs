@@ -137,12 +137,19 @@ mod tests {
         }
     }
 
+    /// (checker statuses, gates (passed, insufficient), not applied, verdict)
+    type Case = (
+        &'static [Status],
+        &'static [(bool, bool)],
+        &'static [&'static str],
+        RunVerdict,
+    );
+
     #[test]
     fn verdict_table() {
         use RunVerdict::*;
         use Status::*;
-        // (checker statuses, gates (passed, insufficient), not applied, verdict)
-        let cases: [(&[Status], &[(bool, bool)], &[&str], RunVerdict); 8] = [
+        let cases: [Case; 8] = [
             (&[Holds, NotChecked], &[(true, false)], &[], Pass),
             (&[Holds, Insufficient], &[], &[], Inconclusive),
             (&[Holds, Violated, Insufficient], &[], &[], Fail),
