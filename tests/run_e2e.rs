@@ -30,12 +30,16 @@ tricky_names = "30%"
 email = "5%"
 
 [providers.line]
+# Sends take a while, so the worker SIGKILLed at 30% has some in flight: a kill that caught
+# nothing would leave `recovery` with nothing to judge (insufficient, never a pass).
+latency = { kind = "uniform", min = "20ms", max = "40ms" }
 transient = [{ status = 503, rate = "10%" }, { status = 429, rate = "5%", retry_after = "100ms" }]
 
 [providers.smtp]
 faults = [{ stage = "rcpt", code = 451, rate = "10%" }]
 
 [providers.sms]
+latency = { kind = "uniform", min = "20ms", max = "40ms" }
 transient = [{ status = 500, rate = "10%" }]
 
 [providers.sms.callbacks]

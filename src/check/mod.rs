@@ -151,6 +151,17 @@ pub struct Input<'a> {
     /// Enqueue request latencies in microseconds.
     pub enqueue_us: &'a hdrhistogram::Histogram<u64>,
     pub quiescence: &'a Quiescence,
+    /// Batches the stack accepted and its status API later answered 404 for.
+    pub lost_batches: &'a [LostBatch],
+}
+
+/// A batch the stack accepted (202/200) that its status API later said it did not know (404),
+/// after the API had answered for the first batch (so it has one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LostBatch {
+    pub batch_id: String,
+    /// When the harness first got the 404, on the ledger clock.
+    pub first_missing_ns: u64,
 }
 
 /// A checker's status. `Insufficient` sits between holds and violated: nothing was found, but a

@@ -9,6 +9,9 @@
 //! failures than allowed and then silence. When the run did not reach quiescence, such deliveries
 //! are reported as **open** instead (they were still owed at the deadline), still a violation.
 //! Must never count the stack's own word as delivery: only the `unknown` state is taken from it.
+//! Rule **batch_lost**: the stack accepted a batch (202/200) and its status API, which answered
+//! for the first batch, later answered 404 for it (`run/status.rs` notices it while polling).
+//!
 //! Judged: every expected delivery (rule `lost`, needs one).
 //!
 //! Figure **unknown_resolved** (by channel too): deliveries the stack once held as `unknown`
@@ -171,6 +174,26 @@ pub fn check(input: &Input) -> Verdict {
         "quiescent": quiescent,
     }));
     findings.judged("lost", input.expected.len() as u64);
+    for b in input.lost_batches {
+        let deliveries = input
+            .expected
+            .iter()
+            .filter(|e| e.batch_id == b.batch_id)
+            .count();
+        findings.push(json!({
+            "rule": "batch_lost",
+            "batch_id": b.batch_id,
+            "deliveries": deliveries,
+            "first_missing_ms": ms(b.first_missing_ns),
+            "reason": "the stack accepted this batch, then its status API answered 404 for it",
+        }));
+    }
+    if !input.lost_batches.is_empty() {
+        summary.push_str(&format!(
+            "; {} accepted batches unknown to the status API (404)",
+            input.lost_batches.len()
+        ));
+    }
     findings.verdict(NAME, summary, figs)
 }
 
@@ -331,5 +354,21 @@ mod tests {
             v.summary
         );
         assert_eq!(v.figures["lost"], 0);
+    }
+
+    #[test]
+    fn an_accepted_batch_the_status_api_no_longer_knows_is_lost() {
+        let mut w = proper_ends();
+        assert_eq!(check(&w.input()).status, crate::check::Status::Holds);
+        let batch = w.expected[0].batch_id.clone();
+        w.lost_batches.push(crate::check::LostBatch {
+            batch_id: batch.clone(),
+            first_missing_ns: ns(1_500),
+        });
+        let v = check(&w.input());
+        assert_eq!(v.status, crate::check::Status::Violated, "{v:#?}");
+        assert_eq!(rules(&v), ["batch_lost"]);
+        assert_eq!(v.counterexamples[0]["batch_id"], batch);
+        assert_eq!(v.counterexamples[0]["first_missing_ms"], 1_500.0);
     }
 }

@@ -22,11 +22,12 @@
 //!
 //! Judged: the unfinished deliveries the victims held (`no_progress`: needs one — a kill or stop
 //! that caught nothing in flight tested nothing; no kill or stop at all means not checked), and
-//! acceptances after each event (`zombie_duplicate`). Both need each send's sender pid: more than
-//! 1% of the sends in flight at an event (resp. accepted after it) without one makes the verdict
-//! insufficient.
+//! acceptances after each event of a delivery already accepted (`zombie_duplicate`). Both need
+//! the sender pid: a delivery in flight at an event with no known sender that was not recovered
+//! in time (it may have been the victim's), or a repeated acceptance with no known sender (it may
+//! have been a zombie's), is unjudged, and more than 1% of them makes the verdict insufficient.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use mock_providers::ledger::{EntryKind, Outcome, Provider};
 use serde_json::json;
@@ -144,10 +145,12 @@ pub fn check(input: &Input) -> Verdict {
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
     let (mut at_risk, mut zombies, mut worst_ns) = (0u64, 0u64, 0u64);
-    // Sends whose sender decides what a victim held (in flight at a kill/stop) or whether a
-    // late acceptance was a zombie's (accepted after it), and those with no known sender.
-    let (mut in_flight, mut in_flight_unknown) = (0u64, 0u64);
-    let (mut after, mut after_unknown) = (0u64, 0u64);
+    // Deliveries whose in-flight send at an event had no known sender (it may have been the
+    // victim's): those not recovered in time could hide a `no_progress`. Acceptances after an
+    // event that follow another acceptance, and those among them with no known sender (each may
+    // have been a zombie's).
+    let (mut unknown_held, mut unknown_unrecovered) = (0u64, 0u64);
+    let (mut repeats, mut repeats_unknown) = (0u64, 0u64);
     let offset = wall_offset_ms(input);
 
     for ev in events {
@@ -157,31 +160,35 @@ pub fn check(input: &Input) -> Verdict {
             .saturating_add(lease)
             .max(able.unwrap_or(0))
             .saturating_add(slack);
+        for s in input.ledger.iter().filter(|s| {
+            s.kind == EntryKind::Send && s.outcome == Outcome::Accepted && s.received_ns > t
+        }) {
+            let repeat = sends
+                .by_key(s.provider, &s.recipient)
+                .iter()
+                .any(|o| o.outcome == Outcome::Accepted && o.mono_ns < s.received_ns);
+            repeats += u64::from(repeat);
+            repeats_unknown += u64::from(repeat && !input.pids.contains_key(&s.seq));
+        }
+        // In flight at T (or answered so shortly before that P may not have recorded it): P's
+        // own sends, and those whose sender is unknown (`false`: not known to be P's).
+        let mut held: BTreeMap<(Provider, &str), bool> = BTreeMap::new();
         for e in input.ledger.iter().filter(|e| {
             e.kind == EntryKind::Send && e.received_ns <= t && e.mono_ns + IN_FLIGHT_WINDOW_NS > t
         }) {
-            in_flight += 1;
-            in_flight_unknown += u64::from(!input.pids.contains_key(&e.seq));
+            match input.pids.get(&e.seq) {
+                Some(p) if *p == pid => {
+                    held.insert((e.provider, e.recipient.as_str()), true);
+                }
+                None => {
+                    held.entry((e.provider, e.recipient.as_str()))
+                        .or_insert(false);
+                }
+                Some(_) => {}
+            }
         }
-        for e in input.ledger.iter().filter(|e| {
-            e.kind == EntryKind::Send && e.outcome == Outcome::Accepted && e.received_ns > t
-        }) {
-            after += 1;
-            after_unknown += u64::from(!input.pids.contains_key(&e.seq));
-        }
-        let held: BTreeSet<(Provider, &str)> = input
-            .ledger
-            .iter()
-            .filter(|e| e.kind == EntryKind::Send)
-            .filter(|e| {
-                e.received_ns <= t
-                    && e.mono_ns + IN_FLIGHT_WINDOW_NS > t
-                    && input.pids.get(&e.seq) == Some(&pid)
-            })
-            .map(|e| (e.provider, e.recipient.as_str()))
-            .collect();
 
-        for (provider, address) in held {
+        for ((provider, address), victims) in held {
             let all = sends.by_key(provider, address);
             let answered: Vec<_> = all.iter().filter(|s| s.mono_ns <= t).collect();
             if answered.iter().any(|s| is_final(s.outcome))
@@ -189,7 +196,11 @@ pub fn check(input: &Input) -> Verdict {
             {
                 continue;
             }
-            at_risk += 1;
+            if victims {
+                at_risk += 1;
+            } else {
+                unknown_held += 1;
+            }
             let mut deadline = base;
             let in_flight = all.iter().any(|s| s.received_ns <= t && s.mono_ns > t);
             if let (false, Some(last)) = (
@@ -225,6 +236,10 @@ pub fn check(input: &Input) -> Verdict {
             };
             if let Some(p) = progress.filter(|p| *p <= deadline) {
                 worst_ns = worst_ns.max(p - t);
+                continue;
+            }
+            if !victims {
+                unknown_unrecovered += 1;
                 continue;
             }
             let last = all.iter().rfind(|s| s.received_ns <= t);
@@ -293,9 +308,9 @@ pub fn check(input: &Input) -> Verdict {
     }));
     // A kill or stop that held nothing unfinished tested nothing: recovery judged nothing.
     findings.judged("no_progress", at_risk);
-    findings.unattributed("no_progress", in_flight, in_flight_unknown);
-    findings.judged_at_least("zombie_duplicate", after - after_unknown, 0);
-    findings.unattributed("zombie_duplicate", after, after_unknown);
+    findings.unattributed("no_progress", at_risk + unknown_held, unknown_unrecovered);
+    findings.judged_at_least("zombie_duplicate", repeats - repeats_unknown, 0);
+    findings.unattributed("zombie_duplicate", repeats, repeats_unknown);
     findings.verdict(NAME, summary, figs)
 }
 

@@ -156,13 +156,34 @@ fn a_kill_that_caught_nothing_in_flight_is_insufficient() {
 }
 
 #[test]
-fn unattributed_sends_in_flight_at_a_kill_are_insufficient() {
-    // A send in flight at the kill with no known sender may have been the victim's.
+fn unattributed_sends_that_could_hide_a_violation_are_insufficient() {
+    // In flight at the kill with no known sender, and next tried only at 4000 ms (deadline
+    // 2500): it may have been the victim's, so "recovered in time" cannot be claimed.
+    let mut w = kill_rescued();
+    let c = w.expect("r3", Email);
+    w.send(Email, &c, Transient, 995).unattributed().latency(50);
+    w.send(Email, &c, Accepted, 4_000).pid(8);
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+    assert!(v.summary.contains("no known sender pid"), "{}", v.summary);
+    // Recovered in time: whoever sent it, nothing is hidden.
     let mut w = kill_rescued();
     let c = w.expect("r3", Email);
     w.send(Email, &c, Transient, 995).unattributed().latency(50);
     w.send(Email, &c, Accepted, 1_200).pid(8);
+    assert_eq!(check(&w.input()).status, Status::Holds);
+    // A repeated acceptance after the kill with no known sender may have been a zombie's.
+    let mut w = kill_rescued();
+    w.send(Sms, &addr("r2", Sms), Accepted, 1_500)
+        .unattributed();
     let v = check(&w.input());
     assert_eq!(v.status, Status::Insufficient, "{v:#?}");
-    assert!(v.summary.contains("no known sender pid"), "{}", v.summary);
+    assert_eq!(
+        v.judged["zombie_duplicate"]
+            .unjudged
+            .as_ref()
+            .unwrap()
+            .count,
+        1
+    );
 }

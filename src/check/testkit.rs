@@ -64,6 +64,7 @@ pub struct World {
     pub processes: Vec<ProcessRecord>,
     pub enqueue_us: Histogram<u64>,
     pub quiescence: Quiescence,
+    pub lost_batches: Vec<crate::check::LostBatch>,
     attempts: HashMap<(Provider, String), u32>,
 }
 
@@ -91,6 +92,7 @@ impl World {
                 callbacks_pending: 0,
                 stopped_early: None,
             },
+            lost_batches: Vec::new(),
             attempts: HashMap::new(),
         }
     }
@@ -249,6 +251,7 @@ impl World {
             processes: &self.processes,
             enqueue_us: &self.enqueue_us,
             quiescence: &self.quiescence,
+            lost_batches: &self.lost_batches,
         }
     }
 }

@@ -126,30 +126,27 @@ pub async fn enqueue(
     })
 }
 
-/// Fetches the stack's status rows for `batch_ids`; `Ok(None)` when the stack exposes no status
-/// API (404 or 405).
-pub async fn fetch_status(
+/// One batch's rows from the status API (`GET /v1/batches/{id}/deliveries`); `None` when the
+/// stack answers 404, 405 or 501 for it (what that means is `run/status.rs`'s business: no
+/// status API at all on the first batch, a lost batch after that).
+pub async fn fetch_batch_status(
     client: &reqwest::Client,
     api_base: &str,
-    batch_ids: &[String],
+    batch_id: &str,
 ) -> anyhow::Result<Option<Vec<crate::check::StatusDelivery>>> {
     #[derive(serde::Deserialize)]
     struct Page {
         deliveries: Vec<crate::check::StatusDelivery>,
     }
-    let mut all = Vec::new();
-    for id in batch_ids {
-        let resp = client
-            .get(format!("{api_base}/v1/batches/{id}/deliveries"))
-            .send()
-            .await
-            .context("status API request")?;
-        if matches!(resp.status().as_u16(), 404 | 405 | 501) {
-            return Ok(None);
-        }
-        let resp = resp.error_for_status().context("status API")?;
-        let page: Page = resp.json().await.context("status API body")?;
-        all.extend(page.deliveries);
+    let resp = client
+        .get(format!("{api_base}/v1/batches/{batch_id}/deliveries"))
+        .send()
+        .await
+        .context("status API request")?;
+    if matches!(resp.status().as_u16(), 404 | 405 | 501) {
+        return Ok(None);
     }
-    Ok(Some(all))
+    let resp = resp.error_for_status().context("status API")?;
+    let page: Page = resp.json().await.context("status API body")?;
+    Ok(Some(page.deliveries))
 }

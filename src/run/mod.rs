@@ -9,6 +9,7 @@ mod chaos;
 mod env;
 mod progress;
 mod settle;
+mod status;
 mod watch;
 mod world;
 
@@ -476,7 +477,8 @@ async fn execute(
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()?;
-    let batch_ids: Vec<String> = plan.batches.iter().map(|(id, _)| id.clone()).collect();
+    // Only batches the stack accepted (202/200): a 404 for one of them is a lost batch.
+    let batch_ids: Vec<String> = enqueue.batches.iter().map(|b| b.batch_id.clone()).collect();
     let callback_channels: Vec<Channel> = [
         (Channel::Sms, providers_cfg.sms.callbacks.enabled),
         (Channel::Email, providers_cfg.smtp.events.enabled),
@@ -488,8 +490,8 @@ async fn execute(
     let mut tracker = settle::Tracker::new(&expected, scenario.expect.max_attempts);
     let deadline = Instant::now() + scenario.expect.quiescence;
     let settle_for = scenario.stack.lease + scenario.stack.heartbeat;
+    let mut status_view = status::StatusPoller::new();
     let mut status: Option<Vec<StatusDelivery>> = None;
-    let mut status_api = true;
     let mut last_print = Instant::now();
     let mut last_status: Option<Instant> = None;
     let mut calm_since: Option<Instant> = None;
@@ -510,19 +512,19 @@ async fn execute(
         }
         // The status API returns every delivery with its transitions (megabytes for a big batch):
         // once a second is plenty, and keeps the poll from competing with the stack for the CPU.
-        if status_api && !matches!(last_status, Some(t) if t.elapsed() < Duration::from_secs(1)) {
+        if status_view.enabled()
+            && !matches!(last_status, Some(t) if t.elapsed() < Duration::from_secs(1))
+        {
             last_status = Some(Instant::now());
-            match load::fetch_status(&client, &api_base, &batch_ids).await {
-                Ok(Some(rows)) => status = Some(rows),
-                Ok(None) => status_api = false,
-                Err(e) => tracing::warn!("status API: {e:#}"),
+            if let Err(e) = status_view
+                .poll(&client, &api_base, &batch_ids, world.now_ns())
+                .await
+            {
+                tracing::warn!("status API: {e:#}");
             }
+            status = status_view.rows();
         }
-        let open = tracker.open(
-            &expected,
-            status.as_deref().filter(|_| status_api),
-            &callback_channels,
-        );
+        let open = tracker.open(&expected, status.as_deref(), &callback_channels);
         let pending = res
             .providers
             .as_ref()
@@ -580,13 +582,16 @@ async fn execute(
             format!("{} open", quiescence.open.len()),
         );
     }
-    if status_api {
-        if let Ok(Some(rows)) = load::fetch_status(&client, &api_base, &batch_ids).await {
-            status = Some(rows);
+    if status_view.enabled() {
+        if let Err(e) = status_view
+            .poll(&client, &api_base, &batch_ids, world.now_ns())
+            .await
+        {
+            tracing::warn!("status API: {e:#}");
         }
-    } else {
-        status = None;
     }
+    let status = status_view.rows();
+    let lost_batches = status_view.lost();
     progress.finish();
     *world.printer.lock().unwrap() = None;
     let unfired = chaos.unfired();
@@ -612,6 +617,7 @@ async fn execute(
         processes: &processes,
         enqueue_us: &enqueue.latency_us,
         quiescence: &quiescence,
+        lost_batches: &lost_batches,
     };
     let checks = check::run_all(&input);
 

@@ -1,0 +1,152 @@
+//! Polling the stack's optional status API (`GET /v1/batches/{id}/deliveries`) while the run
+//! settles, and noticing a batch it loses.
+//!
+//! Whether the stack has the API is decided once, by its answer for the first batch: 404, 405 or
+//! 501 there means it has none (checkers that need it are then "not checked"). After that, a 404
+//! for a batch the stack accepted (202/200) is not "no API" but a lost batch: it is recorded
+//! (`report.json` `lost_batches`, and a `no_loss` `batch_lost` violation), its rows are dropped
+//! from the status view, and polling goes on for the other batches. Must never turn the API off
+//! because of one batch.
+
+use std::collections::BTreeMap;
+
+use crate::check::{LostBatch, StatusDelivery};
+use crate::load;
+
+/// What the first answer said about the status API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Capability {
+    Unknown,
+    Present,
+    Absent,
+}
+
+/// The status view of a run: the latest rows of each batch, and the batches the stack lost.
+pub struct StatusPoller {
+    capability: Capability,
+    rows: BTreeMap<String, Vec<StatusDelivery>>,
+    lost: BTreeMap<String, u64>,
+}
+
+impl Default for StatusPoller {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StatusPoller {
+    pub fn new() -> StatusPoller {
+        StatusPoller {
+            capability: Capability::Unknown,
+            rows: BTreeMap::new(),
+            lost: BTreeMap::new(),
+        }
+    }
+
+    /// False once the first batch's answer said the stack has no status API.
+    pub fn enabled(&self) -> bool {
+        self.capability != Capability::Absent
+    }
+
+    /// Asks for every batch once; `now_ns` (ledger clock) stamps a batch first found missing.
+    /// A transport or server error leaves the view as it was (the next poll tries again).
+    pub async fn poll(
+        &mut self,
+        client: &reqwest::Client,
+        api_base: &str,
+        batch_ids: &[String],
+        now_ns: u64,
+    ) -> anyhow::Result<()> {
+        for id in batch_ids {
+            if !self.enabled() {
+                return Ok(());
+            }
+            let page = load::fetch_batch_status(client, api_base, id).await?;
+            self.record(id, page, now_ns);
+        }
+        Ok(())
+    }
+
+    /// Takes one batch's answer: its rows, or `None` for "not found".
+    fn record(&mut self, batch_id: &str, page: Option<Vec<StatusDelivery>>, now_ns: u64) {
+        match (page, self.capability) {
+            // Decided once: a stack without the API stays without it.
+            (_, Capability::Absent) => {}
+            (Some(rows), _) => {
+                self.capability = Capability::Present;
+                if !self.lost.contains_key(batch_id) {
+                    self.rows.insert(batch_id.to_string(), rows);
+                }
+            }
+            (None, Capability::Unknown) => self.capability = Capability::Absent,
+            (None, _) => {
+                self.lost.entry(batch_id.to_string()).or_insert(now_ns);
+                self.rows.remove(batch_id);
+            }
+        }
+    }
+
+    /// Every row of the batches the stack still knows; `None` without a status API.
+    pub fn rows(&self) -> Option<Vec<StatusDelivery>> {
+        (self.capability == Capability::Present)
+            .then(|| self.rows.values().flatten().cloned().collect())
+    }
+
+    /// The accepted batches the status API answered 404 for, with when that was first seen.
+    pub fn lost(&self) -> Vec<LostBatch> {
+        self.lost
+            .iter()
+            .map(|(batch_id, at_ns)| LostBatch {
+                batch_id: batch_id.clone(),
+                first_missing_ns: *at_ns,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(n: usize) -> Option<Vec<StatusDelivery>> {
+        let row: StatusDelivery = serde_json::from_value(serde_json::json!({
+            "key": "k", "recipient": "r1", "channel": "line", "state": "delivered"
+        }))
+        .unwrap();
+        Some(vec![row; n])
+    }
+
+    /// (answers for batches in order: rows or 404, API on at the end, rows kept, lost batches)
+    type Case = (
+        &'static [(&'static str, Option<usize>)],
+        bool,
+        usize,
+        &'static [&'static str],
+    );
+
+    #[test]
+    fn the_first_answer_decides_the_capability_and_a_later_404_is_a_lost_batch() {
+        let cases: [Case; 4] = [
+            (&[("b1", None), ("b2", Some(3))], false, 0, &[]),
+            (&[("b1", Some(2)), ("b2", Some(3))], true, 5, &[]),
+            (&[("b1", Some(2)), ("b2", None)], true, 2, &["b2"]),
+            // Found again later: still lost (the stack answered 404 for a batch it accepted).
+            (
+                &[("b1", Some(2)), ("b2", None), ("b2", Some(3))],
+                true,
+                2,
+                &["b2"],
+            ),
+        ];
+        for (i, (answers, on, kept, lost)) in cases.into_iter().enumerate() {
+            let mut p = StatusPoller::new();
+            for (at, (id, page)) in answers.iter().enumerate() {
+                p.record(id, page.and_then(rows), at as u64);
+            }
+            assert_eq!(p.enabled(), on, "case {i}");
+            assert_eq!(p.rows().map_or(0, |r| r.len()), kept, "case {i}");
+            let got: Vec<String> = p.lost().into_iter().map(|l| l.batch_id).collect();
+            assert_eq!(got, lost, "case {i}");
+        }
+    }
+}
