@@ -23,6 +23,17 @@ pub fn interrupted() -> impl std::future::Future<Output = ()> {
     }
 }
 
+/// Which flag or variable puts the run's database on a server, if one does: `--database-url`
+/// (which clap also fills from `DATABASE_URL`: named as the variable when it came from there).
+fn database_server(flag: Option<&str>) -> Option<&'static str> {
+    let env = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty());
+    match flag.filter(|u| !u.is_empty()) {
+        Some(f) if env.as_deref() != Some(f) => Some("--database-url"),
+        Some(_) => Some("DATABASE_URL"),
+        None => env.map(|_| "DATABASE_URL"),
+    }
+}
+
 /// `ting-chaos run`.
 /// `overrides` (`--workers`, `--stack`, `--set`) replace the file's values before validation, so
 /// the chaos targets are checked against the worker count the run will really have.
@@ -38,7 +49,9 @@ pub async fn run(
             return exit::USAGE;
         }
     }
-    let s = match scenario::load_with(path, overrides) {
+    let mut overrides = overrides.clone();
+    overrides.database_server = database_server(opts.database_url.as_deref());
+    let s = match scenario::load_with(path, &overrides) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -314,7 +327,9 @@ pub async fn sweep(
             return exit::USAGE;
         }
     };
-    let s = match scenario::load_with(path, overrides) {
+    let mut overrides = overrides.clone();
+    overrides.database_server = database_server(database_url.as_deref());
+    let s = match scenario::load_with(path, &overrides) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");

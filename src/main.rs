@@ -193,6 +193,7 @@ fn main() -> ExitCode {
                 workers,
                 stack,
                 set,
+                ..Default::default()
             };
             runtime().block_on(ting_chaos::cli::run(&scenario, &overrides, opts, json))
         }

@@ -1,6 +1,6 @@
 //! Every classic mistake the reference stack can be told to make (`[stack] flaws`, see
 //! `docs/flaws.md`) is caught by the checker built for it, on the shipped scenario built to
-//! provoke it; and the same scenario passes on the correct stack, with every chaos step fired.
+//! provoke it; and the same scenario passes on the correct stack, with every chaos step applied.
 //!
 //! Each test runs a small variant of a shipped scenario (fewer recipients, a shorter quiescence
 //! deadline where the flaw leaves work stuck) through the real binary, so the whole file stays a
@@ -60,6 +60,16 @@ fn passes(scenario: &str, edits: &[(&str, &str, &str)]) -> serde_json::Value {
         report["chaos_unfired"],
         serde_json::json!([]),
         "{scenario}: chaos steps that never fired (index into [[chaos]])\n{out}"
+    );
+    let not_applied: Vec<&serde_json::Value> = report["chaos_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["outcome"] != "applied")
+        .collect();
+    assert!(
+        not_applied.is_empty(),
+        "{scenario}: chaos steps that did not take effect: {not_applied:#?}\n{out}"
     );
     report
 }

@@ -110,6 +110,22 @@ fn correct_stack_passes_and_report_matches_schema() {
         "chaos did not happen: {kinds:?}"
     );
     assert!(report["chaos_unfired"].as_array().unwrap().is_empty());
+    // Each step's effect was observed: the SIGKILLed worker ended by signal 9 and its replacement
+    // started; the restarted worker exited after SIGTERM and a new one started.
+    let steps = report["chaos_steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "{steps:#?}");
+    for s in steps {
+        assert_eq!(s["outcome"], "applied", "{s:#}");
+    }
+    let seen = |i: usize| steps[i]["observed"].to_string();
+    assert!(
+        seen(0).contains("exited by signal 9 (SIGKILL)"),
+        "{}",
+        seen(0)
+    );
+    assert!(seen(0).contains("replacement worker pid"), "{}", seen(0));
+    assert!(seen(1).contains("after SIGTERM"), "{}", seen(1));
+    assert!(seen(1).contains("replacement worker pid"), "{}", seen(1));
     // Every send is attributed to the process that sent it, the SIGKILLed worker's included,
     // except a send whose sender the SIGKILL caught between its `connect` and the provider's
     // accept: then no process holds the socket any more, and the report says so.
@@ -304,6 +320,56 @@ fn stack_survives_database_outages() {
             "{k} missing from the timeline: {kinds:?}"
         );
     }
+    // Each outage was observed to take effect: sessions terminated (counted), a new postmaster
+    // accepting connections, row locks held.
+    let steps = report["chaos_steps"].as_array().unwrap();
+    let outcomes: Vec<_> = steps
+        .iter()
+        .map(|s| (&s["action"], &s["outcome"]))
+        .collect();
+    assert!(
+        steps.iter().all(|s| s["outcome"] == "applied"),
+        "{outcomes:?}\n{steps:#?}"
+    );
+    assert!(steps[0]["count"].as_u64().unwrap() >= 1, "{:#}", steps[0]);
+    assert!(
+        steps[1]["observed"][0]
+            .as_str()
+            .unwrap()
+            .contains("accepted a connection"),
+        "{:#}",
+        steps[1]
+    );
+    assert!(steps[2]["count"].as_u64().unwrap() >= 1, "{:#}", steps[2]);
+}
+
+/// `DATABASE_URL` with a scenario that restarts the database: refused before anything starts
+/// (exit 2, at the step), never a run that passes with the outage skipped. No server is needed:
+/// the check comes before any connection.
+#[test]
+fn db_restart_with_database_url_is_refused_before_connecting() {
+    let scenario = repo().join("scenarios/db-outage.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(bin())
+        .arg("run")
+        .arg(&scenario)
+        .arg("--report-dir")
+        .arg(dir.path())
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    let shown = text(&out);
+    assert!(
+        shown.contains("[[chaos]] #2: `db_restart` restarts the run's throwaway PostgreSQL cluster, but DATABASE_URL puts"),
+        "{shown}"
+    );
+    assert!(shown.contains("db-outage.toml:38:1"), "{shown}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing ran"
+    );
 }
 
 /// The smallest run that exercises the whole pipeline: one worker, 20 LINE deliveries, no chaos.

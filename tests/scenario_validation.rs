@@ -137,6 +137,8 @@ fn cross_field_errors_point_at_the_key() {
         ("progress = \"40%\"", "on_accept = { channel = \"sms\", nth = 0 }", "nth", 14, 32, "counts from 1", None),
         ("progress = \"40%\"", "on_accept = { channel = \"email\", nth = 2 }", "channel", 14, 15, "does not send on", None),
         ("action = \"sigkill\"", "action = \"db_restart\"\nrestart_after = \"1s\"", "restart_after", 16, 1, "worker actions only", None),
+        // A server database leaves nothing the harness may restart: refused, never skipped.
+        ("action = \"sigkill\"\ntarget = 2\n", "action = \"db_restart\"\n\n[database]\nurl = \"postgres://u@db.example/x\"\n", "action", 15, 1, "[[chaos]] #1: `db_restart` restarts the run's throwaway PostgreSQL cluster, but [database].url puts", None),
         // The second of several [[chaos]] entries.
         ("", "[[chaos]]\nat = \"1s\"\naction = \"sigkill\"\ntarget = 7", "target", 21, 1, "[[chaos]] #2: `target` worker 7 does not exist", None),
         // Dotted keys and inline tables: at the key inside them, not at 1:1.
@@ -318,6 +320,40 @@ fn workers_override_is_validated_like_the_file() {
             .contains("--workers must be between 1 and 64"),
         "{err}"
     );
+}
+
+/// `--database-url` / `DATABASE_URL` put the run's database on a server, like `[database].url`:
+/// a `db_restart` step is refused at the step, naming what put it there.
+#[test]
+fn db_restart_is_refused_when_the_command_line_names_a_server() {
+    let text = with(
+        "action = \"sigkill\"\ntarget = 2\n",
+        "action = \"db_restart\"\n",
+    );
+    for given in ["--database-url", "DATABASE_URL"] {
+        let o = scenario::Overrides {
+            database_server: Some(given),
+            ..Default::default()
+        };
+        let err = scenario::parse_with(Path::new("case.toml"), &text, &o).unwrap_err();
+        assert_eq!((err.line, err.col), (15, 1), "{err}");
+        assert!(
+            err.to_string().contains(&format!(
+                "`db_restart` restarts the run's throwaway PostgreSQL cluster, but {given} puts"
+            )),
+            "{err}"
+        );
+    }
+    // Other database actions work on a server.
+    let text = with(
+        "action = \"sigkill\"\ntarget = 2\n",
+        "action = \"db_terminate\"\n",
+    );
+    let o = scenario::Overrides {
+        database_server: Some("DATABASE_URL"),
+        ..Default::default()
+    };
+    scenario::parse_with(Path::new("case.toml"), &text, &o).expect("db_terminate is fine");
 }
 
 /// The same through the binary: `run --workers 1` stops before starting anything.

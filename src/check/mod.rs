@@ -23,6 +23,7 @@ pub mod responsiveness;
 pub mod retry_discipline;
 #[cfg(test)]
 mod testkit;
+mod unknowns;
 
 use std::collections::{BTreeMap, HashMap};
 

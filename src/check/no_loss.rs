@@ -4,8 +4,12 @@
 //! recognising a repeat of one), **permanent** (a `Permanent` answer; retrying after it is
 //! `retry_discipline`'s business, so it is still counted here and shown as
 //! `permanent_then_retried`), **exhausted** (at least `expect.max_attempts` failed attempts:
-//! transient or protocol errors), and **unknown** (the status API says `unknown`: held for a human,
-//! allowed up to `expect.max_unknown`). Anything else is **lost**: no attempt at all, or fewer
+//! transient or protocol errors), and **unknown** (the status API says `unknown`: held for a human;
+//! without a status API, the last attempt's answer never reached its sender), allowed up to
+//! `expect.max_unknown` and only when explained ([`super::unknowns`]: chaos hit the process
+//! holding the attempt while it was in flight, or the provider cut the answer). An unknown nothing
+//! explains is **unexplained_unknown**, a violation whatever `max_unknown` says: the customer got
+//! nothing and no fault of the run's making can account for it. Anything else is **lost**: no attempt at all, or fewer
 //! failures than allowed and then silence. When the run did not reach quiescence, such deliveries
 //! are reported as **open** instead (they were still owed at the deadline), still a violation.
 //! Must never count the stack's own word as delivery: only the `unknown` state is taken from it.
@@ -13,6 +17,10 @@
 //! for the first batch, later answered 404 for it (`run/status.rs` notices it while polling).
 //!
 //! Judged: every expected delivery (rule `lost`, needs one).
+//!
+//! Unknowns the provider *did* accept (the customer got the message; the stack holds it as
+//! `unknown` all the same) are delivered here, and counted apart as **unknown_accepted** with how
+//! many of them are explained: the stack's doubt about them loses nothing.
 //!
 //! Figure **unknown_resolved** (by channel too): deliveries the stack once held as `unknown`
 //! that left it for a final state on a delivery event (`unknown → delivered / permanent_failure`
@@ -24,6 +32,7 @@ use serde_json::{json, Value};
 use super::common::{
     attempt_json, delivery_json, figures, is_failure, ms, status_index, Findings, PerChannel, Sends,
 };
+use super::unknowns::{self, Excuse};
 use super::{Input, StatusDelivery, Verdict};
 
 pub const NAME: &str = "no_loss";
@@ -54,7 +63,8 @@ impl End {
     }
 }
 
-/// Classifies one delivery from its send attempts (arrival order) and status API state.
+/// Classifies one delivery from its send attempts (arrival order) and status API state (`None`
+/// without a status API, or when it has no row for the delivery).
 pub fn classify(
     sends: &[&LedgerEntry],
     state: Option<&str>,
@@ -77,6 +87,23 @@ pub fn classify(
     }
 }
 
+/// The delivery's state as far as `unknown` goes: the status API's word when the stack has one;
+/// without one, `unknown` when the last attempt's answer never reached its sender (it hung up, or
+/// the provider dropped the connection) — what the ledger shows of an `unknown`.
+fn state_of<'a>(
+    input: &Input,
+    row: Option<&'a StatusDelivery>,
+    attempts: &[&LedgerEntry],
+) -> Option<&'a str> {
+    if input.status.is_some() {
+        return row.map(|r| r.state.as_str());
+    }
+    attempts
+        .last()
+        .filter(|s| s.client_hung_up || s.fault.as_deref().is_some_and(unknowns::cuts_answer))
+        .map(|_| "unknown")
+}
+
 pub fn check(input: &Input) -> Verdict {
     let sends = Sends::new(input.ledger);
     let status = input.status.map(status_index).unwrap_or_default();
@@ -84,7 +111,12 @@ pub fn check(input: &Input) -> Verdict {
     let quiescent = input.quiescence.reached;
     let mut counts = PerChannel::default();
     let mut findings = Findings::default();
-    let mut unknowns = Vec::new();
+    // Counterexamples of explained unknowns (reported past `max_unknown`).
+    let mut explained = Vec::new();
+    // Every `unknown`, as `excuse_json`: never accepted (customer got nothing) and accepted.
+    let mut not_accepted_unknown = Vec::new();
+    let mut accepted_unknown = Vec::new();
+    let mut accepted_unexplained = 0u64;
     let mut permanent_then_retried = 0u64;
     let mut resolved = PerChannel::default();
 
@@ -92,8 +124,13 @@ pub fn check(input: &Input) -> Verdict {
         counts.init(e.channel, &KEYS);
         let attempts = sends.of_expected(e);
         let row = status.get(&(e.recipient.as_str(), e.channel));
-        let state = row.map(|r| r.state.as_str());
+        let state = state_of(input, row.copied(), attempts);
         let end = classify(attempts, state, max, quiescent);
+        if end == End::Delivered && state == Some("unknown") {
+            let excuse = unknowns::excuse(input, attempts);
+            accepted_unknown.push(excuse_json(e, true, excuse.as_ref()));
+            accepted_unexplained += u64::from(excuse.is_none());
+        }
         resolved.init(e.channel, &["unknown_resolved"]);
         if row.is_some_and(|r| resolved_by_event(r)) {
             resolved.add(e.channel, "unknown_resolved");
@@ -112,8 +149,26 @@ pub fn check(input: &Input) -> Verdict {
         }
         let failures = attempts.iter().filter(|s| is_failure(s.outcome)).count();
         let mut c = delivery_json(e);
+        let excuse = (end == End::Unknown)
+            .then(|| unknowns::excuse(input, attempts))
+            .flatten();
         let (rule, reason) = match end {
-            End::Unknown => ("unknown", "held as unknown by the stack".to_string()),
+            End::Unknown => match &excuse {
+                Some(x) => (
+                    "unknown",
+                    format!(
+                        "held as unknown; the provider never accepted it; {}",
+                        x.because
+                    ),
+                ),
+                None => (
+                    "unexplained_unknown",
+                    "held as unknown and the provider never accepted it (the customer got \
+                     nothing), yet no chaos event hit the process holding an attempt in flight \
+                     and the provider cut no answer"
+                        .to_string(),
+                ),
+            },
             _ if attempts.is_empty() => (end.key(), "no send attempt at all".to_string()),
             _ => (
                 end.key(),
@@ -131,28 +186,44 @@ pub fn check(input: &Input) -> Verdict {
             Value::Array(attempts.iter().map(|s| attempt_json(s, input)).collect()),
         );
         if end == End::Unknown {
-            unknowns.push(Value::Object(c));
-        } else {
-            findings.push(Value::Object(c));
+            c.insert(
+                "excuse".into(),
+                excuse.as_ref().map_or(Value::Null, Excuse::to_json),
+            );
+            not_accepted_unknown.push(excuse_json(e, false, excuse.as_ref()));
+        }
+        match end {
+            End::Unknown if excuse.is_some() => explained.push(Value::Object(c)),
+            _ => findings.push(Value::Object(c)),
         }
     }
 
+    // Explained unknowns are still held for a human: at most `max_unknown` of them.
     let max_unknown = input.scenario.expect.max_unknown as usize;
-    if unknowns.len() > max_unknown {
-        for u in unknowns.iter().cloned() {
+    if explained.len() > max_unknown {
+        for u in explained.iter().cloned() {
             findings.push(u);
         }
     }
 
+    let unexplained = not_accepted_unknown.len() - explained.len();
     let mut summary = format!(
-        "{} deliveries: {} delivered, {} permanent, {} exhausted, {} unknown (max {max_unknown}), {} lost",
+        "{} deliveries: {} delivered, {} permanent, {} exhausted, {} unknown and never accepted \
+         ({} explained, max {max_unknown}; {unexplained} unexplained), {} lost",
         input.expected.len(),
         counts.total("delivered"),
         counts.total("permanent"),
         counts.total("exhausted"),
         counts.total("unknown"),
+        explained.len(),
         counts.total("lost"),
     );
+    if !accepted_unknown.is_empty() {
+        summary.push_str(&format!(
+            "; {} unknown to the stack but accepted by the provider",
+            accepted_unknown.len()
+        ));
+    }
     if !quiescent {
         summary.push_str(&format!(
             "; run did not reach quiescence: {} still open",
@@ -168,6 +239,11 @@ pub fn check(input: &Input) -> Verdict {
         "lost": counts.total("lost"),
         "open": counts.total("open"),
         "max_unknown": max_unknown,
+        "unknown_explained": explained.len(),
+        "unknown_unexplained": unexplained,
+        "unknown_accepted": accepted_unknown.len(),
+        "unknown_accepted_unexplained": accepted_unexplained,
+        "unknowns": not_accepted_unknown.iter().chain(&accepted_unknown).take(MAX_LISTED).collect::<Vec<_>>(),
         "permanent_then_retried": permanent_then_retried,
         "unknown_resolved": resolved.total("unknown_resolved"),
         "unknown_resolved_by_channel": resolved.to_json(),
@@ -195,6 +271,17 @@ pub fn check(input: &Input) -> Verdict {
         ));
     }
     findings.verdict(NAME, summary, figs)
+}
+
+/// Unknown deliveries listed in the figures (`unknowns`), never-accepted ones first.
+const MAX_LISTED: usize = 50;
+
+/// One `unknown` delivery for the figures: who, whether the provider accepted it, and its excuse.
+fn excuse_json(e: &super::Expected, accepted: bool, excuse: Option<&Excuse>) -> Value {
+    let mut v = delivery_json(e);
+    v.insert("accepted".into(), json!(accepted));
+    v.insert("excuse".into(), excuse.map_or(Value::Null, Excuse::to_json));
+    Value::Object(v)
 }
 
 /// Whether a status row went from `unknown` to a final state on a callback.
@@ -287,21 +374,108 @@ mod tests {
     }
 
     #[test]
-    fn unknown_counts_against_max_unknown() {
+    fn explained_unknowns_count_against_max_unknown() {
         // (max_unknown, expected status)
         for (max_unknown, status) in [(1, Status::Holds), (0, Status::Violated)] {
             let mut w = proper_ends();
             w.scenario.expect.max_unknown = max_unknown;
             let d = w.expect("r5", Email);
-            w.send(Email, &d, Transient, 0);
+            w.send(Email, &d, Transient, 0).pid(7);
+            w.event("sigkill", Some(7), 50);
             w.status_row("r5", Email, None, &["pending", "sending", "unknown"]);
             let v = check(&w.input());
             assert_eq!(v.status, status, "max_unknown {max_unknown}: {v:#?}");
             assert_eq!(v.figures["unknown"], 1);
+            assert_eq!(v.figures["unknown_explained"], 1);
             if status == Status::Violated {
                 assert_eq!(rules(&v), ["unknown"]);
             }
         }
+    }
+
+    #[test]
+    fn an_unknown_nothing_explains_is_a_violation_whatever_max_unknown_says() {
+        let mut w = proper_ends();
+        w.scenario.expect.max_unknown = 100;
+        let d = w.expect("r5", Email);
+        w.send(Email, &d, Transient, 0).pid(7);
+        // Chaos, but on another worker and before this delivery's attempt.
+        w.event("sigkill", Some(8), 0);
+        w.send(Email, &d, Transient, 2_000).pid(7);
+        w.status_row("r5", Email, None, &["pending", "sending", "unknown"]);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated, "{v:#?}");
+        assert_eq!(rules(&v), ["unexplained_unknown"]);
+        let c = &v.counterexamples[0];
+        assert_eq!(c["recipient"], "r5");
+        assert!(c["excuse"].is_null(), "{c}");
+        assert_eq!(v.figures["unknown_unexplained"], 1);
+        assert!(v.summary.contains("1 unexplained"), "{}", v.summary);
+    }
+
+    #[test]
+    fn an_unknown_hit_by_a_kill_is_excused_naming_it() {
+        let mut w = proper_ends();
+        w.scenario.expect.max_unknown = 0;
+        let d = w.expect("r5", Email);
+        w.send(Email, &d, Transient, 0).pid(7);
+        w.event("sigkill", Some(7), 400);
+        w.status_row("r5", Email, None, &["pending", "sending", "unknown"]);
+        let v = check(&w.input());
+        // Explained, but over max_unknown 0: reported as `unknown` with its excuse.
+        assert_eq!(rules(&v), ["unknown"]);
+        let c = &v.counterexamples[0];
+        assert_eq!(c["excuse"]["kind"], "chaos", "{c}");
+        assert_eq!(c["excuse"]["event"]["kind"], "sigkill");
+        assert_eq!(c["excuse"]["event"]["pid"], 7);
+        assert!(
+            c["reason"]
+                .as_str()
+                .unwrap()
+                .contains("sigkill of pid 7 at 400.0 ms"),
+            "{c}"
+        );
+    }
+
+    #[test]
+    fn accepted_unknowns_are_counted_apart_and_never_a_loss() {
+        // (kill between request and answer?, unexplained count)
+        for (killed, unexplained) in [(true, 0), (false, 1)] {
+            let mut w = proper_ends();
+            let d = w.expect("r5", Email);
+            w.send(Email, &d, Accepted, 100).pid(7).latency(50);
+            if killed {
+                w.event("sigkill", Some(7), 120);
+            }
+            w.status_row("r5", Email, None, &["pending", "sending", "unknown"]);
+            let v = check(&w.input());
+            assert_eq!(v.status, Status::Holds, "killed {killed}: {v:#?}");
+            assert_eq!(v.figures["delivered"], 2);
+            assert_eq!(v.figures["unknown"], 0);
+            assert_eq!(v.figures["unknown_accepted"], 1);
+            assert_eq!(v.figures["unknown_accepted_unexplained"], unexplained);
+            assert_eq!(v.figures["unknowns"][0]["accepted"], true);
+            assert!(
+                v.summary.contains("1 unknown to the stack but accepted"),
+                "{}",
+                v.summary
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_status_api_an_unanswered_last_attempt_is_unknown() {
+        let mut w = proper_ends();
+        w.scenario.expect.max_unknown = 1;
+        let d = w.expect("r5", Email);
+        w.send(Email, &d, Transient, 0).pid(7).hung_up();
+        w.event("sigkill", Some(7), 2);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(
+            (v.figures["unknown"].as_u64(), v.figures["lost"].as_u64()),
+            (Some(1), Some(0))
+        );
     }
 
     #[test]

@@ -315,10 +315,7 @@ fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
         page.push_str("<p class=\"note\">Accepted sends per second per channel; red bars are sends the providers failed on purpose; dashed lines are chaos actions and run milestones.</p>");
         chart_or_note(page, charts::timeline(&stats::per_second(ledger), &markers));
     }
-    if !r.chaos_unfired.is_empty() {
-        let steps: Vec<String> = r.chaos_unfired.iter().map(|i| i.to_string()).collect();
-        let _ = write!(page, "<div class=\"warn-box\">Chaos steps that never fired (index into <code>scenario.chaos</code>): {}</div>", steps.join(", "));
-    }
+    chaos_steps(page, r);
     let rows: Vec<Vec<String>> = r
         .timeline
         .iter()
@@ -590,4 +587,43 @@ fn workers(page: &mut String, r: &Report) {
         &rows,
     ));
     page.push_str("</section>");
+}
+
+/// Every chaos step with its outcome and what was seen; a box above it names the required steps
+/// that did not take effect (they keep the run from passing).
+fn chaos_steps(page: &mut String, r: &Report) {
+    let blocking = super::chaos_steps::not_applied(&r.chaos_steps);
+    if !blocking.is_empty() {
+        let items: Vec<String> = blocking.iter().map(|b| esc(b).into_owned()).collect();
+        let _ = write!(
+            page,
+            "<div class=\"warn-box\">Chaos steps that did not take effect: {}</div>",
+            items.join("; ")
+        );
+    }
+    if r.chaos_steps.is_empty() {
+        return;
+    }
+    let rows: Vec<Vec<String>> = r
+        .chaos_steps
+        .iter()
+        .map(|s| {
+            let outcome = if s.optional {
+                format!("{} (optional)", s.outcome.as_str())
+            } else {
+                s.outcome.as_str().to_string()
+            };
+            vec![
+                esc(&s.name()).into_owned(),
+                s.fired_ns.map(secs).unwrap_or_default(),
+                outcome,
+                esc(&s.reason).into_owned(),
+                esc(&s.observed.join("; ")).into_owned(),
+            ]
+        })
+        .collect();
+    page.push_str(&table(
+        &["chaos step", "fired at (s)", "outcome", "why", "observed"],
+        &rows,
+    ));
 }

@@ -6,6 +6,7 @@
 
 use std::fmt::Write;
 
+use super::chaos_steps::ChaosOutcome;
 use super::{Metrics, Report};
 use crate::check::Status;
 
@@ -145,12 +146,21 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
             }
         }
     }
-    if !report.chaos_unfired.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n> Chaos steps that never fired: {:?}",
-            report.chaos_unfired
-        );
+    if !report.chaos_steps.is_empty() {
+        out.push_str("\n| chaos step | outcome | what was seen / why not |\n|---|---|---|\n");
+        for s in &report.chaos_steps {
+            let outcome = match (s.outcome, s.optional) {
+                (ChaosOutcome::Applied, _) => "✅ applied".to_string(),
+                (o, true) => format!("➖ {} (optional)", o.as_str()),
+                (o, false) => format!("⚠️ **{}**", o.as_str()),
+            };
+            let seen = if s.outcome == ChaosOutcome::Applied {
+                s.observed.join("; ")
+            } else {
+                s.reason.clone()
+            };
+            let _ = writeln!(out, "| {} | {outcome} | {} |", md(&s.name()), md(&seen));
+        }
     }
     out.push_str("\nDetails: `report.html` and `report.json` in the run's report folder.\n");
     out

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::{ProcessRecord, Quiescence, Status, TimelineEvent, Verdict};
 
+pub mod chaos_steps;
 mod charts;
 pub mod gate;
 pub mod html;
@@ -57,8 +58,14 @@ pub struct Report {
     pub quiescence: Option<Quiescence>,
     pub timeline: Vec<TimelineEvent>,
     pub processes: Vec<ProcessRecord>,
-    /// Chaos steps (index into `scenario.chaos`) whose trigger never fired.
+    /// Chaos steps (index into `scenario.chaos`) whose trigger never fired (the steps of
+    /// `chaos_steps` with outcome `unfired`).
     pub chaos_unfired: Vec<usize>,
+    /// What every chaos step did: `applied` only when its effect was observed, else why not. A
+    /// required step not applied keeps the run from passing. Empty in reports written before it
+    /// existed.
+    #[serde(default)]
+    pub chaos_steps: Vec<chaos_steps::ChaosStepResult>,
     /// Files beside this report.
     pub files: BTreeMap<String, String>,
     /// Performance gates that failed (thresholds in `[expect]`, or `--baseline` comparisons): the
@@ -255,6 +262,14 @@ pub fn summary_text(r: &Report) -> String {
         for msg in &r.regressions {
             out.push_str(&format!("  GATE FAILED  {msg}\n"));
         }
+    }
+    for s in &r.chaos_steps {
+        let mark = match (s.outcome, s.optional) {
+            (chaos_steps::ChaosOutcome::Applied, _) => "chaos ok    ",
+            (_, true) => "chaos (opt.)",
+            (_, false) => "CHAOS NOT APPLIED",
+        };
+        out.push_str(&format!("  {mark} {}\n", s.line()));
     }
     if let Some(u) = r.uncertain.as_ref().filter(|u| !u.is_empty()) {
         out.push_str(&format!("  uncertain sends: {}\n", u.line()));

@@ -1,6 +1,11 @@
-//! The chaos schedule: triggers (elapsed time, progress, the Nth accepted send) and actions
-//! (signals to workers, restarts, database outages). Every action lands on the timeline with its
-//! time and pid.
+//! The chaos schedule: triggers (elapsed time, progress, the Nth accepted send) and actions on
+//! workers (signals, restarts). Every action lands on the timeline with its time and pid, and a
+//! step counts as applied only once its effect is observed ([`log`]): the process exited by the
+//! signal, `/proc` showed it stopped and then running again, the replacement started. The
+//! database actions live in [`db`].
+
+mod db;
+mod log;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,22 +16,23 @@ use mock_providers::ledger::LedgerEntry;
 use nix::sys::signal::Signal;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use sqlx::Connection;
+
+pub use db::DbHandle;
+use log::StepLog;
 
 use super::world::World;
+use crate::report::chaos_steps::{ChaosOutcome, ChaosStepResult};
 use crate::scenario::{ChaosAction, ChaosStep, Target, Trigger};
 
-/// What the database actions need.
-pub struct DbHandle {
-    pub url: String,
-    pub admin_url: String,
-    pub database: Arc<tokio::sync::Mutex<Option<throwaway_pg::Database>>>,
-}
+/// How long a signalled process or the restarted cluster has to show the action's effect.
+const OBSERVE_WITHIN: Duration = Duration::from_secs(10);
 
 pub struct Chaos {
     world: Arc<World>,
     steps: Vec<ChaosStep>,
     fired: Vec<AtomicBool>,
+    /// What each step did, for the report.
+    logs: Vec<Mutex<StepLog>>,
     /// ledger seq of the triggering accept → step index (`on_accept`).
     armed: Mutex<HashMap<u64, usize>>,
     rng: Mutex<rand_chacha::ChaCha8Rng>,
@@ -45,6 +51,7 @@ impl Chaos {
         let seed = world.scenario.seed;
         Arc::new(Chaos {
             fired: steps.iter().map(|_| AtomicBool::new(false)).collect(),
+            logs: steps.iter().map(|_| Mutex::default()).collect(),
             steps,
             world,
             armed: Mutex::default(),
@@ -68,7 +75,7 @@ impl Chaos {
     }
 
     /// Runs the armed step for this accepted send, before the provider answers the sender.
-    pub async fn fire_on_accept(&self, e: &LedgerEntry) {
+    pub async fn fire_on_accept(self: &Arc<Self>, e: &LedgerEntry) {
         let step = self.armed.lock().unwrap().remove(&e.seq);
         if let Some(i) = step {
             let sender = self.world.sender_of(e.seq, e.peer);
@@ -130,11 +137,23 @@ impl Chaos {
         }
     }
 
-    /// Steps that never fired (reported; a schedule that did not happen proves nothing).
-    pub fn unfired(&self) -> Vec<usize> {
-        (0..self.steps.len())
-            .filter(|i| !self.fired[*i].load(Ordering::SeqCst))
+    /// What every step did (`report.json` `chaos`): a schedule that did not happen proves
+    /// nothing, so each step says whether its effect was observed.
+    pub fn results(&self) -> Vec<ChaosStepResult> {
+        self.steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| self.logs[i].lock().unwrap().result(i, s))
             .collect()
+    }
+
+    fn log(&self, i: usize) -> std::sync::MutexGuard<'_, StepLog> {
+        self.logs[i].lock().unwrap()
+    }
+
+    /// Keeps `task` so the run is not quiescent before it ends, and aborts it on [`Chaos::stop`].
+    fn keep(&self, task: tokio::task::JoinHandle<()>) {
+        self.tasks.lock().unwrap().push(task);
     }
 
     fn targets(&self, target: &Target, sender: Option<u32>) -> Vec<(u32, u32)> {
@@ -155,207 +174,241 @@ impl Chaos {
         }
     }
 
-    async fn execute(&self, i: usize, sender: Option<u32>, why: &str) {
+    async fn execute(self: &Arc<Self>, i: usize, sender: Option<u32>, why: &str) {
         if self.fired[i].swap(true, Ordering::SeqCst) {
             return;
         }
+        self.log(i).fire(self.world.now_ns(), why);
         let step = self.steps[i].clone();
-        let w = &self.world;
         match step.action {
-            ChaosAction::DbRestart => {
-                w.event("db_restart", None, None, why);
-                let mut db = self.db.database.lock().await;
-                match db.as_mut().and_then(|d| d.cluster_mut()) {
-                    Some(c) => match c.restart().await {
-                        Ok(()) => w.event("db_restarted", None, c.postmaster_pid(), ""),
-                        Err(e) => w.event("db_restart_failed", None, None, e.to_string()),
-                    },
-                    None => w.event(
-                        "db_restart_skipped",
-                        None,
-                        None,
-                        "not a throwaway cluster (DATABASE_URL given)",
-                    ),
-                }
-                return;
-            }
-            ChaosAction::DbTerminate => {
-                let n = terminate_backends(&self.db.admin_url, &self.db.url).await;
-                w.event(
-                    "db_terminate",
-                    None,
-                    None,
-                    format!("{why}; {}", n.unwrap_or_else(|e| e)),
-                );
-                return;
-            }
-            ChaosAction::DbIdleTx => {
-                let url = self.db.url.clone();
-                let hold = step.duration.unwrap_or_default();
-                w.event(
-                    "db_idle_tx",
-                    None,
-                    None,
-                    format!("{why}; holding for {}", humantime::format_duration(hold)),
-                );
-                let world = w.clone();
-                self.tasks.lock().unwrap().push(tokio::spawn(async move {
-                    let detail = idle_in_transaction(&url, hold).await.unwrap_or_else(|e| e);
-                    world.event("db_idle_tx_end", None, None, detail);
-                }));
-                return;
-            }
+            ChaosAction::DbRestart => return db::restart(self, i, why).await,
+            ChaosAction::DbTerminate => return db::terminate(self, i, why).await,
+            ChaosAction::DbIdleTx => return db::idle_tx(self, i, &step, why),
             _ => {}
         }
         let targets = self.targets(&step.target, sender);
         if targets.is_empty() {
-            w.event(
-                "chaos_no_target",
-                None,
-                None,
-                format!("{why}: no live worker matches {:?}", step.target),
-            );
+            let reason = format!("{why}: no live worker matches {:?}", step.target);
+            self.world
+                .event("chaos_no_target", None, None, reason.clone());
+            self.log(i).decide(ChaosOutcome::NoTarget, reason);
             return;
         }
         for (slot, pid) in targets {
-            self.act_on_worker(&step, slot, pid, why).await;
+            self.act_on_worker(i, &step, slot, pid, why).await;
         }
     }
 
-    async fn act_on_worker(&self, step: &ChaosStep, slot: u32, pid: u32, why: &str) {
-        let w = self.world.clone();
-        let sup = w.supervisor.clone();
-        let grace = w.scenario.stack.shutdown_grace;
-        match step.action {
-            ChaosAction::Sigkill => {
-                let _ = sup.signal(pid, Signal::SIGKILL);
-                w.event("sigkill", Some(slot), Some(pid), why);
-                // Inside an on_accept window the provider must not answer before the sender is dead.
-                sup.wait_exit(pid, Duration::from_secs(2)).await;
-            }
-            ChaosAction::Sigterm | ChaosAction::Restart => {
-                w.event(
-                    if step.action == ChaosAction::Restart {
-                        "restart_begin"
-                    } else {
-                        "sigterm"
-                    },
-                    Some(slot),
-                    Some(pid),
-                    why,
-                );
-                let _ = sup.signal(pid, Signal::SIGTERM);
-                let restart_now = step.action == ChaosAction::Restart;
-                let restart_after = step.restart_after.or(restart_now.then_some(Duration::ZERO));
-                let world = w.clone();
-                self.tasks.lock().unwrap().push(tokio::spawn(async move {
-                    if !world.supervisor.wait_exit(pid, grace).await {
-                        world.event(
-                            "grace_exceeded",
-                            Some(slot),
-                            Some(pid),
-                            format!(
-                                "still running {} after SIGTERM; SIGKILL",
-                                humantime::format_duration(grace)
-                            ),
-                        );
-                        world.supervisor.terminate(pid, Duration::ZERO).await;
-                    } else {
-                        let rec = world.supervisor.record(pid);
-                        world.event(
-                            "exit",
-                            Some(slot),
-                            Some(pid),
-                            format!("{:?}", rec.map(|r| (r.exit_code, r.signal))),
-                        );
-                    }
-                    if let Some(d) = restart_after {
-                        tokio::time::sleep(d).await;
-                        if let Err(e) = world.start_worker(slot).await {
-                            world.event("restart_failed", Some(slot), None, e.to_string());
-                        }
-                    }
-                }));
-                return;
-            }
-            ChaosAction::Sigstop => {
-                let _ = sup.signal(pid, Signal::SIGSTOP);
-                w.event("sigstop", Some(slot), Some(pid), why);
-                let d = step.duration.unwrap_or_default();
-                let world = w.clone();
-                self.tasks.lock().unwrap().push(tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    let _ = world.supervisor.signal(pid, Signal::SIGCONT);
-                    world.event(
-                        "sigcont",
-                        Some(slot),
-                        Some(pid),
-                        format!("after {}", humantime::format_duration(d)),
-                    );
-                }));
-                return;
-            }
+    /// Signals one worker and starts the task that observes the signal's effect (and starts the
+    /// replacement the step asks for).
+    async fn act_on_worker(
+        self: &Arc<Self>,
+        i: usize,
+        step: &ChaosStep,
+        slot: u32,
+        pid: u32,
+        why: &str,
+    ) {
+        let w = &self.world;
+        let sup = &w.supervisor;
+        let replace_after = match step.action {
+            ChaosAction::Restart => Some(Duration::ZERO),
+            _ => step.restart_after,
+        };
+        let (signal, kind) = match step.action {
+            ChaosAction::Sigkill => (Signal::SIGKILL, "sigkill"),
+            ChaosAction::Sigterm => (Signal::SIGTERM, "sigterm"),
+            ChaosAction::Restart => (Signal::SIGTERM, "restart_begin"),
+            ChaosAction::Sigstop => (Signal::SIGSTOP, "sigstop"),
             _ => unreachable!("database actions return earlier"),
+        };
+        let stop_and_continue = usize::from(step.action == ChaosAction::Sigstop);
+        self.log(i).target(
+            pid,
+            1 + stop_and_continue + usize::from(replace_after.is_some()),
+        );
+        let sent_at = Instant::now();
+        // A SIGTERM's event comes first: the worker may act on it before `signal` returns.
+        if signal == Signal::SIGTERM {
+            w.event(kind, Some(slot), Some(pid), why);
         }
-        if let Some(d) = step.restart_after {
-            let world = w.clone();
-            self.tasks.lock().unwrap().push(tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                if let Err(e) = world.start_worker(slot).await {
-                    world.event("restart_failed", Some(slot), None, e.to_string());
+        let sent = sup.signal(pid, signal);
+        if signal != Signal::SIGTERM {
+            w.event(kind, Some(slot), Some(pid), why);
+        }
+        if let Err(e) = sent {
+            self.log(i)
+                .observe(false, format!("{signal} to pid {pid}: {e:#}"));
+            return;
+        }
+        if signal == Signal::SIGKILL {
+            // Inside an on_accept window the provider must not answer before the sender is dead.
+            sup.wait_exit(pid, Duration::from_secs(2)).await;
+        }
+        let me = self.clone();
+        let hold = step.duration.unwrap_or_default();
+        let task = tokio::spawn(async move {
+            if let Some(d) = replace_after.filter(|_| signal == Signal::SIGSTOP) {
+                // A stopped worker stays stopped while its replacement runs.
+                let again = me.clone();
+                me.keep(tokio::spawn(async move {
+                    tokio::time::sleep_until((sent_at + d).into()).await;
+                    again.replace(i, slot).await;
+                }));
+            }
+            match signal {
+                Signal::SIGSTOP => {
+                    me.observe_stop_and_continue(i, slot, pid, sent_at, hold)
+                        .await
                 }
-            }));
+                Signal::SIGTERM => me.observe_termination(i, slot, pid).await,
+                _ => me.observe_exit(i, pid, signal).await,
+            }
+            if let Some(d) = replace_after.filter(|_| signal != Signal::SIGSTOP) {
+                tokio::time::sleep(d).await;
+                me.replace(i, slot).await;
+            }
+        });
+        self.keep(task);
+    }
+
+    /// Waits for `pid` to exit and records how it ended against what `by` should have done.
+    async fn observe_exit(&self, i: usize, pid: u32, by: Signal) {
+        let sup = &self.world.supervisor;
+        let exited = sup.wait_exit(pid, OBSERVE_WITHIN).await;
+        let (ok, what) = match sup.record(pid) {
+            Some(r) if exited && r.exited_ns.is_some() => exit_effect(&r, by),
+            _ => (
+                false,
+                format!(
+                    "pid {pid} still running {} after {by}",
+                    humantime::format_duration(OBSERVE_WITHIN)
+                ),
+            ),
+        };
+        self.log(i).observe(ok, what);
+    }
+
+    /// After SIGTERM: the grace period, then SIGKILL (a graceful-shutdown violation the checker
+    /// reports); either way the step took effect once the process is gone.
+    async fn observe_termination(&self, i: usize, slot: u32, pid: u32) {
+        let w = &self.world;
+        let grace = w.scenario.stack.shutdown_grace;
+        if w.supervisor.wait_exit(pid, grace).await {
+            let rec = w.supervisor.record(pid);
+            w.event(
+                "exit",
+                Some(slot),
+                Some(pid),
+                format!("{:?}", rec.map(|r| (r.exit_code, r.signal))),
+            );
+        } else {
+            w.event(
+                "grace_exceeded",
+                Some(slot),
+                Some(pid),
+                format!(
+                    "still running {} after SIGTERM; SIGKILL",
+                    humantime::format_duration(grace)
+                ),
+            );
+            w.supervisor.terminate(pid, Duration::ZERO).await;
         }
+        self.observe_exit(i, pid, Signal::SIGTERM).await;
+    }
+
+    /// SIGSTOP took effect when `/proc/<pid>/stat` shows state `T`; after `hold`, SIGCONT took
+    /// effect when it shows anything else while the process still lives.
+    async fn observe_stop_and_continue(
+        &self,
+        i: usize,
+        slot: u32,
+        pid: u32,
+        sent_at: Instant,
+        hold: Duration,
+    ) {
+        let sup = &self.world.supervisor;
+        let (state, stopped) = sup.wait_state(pid, |s| s == 'T', OBSERVE_WITHIN).await;
+        self.log(i).observe(
+            stopped,
+            if stopped {
+                format!("pid {pid} stopped (state T in /proc/{pid}/stat)")
+            } else {
+                format!("pid {pid} never showed state T after SIGSTOP (last state {state:?})")
+            },
+        );
+        tokio::time::sleep_until((sent_at + hold).into()).await;
+        let sent = sup.signal(pid, Signal::SIGCONT);
+        self.world.event(
+            "sigcont",
+            Some(slot),
+            Some(pid),
+            format!("after {}", humantime::format_duration(hold)),
+        );
+        let (state, running) = match sent {
+            Ok(()) => {
+                sup.wait_state(pid, |s| s != 'T' && s != 't', OBSERVE_WITHIN)
+                    .await
+            }
+            Err(_) => (None, false),
+        };
+        self.log(i).observe(
+            running,
+            if running {
+                format!(
+                    "pid {pid} running again after SIGCONT (state {})",
+                    state.unwrap_or('?')
+                )
+            } else {
+                format!("pid {pid} did not run again after SIGCONT (last state {state:?})")
+            },
+        );
+    }
+
+    /// Starts the replacement worker of `slot`: the step's `restart` (or `restart_after`) took
+    /// effect when a new worker process is running.
+    async fn replace(&self, i: usize, slot: u32) {
+        let w = &self.world;
+        let seen = match w.start_worker(slot).await {
+            Ok(pid) if w.supervisor.is_alive(pid) => (
+                true,
+                format!("replacement worker pid {pid} started in slot {slot}"),
+            ),
+            Ok(pid) => (
+                false,
+                format!("replacement worker pid {pid} exited at once"),
+            ),
+            Err(e) => {
+                w.event("restart_failed", Some(slot), None, e.to_string());
+                (
+                    false,
+                    format!("replacement for slot {slot} did not start: {e:#}"),
+                )
+            }
+        };
+        self.log(i).observe(seen.0, seen.1);
     }
 }
 
-/// `pg_terminate_backend` of every session on the stack's database.
-async fn terminate_backends(admin_url: &str, db_url: &str) -> Result<String, String> {
-    let db = db_url
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .split('?')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let mut conn = sqlx::PgConnection::connect(admin_url)
-        .await
-        .map_err(|e| e.to_string())?;
-    let n: i64 = sqlx::query_scalar(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-    )
-    .bind(&db)
-    .fetch_one(&mut conn)
-    .await
-    .map_err(|e| e.to_string())?;
-    Ok(format!("terminated {n} sessions"))
-}
-
-/// Opens a transaction that locks a few rows of every table of the stack, and sits idle in it.
-async fn idle_in_transaction(url: &str, hold: Duration) -> Result<String, String> {
-    let mut conn = sqlx::PgConnection::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) FROM information_schema.tables \
-         WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('pg_catalog', 'information_schema')",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .map_err(|e| e.to_string())?;
-    let mut tx = conn.begin().await.map_err(|e| e.to_string())?;
-    let mut locked = 0;
-    for t in &tables {
-        let q = format!("SELECT 1 FROM {t} LIMIT 50 FOR UPDATE SKIP LOCKED");
-        if let Ok(rows) = sqlx::query(&q).fetch_all(&mut *tx).await {
-            locked += rows.len();
+/// Whether a process that ended as `r` shows the effect of `by`, and what was seen. SIGKILL took
+/// effect only when the process ended by signal 9; SIGTERM once the process ended at all
+/// (exited, or killed when the grace period ran out).
+fn exit_effect(r: &crate::check::ProcessRecord, by: Signal) -> (bool, String) {
+    let pid = r.pid;
+    let how = match (r.exit_code, r.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("ended by signal {s}"),
+        (None, None) => "ended".to_string(),
+    };
+    match by {
+        Signal::SIGKILL if r.signal == Some(Signal::SIGKILL as i32) => {
+            (true, format!("pid {pid} exited by signal 9 (SIGKILL)"))
         }
+        Signal::SIGKILL => (false, format!("pid {pid} {how}, not by SIGKILL")),
+        _ if r.killed_after_grace => (
+            true,
+            format!("pid {pid} still running when the grace period ran out; {how} (SIGKILL)"),
+        ),
+        _ => (true, format!("pid {pid} {how} after {by}")),
     }
-    tokio::time::sleep(hold).await;
-    tx.rollback().await.map_err(|e| e.to_string())?;
-    Ok(format!(
-        "held {locked} row locks on {} tables",
-        tables.len()
-    ))
 }

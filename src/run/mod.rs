@@ -191,6 +191,7 @@ impl Resources {
             timeline: world.map(|w| w.timeline()).unwrap_or_default(),
             processes: world.map(|w| w.supervisor.records()).unwrap_or_default(),
             chaos_unfired: Vec::new(),
+            chaos_steps: self.chaos.as_ref().map(|c| c.results()).unwrap_or_default(),
             files: BTreeMap::new(),
             regressions: Vec::new(),
             gates: Vec::new(),
@@ -594,8 +595,8 @@ async fn execute(
     let lost_batches = status_view.lost();
     progress.finish();
     *world.printer.lock().unwrap() = None;
-    let unfired = chaos.unfired();
     chaos.stop();
+    let chaos_steps = chaos.results();
 
     // 6. Stop the stack, then judge.
     supervisor
@@ -678,7 +679,8 @@ async fn execute(
         quiescence: Some(quiescence),
         timeline,
         processes,
-        chaos_unfired: unfired,
+        chaos_unfired: report::chaos_steps::unfired(&chaos_steps),
+        chaos_steps,
         files,
         regressions: Vec::new(),
         gates: Vec::new(),

@@ -156,6 +156,8 @@ pub struct ChaosStep {
     pub duration: Option<Duration>,
     #[serde(with = "ms_opt")]
     pub restart_after: Option<Duration>,
+    /// The run may pass when this step did not take effect.
+    pub optional: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -23,6 +23,9 @@ pub struct Overrides {
     /// `--set key=value`, in order; a later one wins. The value is TOML (`200`, `false`,
     /// `["line"]`) or, when it does not parse as TOML, a string (`2s`, `resend`).
     pub set: Vec<String>,
+    /// The run's database is created on a server (`--database-url` or `DATABASE_URL`, named
+    /// here), not in a throwaway cluster: `db_restart` steps are refused.
+    pub database_server: Option<&'static str>,
 }
 
 impl Overrides {

@@ -291,6 +291,10 @@ pub struct RawChaos {
     pub duration: Option<HumanDuration>,
     /// Start a replacement worker this long after the action (kill/term/stop actions).
     pub restart_after: Option<HumanDuration>,
+    /// The run may pass when this step did not take effect (found no target, never triggered).
+    /// Default `false`: a step that did not take effect makes the run inconclusive.
+    #[serde(default)]
+    pub optional: bool,
 }
 
 /// `[expect]`: which invariants to check and their thresholds.

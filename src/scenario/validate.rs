@@ -666,6 +666,9 @@ fn validate_chaos(
         c.action,
         ChaosAction::DbRestart | ChaosAction::DbTerminate | ChaosAction::DbIdleTx
     );
+    if c.action == ChaosAction::DbRestart {
+        refuse_restart_of_a_server(cx, &key("action"), index)?;
+    }
     if is_db && c.restart_after.is_some() {
         return Err(err(
             "restart_after",
@@ -678,5 +681,29 @@ fn validate_chaos(
         target,
         duration: c.duration.map(|d| d.0),
         restart_after: c.restart_after.map(|d| d.0),
+        optional: c.optional,
     })
+}
+
+/// `db_restart` restarts the run's throwaway PostgreSQL cluster; on a server (`[database].url`,
+/// `--database-url`, `DATABASE_URL`) there is nothing the harness may restart, and skipping the
+/// step would let a run pass without the outage it was written to survive.
+fn refuse_restart_of_a_server(cx: &Ctx, action: &str, index: usize) -> Result<(), ScenarioError> {
+    let server = if cx.keys.get("database.url").is_some() {
+        Some("[database].url")
+    } else {
+        cx.overrides.database_server
+    };
+    match server {
+        Some(given) => Err(cx.at(
+            action,
+            format!(
+                "[[chaos]] #{}: `db_restart` restarts the run's throwaway PostgreSQL cluster, but \
+                 {given} puts the run's database on a server the harness must not restart; \
+                 run without it or remove this step",
+                index + 1
+            ),
+        )),
+        None => Ok(()),
+    }
 }

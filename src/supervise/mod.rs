@@ -204,6 +204,29 @@ impl Supervisor {
         false
     }
 
+    /// Polls `/proc/<pid>/stat` until the process's state letter satisfies `want` (`T` stopped,
+    /// `R`/`S`/`D` running or sleeping), for up to `timeout`. Returns the last state seen (`None`
+    /// when the process is gone) and whether it matched.
+    pub async fn wait_state(
+        &self,
+        pid: u32,
+        want: impl Fn(char) -> bool,
+        timeout: Duration,
+    ) -> (Option<char>, bool) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let state = process_state(pid);
+            if state.is_some_and(&want) {
+                return (state, true);
+            }
+            if state.is_none_or(|s| s == 'Z' || s == 'X') || tokio::time::Instant::now() >= deadline
+            {
+                return (state, false);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     pub fn is_alive(&self, pid: u32) -> bool {
         self.procs
             .lock()
@@ -298,6 +321,14 @@ fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
 }
 
+/// The state letter of `pid` in `/proc/<pid>/stat` (`R`, `S`, `D`, `T`, `Z`, …); `None` when the
+/// process is gone. The letter follows the command name's closing parenthesis, which may itself
+/// contain spaces or parentheses.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,5 +343,12 @@ mod tests {
         assert_eq!(tail.lines().count(), LOG_TAIL_LINES);
         assert!(tail.ends_with("line 100"), "{tail}");
         assert_eq!(log_tail(&dir.path().join("missing.log")), "");
+    }
+
+    #[test]
+    fn the_state_of_this_process_is_running() {
+        let me = std::process::id();
+        assert!(matches!(process_state(me), Some('R' | 'S')));
+        assert_eq!(process_state(u32::MAX), None);
     }
 }

@@ -1,0 +1,296 @@
+//! Why a delivery may end `unknown`: the one thing that excuses it is that its sender could not
+//! learn how its last attempt ended. Used by `no_loss`.
+//!
+//! From first principles: a stack learns an attempt's outcome when the provider's answer reaches
+//! the process that made the attempt and that process records it. An attempt is *in flight* from
+//! the moment its sender starts it until that record; a correct stack can hold a delivery as
+//! `unknown` only if something cut that span short:
+//!
+//! - **chaos on the holder**: the process that made the attempt was SIGKILLed, SIGSTOPped, or
+//!   SIGTERMed and then killed when its grace period ran out (`grace_exceeded`); or its database
+//!   went away under it (`db_terminate`, `db_restart`: every process at once);
+//! - **the provider cut the answer**: it committed or dropped the attempt and closed the
+//!   connection before answering (`accept_then_drop`, `drop_mid_data`), or the sender hung up
+//!   before the answer came (`client_hung_up`: its own timeout against a slow provider).
+//!
+//! The harness sees an attempt's arrival (`received_ns`) and answer (`mono_ns`) but neither its
+//! start nor its record, so the window is widened on both sides by what a correct stack may take:
+//! an event counts from one lease before the arrival (bytes written before a kill are read by the
+//! provider later) to one lease plus one heartbeat after the answer (a live worker records within
+//! its lease; a frozen or slow one loses the lease and the row is rescued as `unknown`).
+//!
+//! An attempt can also leave no ledger entry: an SMTP transaction abandoned before its final dot
+//! is never recorded, nor an HTTP request the provider never read. When the recorded attempts'
+//! holders explain nothing, the holder of such an attempt cannot be named, and any chaos event on
+//! a worker or the database after the last recorded attempt arrived excuses it, named as such. An
+//! `unknown` with no chaos and no cut answer after its last recorded attempt is unexplained.
+
+use mock_providers::ledger::LedgerEntry;
+use serde_json::{json, Value};
+
+use super::common::ms;
+use super::{Input, TimelineEvent};
+
+/// Provider faults that close the connection before the sender reads an answer.
+const CUT_FAULTS: [&str; 2] = ["accept_then_drop", "drop_mid_data"];
+
+/// Whether the provider fault `fault` closes the connection before the sender reads an answer.
+pub fn cuts_answer(fault: &str) -> bool {
+    CUT_FAULTS.contains(&fault)
+}
+
+/// What kind of thing excuses an `unknown` delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExcuseKind {
+    /// A chaos event hit the sender of a recorded attempt while it was in flight.
+    Chaos,
+    /// A chaos event after the last recorded attempt: the attempt in flight left no entry, so
+    /// its holder cannot be named.
+    ChaosUnattributed,
+    /// The provider cut the answer (dropped the connection), or the sender hung up before it.
+    Provider,
+}
+
+impl ExcuseKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExcuseKind::Chaos => "chaos",
+            ExcuseKind::ChaosUnattributed => "chaos_unattributed",
+            ExcuseKind::Provider => "provider",
+        }
+    }
+}
+
+/// What excuses an `unknown` delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Excuse {
+    pub kind: ExcuseKind,
+    /// One sentence naming the event or fault and the attempt.
+    pub because: String,
+    /// The timeline event, when a chaos event is the reason.
+    pub event: Option<Value>,
+}
+
+impl Excuse {
+    pub fn to_json(&self) -> Value {
+        json!({ "kind": self.kind.as_str(), "because": self.because, "event": self.event })
+    }
+}
+
+/// Kinds of timeline events that cut an attempt short. Process events name the pid they hit;
+/// database events hit every process.
+fn cuts(ev: &TimelineEvent) -> bool {
+    matches!(
+        ev.kind.as_str(),
+        "sigkill" | "sigstop" | "grace_exceeded" | "db_terminate" | "db_restart"
+    )
+}
+
+fn hits(ev: &TimelineEvent, pid: Option<u32>) -> bool {
+    match ev.pid {
+        Some(p) => pid == Some(p),
+        None => ev.kind.starts_with("db_"),
+    }
+}
+
+fn event_json(ev: &TimelineEvent) -> Value {
+    json!({ "kind": ev.kind, "pid": ev.pid, "at_ms": ms(ev.mono_ns), "detail": ev.detail })
+}
+
+fn event_words(ev: &TimelineEvent) -> String {
+    let label = crate::report::event_label(&ev.kind);
+    match ev.pid {
+        Some(p) => format!("{label} of pid {p} at {:.1} ms", ms(ev.mono_ns)),
+        None => format!("{label} at {:.1} ms", ms(ev.mono_ns)),
+    }
+}
+
+/// Why the delivery whose send attempts are `attempts` (arrival order) may be `unknown`, or
+/// `None` when nothing explains it.
+pub fn excuse(input: &Input, attempts: &[&LedgerEntry]) -> Option<Excuse> {
+    let lease = input.scenario.stack.lease.as_nanos() as u64;
+    let heartbeat = input.scenario.stack.heartbeat.as_nanos() as u64;
+    // Latest attempt first: the one in flight last is the one the stack could not settle.
+    for a in attempts.iter().rev() {
+        let pid = input.pids.get(&a.seq).copied();
+        let from = a.received_ns.saturating_sub(lease);
+        let to = a.mono_ns + lease + heartbeat;
+        let hit = input
+            .timeline
+            .iter()
+            .filter(|ev| cuts(ev) && hits(ev, pid) && (from..=to).contains(&ev.mono_ns))
+            .min_by_key(|ev| ev.mono_ns.abs_diff(a.mono_ns));
+        if let Some(ev) = hit {
+            return Some(Excuse {
+                kind: ExcuseKind::Chaos,
+                because: format!(
+                    "{} while attempt #{} (arrived {:.1} ms, answered {:.1} ms) was in flight",
+                    event_words(ev),
+                    a.attempt,
+                    ms(a.received_ns),
+                    ms(a.mono_ns)
+                ),
+                event: Some(event_json(ev)),
+            });
+        }
+    }
+    if let Some(a) = attempts.last() {
+        if let Some(fault) = a.fault.as_deref().filter(|f| CUT_FAULTS.contains(f)) {
+            return Some(Excuse {
+                kind: ExcuseKind::Provider,
+                because: format!(
+                    "the provider closed the connection before answering attempt #{} ({fault})",
+                    a.attempt
+                ),
+                event: None,
+            });
+        }
+        if a.client_hung_up {
+            return Some(Excuse {
+                kind: ExcuseKind::Provider,
+                because: format!(
+                    "the sender hung up before the provider answered attempt #{} ({:.1} ms after it arrived)",
+                    a.attempt,
+                    ms(a.mono_ns.saturating_sub(a.received_ns))
+                ),
+                event: None,
+            });
+        }
+    }
+    // An attempt that left no entry: any cutting event after the last recorded attempt arrived.
+    let after = attempts.last().map_or(0, |a| a.received_ns);
+    let ev = input
+        .timeline
+        .iter()
+        .filter(|ev| cuts(ev) && (ev.pid.is_some() || ev.kind.starts_with("db_")))
+        .find(|ev| ev.mono_ns >= after)?;
+    let since = match attempts.last() {
+        Some(a) => format!("after attempt #{} arrived", a.attempt),
+        None => "before any attempt was recorded".to_string(),
+    };
+    Some(Excuse {
+        kind: ExcuseKind::ChaosUnattributed,
+        because: format!(
+            "{} {since}: an attempt it cut short leaves no ledger entry (an SMTP transaction \
+             before its final dot), so its holder cannot be named",
+            event_words(ev)
+        ),
+        event: Some(event_json(ev)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use mock_providers::ledger::Outcome::*;
+
+    use super::*;
+    use crate::check::testkit::*;
+    use crate::scenario::Channel::*;
+
+    /// (case, build the world, expected excuse kind, text the reason contains)
+    type Case = (
+        &'static str,
+        fn(&mut World),
+        Option<&'static str>,
+        &'static str,
+    );
+
+    #[test]
+    fn excuses_at_both_edges() {
+        // Base lease 1 s, heartbeat 200 ms (testkit::BASE).
+        let cases: [Case; 9] = [
+            (
+                "kill between request and answer",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Accepted, 100)
+                        .pid(7)
+                        .latency(50);
+                    w.event("sigkill", Some(7), 120);
+                },
+                Some("chaos"),
+                "sigkill of pid 7 at 120.0 ms while attempt #1",
+            ),
+            (
+                "stop after the answer, before the record",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
+                    w.event("sigstop", Some(7), 900);
+                },
+                Some("chaos"),
+                "sigstop of pid 7",
+            ),
+            (
+                "grace ran out",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
+                    w.event("grace_exceeded", Some(7), 600);
+                },
+                Some("chaos"),
+                "grace_exceeded of pid 7",
+            ),
+            (
+                "database restarted under every process",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
+                    w.event("db_restart", None, 300);
+                },
+                Some("chaos"),
+                "db_restart at 300.0 ms",
+            ),
+            (
+                "kill of the holder after its attempt left no entry",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
+                    w.event("sigkill", Some(8), 5_000);
+                },
+                Some("chaos_unattributed"),
+                "sigkill of pid 8 at 5000.0 ms after attempt #1 arrived",
+            ),
+            (
+                "provider dropped the connection",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Accepted, 100)
+                        .pid(7)
+                        .entry
+                        .fault = Some("accept_then_drop".into());
+                },
+                Some("provider"),
+                "(accept_then_drop)",
+            ),
+            ("no chaos at all", |_| {}, None, ""),
+            (
+                "a SIGTERM that drained is no excuse",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
+                    w.event("sigterm", Some(7), 150);
+                },
+                None,
+                "",
+            ),
+            (
+                "a kill long before the last attempt",
+                |w| {
+                    w.event("sigkill", Some(8), 50);
+                    w.send(Email, &addr("r1", Email), Transient, 2_000).pid(7);
+                },
+                None,
+                "",
+            ),
+        ];
+        for (case, build, kind, text) in cases {
+            let mut w = World::new();
+            w.expect("r1", Email);
+            build(&mut w);
+            let attempts: Vec<&LedgerEntry> = w.ledger.iter().collect();
+            let got = excuse(&w.input(), &attempts);
+            assert_eq!(
+                got.as_ref().map(|e| e.kind.as_str()),
+                kind,
+                "{case}: {got:?}"
+            );
+            if let Some(e) = got {
+                assert!(e.because.contains(text), "{case}: {}", e.because);
+            }
+        }
+    }
+}
