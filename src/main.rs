@@ -25,8 +25,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a scenario against a stack and check it; exit 0 pass, 1 violation, 2 usage,
-    /// 3 infrastructure, 4 inconclusive (nothing violated, but a checker judged too little or a
-    /// gate had no data: never a pass).
+    /// 3 infrastructure, 4 inconclusive (nothing violated, but a checker judged too little, a
+    /// gate had no data or a chaos step did not take effect: never a pass).
     Run {
         scenario: PathBuf,
         /// Override the scenario's seed.

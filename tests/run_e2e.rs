@@ -390,6 +390,52 @@ channels = ["line"]
 quiescence = "30s"
 "#;
 
+/// A chaos step that never took effect makes the run inconclusive (exit 4), named in the verdict
+/// table and `summary.md`; the same step marked `optional = true` leaves a pass.
+#[test]
+fn a_chaos_step_that_did_not_take_effect_is_inconclusive_unless_optional() {
+    let step = "\n[[chaos]]\non_accept = { channel = \"line\", nth = 1000 }\naction = \"sigkill\"\ntarget = \"sender\"\n";
+    // (optional?, exit code, verdict, mark in the verdict table)
+    for (optional, want, verdict, mark) in [
+        (
+            false,
+            4,
+            "inconclusive",
+            "CHAOS NOT APPLIED chaos[0] sigkill: unfired",
+        ),
+        (
+            true,
+            0,
+            "pass",
+            "chaos (opt.) chaos[0] sigkill (optional): unfired",
+        ),
+    ] {
+        let extra = if optional { "optional = true\n" } else { "" };
+        let toml = SMALL.replace("[expect]\n", &format!("{step}{extra}\n[expect]\n"));
+        let case = Case::new("e2e-small", &toml);
+        let out = case.run(&[]);
+        assert_eq!(code(&out), want, "{}", text(&out));
+        assert!(text(&out).contains(mark), "{}", text(&out));
+        let report = case.report();
+        assert_eq!(report["verdict"], verdict);
+        assert_eq!(report["chaos_unfired"], serde_json::json!([0]));
+        let s = &report["chaos_steps"][0];
+        assert_eq!(
+            (&s["outcome"], &s["optional"]),
+            (&"unfired".into(), &optional.into())
+        );
+        assert!(
+            s["reason"]
+                .as_str()
+                .unwrap()
+                .contains("on_accept line #1000"),
+            "{s}"
+        );
+        let md = read(&case.report_dir().join("summary.md"));
+        assert!(md.contains("| chaos\\[0\\] sigkill |"), "{md}");
+    }
+}
+
 fn read(path: &std::path::Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

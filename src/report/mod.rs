@@ -42,8 +42,8 @@ pub struct Report {
     pub duration_ms: u64,
     /// 0 = every checked invariant held with enough judged and every gate passed, 1 = violation
     /// or failed performance gate, 3 = infrastructure failure (including renderings that could
-    /// not be written), 4 = inconclusive (nothing violated, but a checker judged too little or a
-    /// gate had no data).
+    /// not be written), 4 = inconclusive (nothing violated, but a checker judged too little, a
+    /// gate had no data, or a required chaos step was not applied: see `chaos_steps`).
     pub exit_code: i32,
     /// `pass`, `fail`, `inconclusive` or `error` (see `exit_code`).
     pub verdict: String,

@@ -711,7 +711,9 @@ async fn execute(
         .filter(|g| !g.passed && !g.insufficient)
         .map(|g| g.message.clone())
         .collect();
-    let overall = crate::verdict::overall(&report.checks, &report.gates, &[]);
+    // A chaos step that did not take effect keeps the run from passing (inconclusive).
+    let not_applied = report::chaos_steps::not_applied(&report.chaos_steps);
+    let overall = crate::verdict::overall(&report.checks, &report.gates, &not_applied);
     report.exit_code = overall.exit_code();
     report.verdict = overall.verdict.as_str().into();
     render_outputs(
