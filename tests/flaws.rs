@@ -137,6 +137,7 @@ const ROLLING: &[(&str, &str, &str)] = &[
 ];
 const CRASH: &[(&str, &str, &str)] = &[];
 const INJECTION: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
+const LONG: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
 
 /// `edits` plus a shorter quiescence deadline, for flaws that leave deliveries open forever.
 fn impatient(
@@ -236,6 +237,17 @@ fn channel_provider(channel: &str) -> &str {
 #[test]
 fn correct_stack_passes_template_injection() {
     passes("template-injection", INJECTION);
+}
+
+/// Besides passing: `agreement` judged every delivery's final state (a pass that compared
+/// nothing proves nothing) and counted no resend after an accept the stack saw.
+#[test]
+fn correct_stack_passes_long_sends() {
+    let report = passes("long-sends", LONG);
+    let v = verdict(&report, "agreement");
+    assert_eq!(v["status"], "holds", "{v}");
+    assert_eq!(v["figures"]["states_judged"], 180, "{v}");
+    assert_eq!(v["figures"]["resends_after_accept"], 0, "{v}");
 }
 
 // --- One test per flaw. ---
@@ -418,6 +430,30 @@ fn flaw_status_without_message_id() {
         "callbacks-chaos",
         CALLBACKS,
         "callbacks",
+    );
+}
+
+#[test]
+fn flaw_email_event_regression() {
+    caught(
+        "email-event-regression",
+        "callbacks-chaos",
+        CALLBACKS,
+        &[("callbacks", "regression")],
+    );
+}
+
+#[test]
+fn flaw_no_heartbeat() {
+    caught(
+        "no-heartbeat",
+        "long-sends",
+        LONG,
+        &[
+            ("agreement", "accepted_but_failed"),
+            ("agreement", "resend_after_accept"),
+            ("agreement", "unknown_but_accepted"),
+        ],
     );
 }
 

@@ -89,6 +89,7 @@ fn correct_stack_passes_and_report_matches_schema() {
         "retry_discipline",
         "immutable_payload",
         "callbacks",
+        "agreement",
         "graceful_shutdown",
         "recovery",
     ] {

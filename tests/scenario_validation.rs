@@ -239,6 +239,8 @@ fn wrong_values_are_rejected_at_the_boundary() {
         ("", "[providers.sms]\nrate_limit = -5", "rate_limit", 19, 1, "(got -5)", None),
         ("", "[providers.sms.callbacks]\nenabled = true\ndelay_min = \"2s\"\ndelay_max = \"1s\"", "delay_min", 20, 1, "`delay_min` (2s) must be at most `delay_max` (1s)", None),
         ("", "[providers.smtp.events]\ndelay_max = \"10ms\"", "delay_max", 19, 1, "`delay_min` (50ms) must be at most `delay_max` (10ms); the defaults are 50ms and 500ms", None),
+        ("", "[providers.sms.callbacks]\nenabled = true\ndeferred_rate = \"10%\"", "deferred_rate", 20, 1, "`deferred_rate` is about e-mail delivery events: write it under [providers.smtp.events]", None),
+        ("", "[providers.sms.callbacks]\nprocessed = true", "processed", 19, 1, "`processed` is about e-mail delivery events", None),
         ("", "[providers.line]\ntransient = [\n  { status = 500, rate = \"80%\" },\n  { status = 503, rate = \"80%\" },\n]", "rate", 21, 19, "the `rate`s of the faults in `transient` add up to 1.6 (160%)", None),
         ("", "[providers.smtp]\nfaults = [\n  { stage = \"rcpt\", code = 451, rate = 0.6 },\n  { stage = \"data\", code = 554, rate = 0.6 },\n  { stage = \"rcpt\", code = 550, rate = 0.5 },\n]", "rate", 22, 33, "SMTP faults at stage `rcpt` add up to 1.1 (110%)", None),
         ("lease = \"2s\"", "shutdown_grace = \"0s\"\nlease = \"2s\"", "shutdown_grace", 6, 1, "`shutdown_grace` must be greater than 0", None),

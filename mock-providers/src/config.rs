@@ -86,7 +86,8 @@ pub struct CallbackConfig {
     pub duplicate_rate: Ratio,
     /// Share of messages that get a stale intermediate status (`sent`) after their final one.
     pub stale_rate: Ratio,
-    /// Share of messages whose final status is sent before the intermediate one.
+    /// Share of messages whose final status is sent before the intermediate ones (SMS `sent`;
+    /// e-mail `processed` and `deferred`, which then arrive after `delivered` / `bounced`).
     pub out_of_order_rate: Ratio,
     /// Share of messages that also get a callback with a wrong signature claiming a different
     /// final status.
@@ -96,6 +97,16 @@ pub struct CallbackConfig {
     /// Share of accepted messages whose final status is a failure (`undelivered`/`failed` for SMS,
     /// `bounced` for e-mail) rather than `delivered`.
     pub fail_rate: Ratio,
+    /// E-mail only: send a `processed` event (the provider took the message) right after each
+    /// accept, as SendGrid does.
+    pub processed: bool,
+    /// E-mail only: share of messages the receiving server defers (4yz) once or twice before
+    /// their final event: one or two `deferred` events, then `delivered` or, for the messages
+    /// that fail, a late asynchronous `bounced` (the provider gave up after its 250).
+    pub deferred_rate: Ratio,
+    /// E-mail only: share of delivered messages the recipient marks as spam: a `complained`
+    /// event after `delivered` (informational: the message was delivered).
+    pub complaint_rate: Ratio,
     /// Retry a callback the stack answered with 5xx or did not answer within `timeout`.
     pub retry_on_error: bool,
     pub max_retries: u32,
@@ -117,6 +128,9 @@ impl Default for CallbackConfig {
             forged_rate: Ratio::ZERO,
             unknown_id_rate: Ratio::ZERO,
             fail_rate: Ratio::ZERO,
+            processed: false,
+            deferred_rate: Ratio::ZERO,
+            complaint_rate: Ratio::ZERO,
             retry_on_error: true,
             max_retries: 3,
             timeout: HumanDuration::from_millis(2000),

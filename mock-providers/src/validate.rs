@@ -83,7 +83,8 @@ pub fn sms(c: &SmsConfig) -> Result<(), Problem> {
     rate_limit(c.rate_limit)?;
     not_empty("account_sid", &c.account_sid)?;
     not_empty("auth_token", &c.auth_token)?;
-    callbacks("callbacks", &c.callbacks)
+    callbacks("callbacks", &c.callbacks)?;
+    email_only("callbacks", &c.callbacks)
 }
 
 pub fn smtp(c: &SmtpConfig) -> Result<(), Problem> {
@@ -247,6 +248,25 @@ fn callbacks(table: &str, c: &CallbackConfig) -> Result<(), Problem> {
     Ok(())
 }
 
+/// E-mail event kinds Twilio has no counterpart for: refused on SMS, where they would do nothing.
+fn email_only(table: &str, c: &CallbackConfig) -> Result<(), Problem> {
+    let set = [
+        ("processed", c.processed),
+        ("deferred_rate", c.deferred_rate.get() > 0.0),
+        ("complaint_rate", c.complaint_rate.get() > 0.0),
+    ];
+    match set.into_iter().find(|(_, on)| *on) {
+        Some((key, _)) => Err(Problem::at(
+            format!("{table}.{key}"),
+            format!(
+                "`{key}` is about e-mail delivery events: write it under [providers.smtp.events]; \
+                 SMS status callbacks have no such event"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn not_empty(key: &str, v: &str) -> Result<(), Problem> {
     if v.trim().is_empty() {
         return Err(Problem::at(
@@ -386,6 +406,10 @@ mod tests {
                 json!({"events": {"enabled": true, "delay_min": "2s", "delay_max": "1s"}}),
                 Err("events.delay_min"),
             ),
+            (
+                json!({"events": {"enabled": true, "processed": true, "deferred_rate": 0.2, "complaint_rate": 0.05}}),
+                Ok(()),
+            ),
         ];
         for (patch, want) in cases {
             assert_eq!(
@@ -413,6 +437,18 @@ mod tests {
             (
                 json!({"transient": [{"status": 429, "rate": 0.1, "retry_after": "25h"}]}),
                 Err("transient[0].retry_after"),
+            ),
+            (
+                json!({"callbacks": {"enabled": true, "complaint_rate": 0.1}}),
+                Err("callbacks.complaint_rate"),
+            ),
+            (
+                json!({"callbacks": {"enabled": true, "processed": true}}),
+                Err("callbacks.processed"),
+            ),
+            (
+                json!({"callbacks": {"enabled": true, "out_of_order_rate": 0.2}}),
+                Ok(()),
             ),
         ];
         for (patch, want) in cases {

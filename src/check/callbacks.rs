@@ -2,7 +2,10 @@
 //! and duplicate, stale, out-of-order, forged and unknown-id reports changed nothing.
 //!
 //! Ground truth is the ledger's `Callback` entries: the `Genuine` report with a final status
-//! (SMS `delivered`/`undelivered`/`failed`, e-mail `delivered`/`bounced`) per message id. Only
+//! (SMS `delivered`/`undelivered`/`failed`, e-mail `delivered`/`bounced`) per message id. The
+//! other reports are intermediate or informational (SMS `sent`; e-mail `processed`, `deferred`,
+//! `complained`) and never decide a state: arriving after the final one (out of order), they must
+//! change nothing, which `regression` sees (stack/STATE_MACHINE.md, "E-mail delivery events"). Only
 //! messages whose genuine final report the stack acknowledged (2xx) are judged (an unacknowledged
 //! one only when the state agrees with it), and a row still `submitted` while callbacks are
 //! pending is skipped (quiescence reports those). Rules:
@@ -15,7 +18,6 @@
 //! - **regression**: any transition out of `delivered`, `permanent_failure` or `failed` (a stale or
 //!   out-of-order report applied), on any row.
 //! - **duplicate_applied**: two transitions with source `callback` to the same state on one row.
-//!
 //! - **forged_answered_2xx**: a report with a forged signature answered 2xx (the contract says
 //!   403: a stack that accepts it would accept anyone's).
 //!
@@ -24,6 +26,12 @@
 //! unjudged, and more than 1% of them makes the verdict insufficient — a stack that leaves
 //! `provider_message_id` empty cannot be judged, it does not hold); rows with transitions
 //! (`regression`, `duplicate_applied`); forged-signature reports (`forged_answered_2xx`).
+//!
+//! Figures count the genuine reports by type per provider, and the intermediate or
+//! informational ones the stack acknowledged after it had acknowledged the final report about the
+//! same message (`late_non_final_acked`): how often out-of-order arrival was actually put to it.
+//! A regression's counterexample lists those late reports about its message.
+//!
 //! Needs the status API: without it the verdict is `NotChecked`, never `Holds`.
 
 use std::collections::{BTreeMap, HashMap};
@@ -76,6 +84,20 @@ pub fn check(input: &Input) -> Verdict {
         return not_checked(NAME, "no callbacks were sent");
     }
 
+    let late = late_non_final(&cbs);
+    let mut by_type: BTreeMap<&str, BTreeMap<&str, u64>> = BTreeMap::new();
+    for cb in cbs
+        .iter()
+        .filter(|c| c.callback_variant == Some(CallbackVariant::Genuine))
+    {
+        if let Some(status) = cb.callback_status.as_deref() {
+            *by_type
+                .entry(cb.provider.as_str())
+                .or_default()
+                .entry(status)
+                .or_default() += 1;
+        }
+    }
     let mut findings = Findings::default();
     let mut truth: BTreeMap<(Provider, &str), Truth> = BTreeMap::new();
     let mut forged: HashMap<(Provider, &str), Vec<&str>> = HashMap::new();
@@ -183,11 +205,20 @@ pub fn check(input: &Input) -> Verdict {
                 if !regressed {
                     regressed = true;
                     regressions += 1;
-                    findings.push(row_json(
+                    let mut c = row_json(
                         row,
                         "regression",
                         json!({"from": f, "to": t.to, "source": t.source, "at": t.at}),
-                    ));
+                    );
+                    let id = row.provider_message_id.as_deref().map(norm);
+                    let reports = id.and_then(|id| late.get(&(row.channel.provider(), id)));
+                    c["late_reports"] = json!(reports
+                        .map(|r| r
+                            .iter()
+                            .map(|(s, at)| json!({"status": s, "at_ms": ms(*at)}))
+                            .collect::<Vec<_>>())
+                        .unwrap_or_default());
+                    findings.push(c);
                 }
             }
             if t.source == "callback" {
@@ -241,8 +272,49 @@ pub fn check(input: &Input) -> Verdict {
         "forged_answered_2xx": forged_2xx,
         "regressions": regressions,
         "duplicates_applied": duplicates,
+        "genuine_by_type": by_type,
+        "late_non_final_acked": late.values().map(Vec::len).sum::<usize>(),
     }));
     findings.verdict(NAME, summary, figs)
+}
+
+/// Genuine non-final reports (SMS `sent`; e-mail `processed`, `deferred`, `complained`) the stack
+/// acknowledged after it had acknowledged the genuine final report about the same message, per
+/// (provider, message id): (status, when acknowledged).
+fn late_non_final<'a>(
+    cbs: &[&'a LedgerEntry],
+) -> HashMap<(Provider, &'a str), Vec<(&'a str, u64)>> {
+    let acked = |cb: &&&LedgerEntry| {
+        cb.callback_response
+            .is_some_and(|c| (200..300).contains(&c))
+            && cb.callback_variant != Some(CallbackVariant::ForgedSignature)
+            && cb.callback_variant != Some(CallbackVariant::UnknownId)
+    };
+    let mut final_at: HashMap<(Provider, &str), u64> = HashMap::new();
+    for cb in cbs.iter().filter(acked) {
+        let (Some(id), Some(status)) = (cb.message_id.as_deref(), cb.callback_status.as_deref())
+        else {
+            continue;
+        };
+        if is_final_report(status) {
+            let t = final_at
+                .entry((cb.provider, norm(id)))
+                .or_insert(cb.mono_ns);
+            *t = (*t).min(cb.mono_ns);
+        }
+    }
+    let mut out: HashMap<(Provider, &str), Vec<(&str, u64)>> = HashMap::new();
+    for cb in cbs.iter().filter(acked) {
+        let (Some(id), Some(status)) = (cb.message_id.as_deref(), cb.callback_status.as_deref())
+        else {
+            continue;
+        };
+        let key = (cb.provider, norm(id));
+        if !is_final_report(status) && final_at.get(&key).is_some_and(|f| cb.mono_ns > *f) {
+            out.entry(key).or_default().push((status, cb.mono_ns));
+        }
+    }
+    out
 }
 
 fn row_json(row: &StatusDelivery, rule: &str, detail: Value) -> Value {
@@ -365,6 +437,73 @@ mod tests {
             got.sort();
             assert_eq!(got, want, "{case}");
             assert_eq!(v.counterexamples[0]["recipient"], "r1", "{case}");
+        }
+    }
+
+    /// An e-mail whose `processed` and `deferred` events arrived after `delivered`, then a
+    /// complaint: the correct stack stayed `delivered`.
+    fn email_out_of_order() -> World {
+        let mut w = World::new();
+        let e = w.expect("r3", Email);
+        w.send(Email, &e, Accepted, 0).message_id("<m3@x>");
+        for (status, at) in [
+            ("delivered", 300),
+            ("processed", 350),
+            ("deferred", 400),
+            ("complained", 900),
+        ] {
+            w.callback(Email, &e, "<m3@x>", status, Genuine, Some(200), at);
+        }
+        w
+    }
+
+    #[test]
+    fn email_events_out_of_order_and_informational_change_nothing() {
+        // (stack's path, rules expected)
+        let cases: [(&[&str], &[&str]); 4] = [
+            (&["sending", "submitted", "delivered@callback"], &[]),
+            // `processed` / `deferred` applied in arrival order: back to submitted.
+            (
+                &[
+                    "sending",
+                    "submitted",
+                    "delivered@callback",
+                    "submitted@callback",
+                ],
+                &["disagrees", "regression"],
+            ),
+            // Moved back and forth: the final state agrees, the regression is still one.
+            (
+                &[
+                    "submitted",
+                    "delivered@callback",
+                    "submitted@callback",
+                    "delivered@callback",
+                ],
+                &["duplicate_applied", "regression"],
+            ),
+            // The complaint taken for a bounce.
+            (
+                &[
+                    "submitted",
+                    "delivered@callback",
+                    "permanent_failure@callback",
+                ],
+                &["disagrees", "regression"],
+            ),
+        ];
+        for (path, want) in cases {
+            let mut w = email_out_of_order();
+            w.status_row("r3", Email, Some("m3@x"), path);
+            let v = check(&w.input());
+            let mut got = rules(&v);
+            got.sort();
+            assert_eq!(got, want, "{path:?}: {v:#?}");
+            assert_eq!(v.figures["late_non_final_acked"], 3, "{path:?}");
+            assert_eq!(v.figures["genuine_by_type"]["smtp"]["deferred"], 1);
+            if let Some(r) = v.counterexamples.iter().find(|c| c["rule"] == "regression") {
+                assert_eq!(r["late_reports"].as_array().unwrap().len(), 3, "{r}");
+            }
         }
     }
 

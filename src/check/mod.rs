@@ -10,6 +10,7 @@
 //! field naming the rule it breaks, the delivery (`recipient`, `channel`, `address`) where there
 //! is one, and times as milliseconds on the ledger clock (`*_ms`), at most 50 kept per verdict.
 
+pub mod agreement;
 pub mod callbacks;
 mod common;
 pub mod crashes;
@@ -243,7 +244,7 @@ impl Population {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Verdict {
     /// Stable name: `exactly_once`, `no_loss`, `retry_discipline`, `immutable_payload`,
-    /// `callbacks`, `graceful_shutdown`, `recovery`, `responsiveness`, `quiescence`.
+    /// `callbacks`, `agreement`, `graceful_shutdown`, `recovery`, `responsiveness`, `quiescence`.
     pub checker: String,
     pub status: Status,
     /// One line a person reads first ("6000 deliveries, 0 duplicates").
@@ -297,7 +298,7 @@ impl Verdict {
 pub fn run_all(input: &Input) -> Vec<Verdict> {
     let e = &input.scenario.expect;
     type Checker = fn(&Input) -> Verdict;
-    let switched: [(bool, &str, Checker); 7] = [
+    let switched: [(bool, &str, Checker); 8] = [
         (e.exactly_once, exactly_once::NAME, exactly_once::check),
         (e.no_loss, no_loss::NAME, no_loss::check),
         (
@@ -311,6 +312,7 @@ pub fn run_all(input: &Input) -> Vec<Verdict> {
             immutable_payload::check,
         ),
         (e.callbacks, callbacks::NAME, callbacks::check),
+        (e.agreement, agreement::NAME, agreement::check),
         (
             e.graceful_shutdown,
             graceful_shutdown::NAME,
@@ -416,6 +418,7 @@ mod tests {
                 "retry_discipline",
                 "immutable_payload",
                 "callbacks",
+                "agreement",
                 "graceful_shutdown",
                 "recovery",
                 "responsiveness",

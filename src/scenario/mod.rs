@@ -42,6 +42,8 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "resend-uncertain",
     "unescaped-template",
     "status-without-message-id",
+    "no-heartbeat",
+    "email-event-regression",
 ];
 
 /// A validated experiment.
@@ -187,6 +189,7 @@ pub struct Expect {
     pub retry_discipline: bool,
     pub immutable_payload: bool,
     pub callbacks: bool,
+    pub agreement: bool,
     pub graceful_shutdown: bool,
     pub recovery: bool,
     pub max_attempts: u32,

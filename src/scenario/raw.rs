@@ -306,6 +306,9 @@ pub struct RawExpect {
     pub retry_discipline: bool,
     pub immutable_payload: bool,
     pub callbacks: bool,
+    /// The stack's own final state agrees with the ledger, and nothing was resent after an
+    /// accept the stack saw (`agreement`).
+    pub agreement: bool,
     pub graceful_shutdown: bool,
     pub recovery: bool,
     /// Attempts allowed per delivery; default `stack.max_attempts`.
@@ -342,6 +345,7 @@ impl Default for RawExpect {
             retry_discipline: true,
             immutable_payload: true,
             callbacks: true,
+            agreement: true,
             graceful_shutdown: true,
             recovery: true,
             max_attempts: None,

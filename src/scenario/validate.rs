@@ -152,6 +152,7 @@ pub(super) fn validate(
         retry_discipline: e.retry_discipline,
         immutable_payload: e.immutable_payload,
         callbacks: e.callbacks,
+        agreement: e.agreement,
         graceful_shutdown: e.graceful_shutdown,
         recovery: e.recovery,
         max_attempts,

@@ -51,10 +51,12 @@ pub enum Flaw {
     ResendUncertain,
     UnescapedTemplate,
     StatusWithoutMessageId,
+    NoHeartbeat,
+    EmailEventRegression,
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 16] = [
+    pub const ALL: [(&'static str, Flaw); 18] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -71,6 +73,8 @@ impl Flaw {
         ("resend-uncertain", Flaw::ResendUncertain),
         ("unescaped-template", Flaw::UnescapedTemplate),
         ("status-without-message-id", Flaw::StatusWithoutMessageId),
+        ("no-heartbeat", Flaw::NoHeartbeat),
+        ("email-event-regression", Flaw::EmailEventRegression),
     ];
 
     pub fn name(self) -> &'static str {

@@ -21,7 +21,8 @@ pub struct Planned {
     /// When the reported event happened, after acceptance (what an e-mail event's `timestamp`
     /// says). A duplicate keeps its original's.
     pub stamp: Duration,
-    /// SMS: `sent` / `delivered` / `undelivered` / `failed`; e-mail: `delivered` / `bounced`.
+    /// SMS: `sent` / `delivered` / `undelivered` / `failed`; e-mail: `processed` / `deferred` /
+    /// `delivered` / `bounced` / `complained` ([`EMAIL_EVENTS`]).
     pub status: &'static str,
     pub variant: CallbackVariant,
     /// `I-Twilio-Idempotency-Token` or the e-mail event `id`; a duplicate repeats its original's.
@@ -168,10 +169,27 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
     }
 }
 
+/// The e-mail event types, as SendGrid and Mailgun send them: the provider took the message
+/// (`processed`), the receiving server deferred it and the provider will retry (`deferred`), the
+/// receiving server accepted it (`delivered`) or rejected it for good, possibly long after the
+/// provider's 250 (`bounced`), the recipient marked it as spam (`complained`, after `delivered`).
+/// `delivered` and `bounced` are final, the others informational.
+pub const EMAIL_EVENTS: [&str; 5] = [
+    "processed",
+    "deferred",
+    "delivered",
+    "bounced",
+    "complained",
+];
+
 /// Plans the delivery events of e-mail `message_id`, accepted as `attempt` to `recipient`.
 ///
-/// E-mail has no intermediate status, so there is no out-of-order variant, and the stale
-/// variant is a late re-delivery of the final event under a new event id (it cannot be
+/// In event order: `processed` (when `processed` is on), one or two `deferred` (a share
+/// `deferred_rate`), the final `delivered` or `bounced` (a bounce after deferrals is the classic
+/// late asynchronous bounce), and for a share `complaint_rate` of the delivered a `complained`.
+/// Each event's `timestamp` is when it happened; out of order (a share `out_of_order_rate`), the
+/// intermediate events *arrive* after the final one. The duplicate repeats the final event (same
+/// id); the stale variant is a late re-delivery of it under a new event id (it cannot be
 /// deduplicated by id, only by the message's state).
 pub fn email(
     seed: u64,
@@ -194,6 +212,19 @@ pub fn email(
     let unknown_at = uniform(&mut rng, min, max);
     let tokens: Vec<String> = (0..4).map(|_| token(&mut rng)).collect();
     let unknown_id = format!("<{}@unknown.ting-chaos.invalid>", token(&mut rng));
+    // Drawn after everything above, so a profile without these plans what it planned before.
+    let processed_at = uniform(&mut rng, Duration::ZERO, min);
+    let deferred = rng.gen::<f64>() < cfg.deferred_rate.get();
+    let deferrals = rng.gen_range(1..=2usize);
+    let deferred_at = [
+        uniform(&mut rng, processed_at, at),
+        uniform(&mut rng, processed_at, at),
+    ];
+    let out_of_order = rng.gen::<f64>() < cfg.out_of_order_rate.get();
+    let late_gap: Vec<Duration> = (0..3).map(|_| uniform(&mut rng, min, max)).collect();
+    let complained = rng.gen::<f64>() < cfg.complaint_rate.get();
+    let complaint_gap = uniform(&mut rng, min, max);
+    let more: Vec<String> = (0..4).map(|_| token(&mut rng)).collect();
 
     let event = |bounced: bool, at: Duration, token: &str| Planned {
         at,
@@ -208,6 +239,33 @@ pub fn email(
     };
     let genuine = event(bounced, at, &tokens[0]);
     let mut out = vec![genuine.clone()];
+    let info = |status: &'static str, stamp: Duration, token: &str| Planned {
+        at: stamp,
+        stamp,
+        status,
+        reason: (status == "deferred").then(|| "451 4.2.0 mailbox busy, will retry".to_string()),
+        ..event(false, stamp, token)
+    };
+    let mut intermediate = Vec::new();
+    if cfg.processed {
+        intermediate.push(info("processed", processed_at, &more[0]));
+    }
+    if deferred {
+        let mut stamps = deferred_at[..deferrals].to_vec();
+        stamps.sort();
+        for (i, stamp) in stamps.into_iter().enumerate() {
+            intermediate.push(info("deferred", stamp, &more[1 + i]));
+        }
+    }
+    for (i, mut p) in intermediate.into_iter().enumerate() {
+        if out_of_order {
+            p.at = at + late_gap[i];
+        }
+        out.push(p);
+    }
+    if complained && !bounced {
+        out.push(info("complained", at + complaint_gap, &more[3]));
+    }
     if dup {
         out.push(Planned {
             at: at + dup_gap,
@@ -336,6 +394,50 @@ mod tests {
             email(3, "a@x", 1, "<m@x>", &c),
             email(3, "a@x", 1, "<m@x>", &c)
         );
+    }
+
+    #[test]
+    fn email_events_in_event_order_and_out_of_order_arrival() {
+        // (fail_rate, out_of_order_rate, final event, complained expected)
+        let cases = [
+            (0.0, 0.0, "delivered", true),
+            (0.0, 1.0, "delivered", true),
+            (1.0, 1.0, "bounced", false),
+        ];
+        for (fail, ooo, fin, complained) in cases {
+            let c = CallbackConfig {
+                processed: true,
+                deferred_rate: Ratio(1.0),
+                complaint_rate: Ratio(1.0),
+                fail_rate: Ratio(fail),
+                out_of_order_rate: Ratio(ooo),
+                ..cfg(0.0)
+            };
+            let p = email(5, "a@example.test", 1, "<m1@x>", &c);
+            let mut by_stamp = p.clone();
+            by_stamp.sort_by_key(|e| e.stamp);
+            let kinds: Vec<_> = by_stamp.iter().map(|e| e.status).collect();
+            let deferrals = kinds.iter().filter(|k| **k == "deferred").count();
+            assert!((1..=2).contains(&deferrals), "{kinds:?}");
+            let mut want = vec!["processed"];
+            want.extend(std::iter::repeat_n("deferred", deferrals));
+            want.push(fin);
+            if complained {
+                want.push("complained");
+            }
+            assert_eq!(kinds, want, "fail {fail} ooo {ooo}");
+            assert!(p.iter().all(|e| EMAIL_EVENTS.contains(&e.status)));
+            let final_at = p.iter().find(|e| e.status == fin).unwrap().at;
+            let intermediate_late = p
+                .iter()
+                .filter(|e| matches!(e.status, "processed" | "deferred"))
+                .all(|e| e.at > final_at);
+            assert_eq!(
+                intermediate_late,
+                ooo == 1.0,
+                "fail {fail} ooo {ooo}: {p:?}"
+            );
+        }
     }
 
     #[test]

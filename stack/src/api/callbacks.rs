@@ -4,8 +4,9 @@
 //! A bad signature is 403 and changes nothing. A callback is deduplicated on its idempotency
 //! token (in the same transaction as its effect) and applied through the compare-and-set
 //! function, so duplicates, stale reports and reports after a terminal state are acknowledged
-//! (200) and change nothing. Unknown ids are logged. This module must never write a state
-//! directly.
+//! (200) and change nothing. E-mail events other than `delivered` and `bounced` are
+//! informational and never move a delivery. Unknown ids are logged. This module must never write
+//! a state directly (except under the `naive-callbacks` and `email-event-regression` flaws).
 
 use axum::body::Bytes;
 use axum::extract::{Query, State as AxState};
@@ -127,21 +128,9 @@ async fn apply_sms(
         sms::Report::Pending => (State::Submitted, None),
     };
     if st.cfg.flaws.has(Flaw::NaiveCallbacks) {
-        // Flaw: believe every callback as it comes, even one that regresses a final state. The
-        // change is logged like any other, so the stack's own history shows what it believed.
-        sqlx::query(
-            "WITH old AS (SELECT id, state FROM deliveries WHERE id = $1 FOR UPDATE), \
-             upd AS (UPDATE deliveries d SET state = $2, provider_message_id = $3 FROM old \
-             WHERE d.id = old.id RETURNING d.id, old.state AS from_state) \
-             INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
-             SELECT id, from_state, $2, 'callback', $4 FROM upd",
-        )
-        .bind(id)
-        .bind(to.as_str())
-        .bind(&sid)
-        .bind(format!("sms status {status} for {sid} (applied naively)"))
-        .execute(&mut *tx)
-        .await?;
+        // Flaw: believe every callback as it comes, even one that regresses a final state.
+        let detail = format!("sms status {status} for {sid} (applied naively)");
+        apply_naively(&mut tx, id, to, Some(&sid), detail).await?;
         tx.commit().await?;
         return Ok(StatusCode::OK);
     }
@@ -226,27 +215,38 @@ async fn apply_email(
         tx.commit().await?;
         return Ok(StatusCode::OK);
     };
-    let (to, error) = match ev.kind.as_str() {
-        "delivered" => (State::Delivered, None),
-        "bounced" => (
-            State::PermanentFailure,
-            Some((
-                class::PERMANENT.to_string(),
-                ev.reason.clone().unwrap_or_else(|| "bounced".into()),
-            )),
-        ),
-        other => {
-            tracing::info!(kind = other, "e-mail event type ignored");
-            tx.commit().await?;
-            return Ok(StatusCode::OK);
-        }
+    let Some(kind) = EmailEventKind::parse(&ev.kind) else {
+        tracing::info!(kind = %ev.kind, "e-mail event type ignored");
+        tx.commit().await?;
+        return Ok(StatusCode::OK);
     };
+    let detail = format!("e-mail event {} {}", ev.id, ev.kind);
+    if st.cfg.flaws.has(Flaw::EmailEventRegression) {
+        // Flaw: every event moves the row to the state it suggests, in arrival order, with no
+        // regression guard: a `processed` or `deferred` arriving after `delivered` moves it back.
+        if let Some(to) = kind.naive_state() {
+            apply_naively(&mut tx, id, to, None, detail).await?;
+        }
+        tx.commit().await?;
+        return Ok(StatusCode::OK);
+    }
+    let Some(to) = kind.final_state() else {
+        tracing::debug!(event = %ev.id, kind = %ev.kind, "informational e-mail event");
+        tx.commit().await?;
+        return Ok(StatusCode::OK);
+    };
+    let error = (to == State::PermanentFailure).then(|| {
+        (
+            class::PERMANENT.to_string(),
+            ev.reason.clone().unwrap_or_else(|| "bounced".into()),
+        )
+    });
     let t = Transition {
         delivery_id: id,
         from: &[State::Sending, State::Submitted, State::Unknown],
         to,
         source: Source::Callback,
-        detail: Some(format!("e-mail event {} {}", ev.id, ev.kind)),
+        detail: Some(detail),
         fence: Fence::None,
         set: Updates {
             outcome_class: Some(report_class(to)),
@@ -262,6 +262,77 @@ async fn apply_email(
     }
     tx.commit().await?;
     Ok(StatusCode::OK)
+}
+
+/// The e-mail event types (docs/stack-contract.md) and what each may do to a delivery
+/// (stack/STATE_MACHINE.md, "E-mail delivery events").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EmailEventKind {
+    Processed,
+    Deferred,
+    Delivered,
+    Bounced,
+    Complained,
+}
+
+impl EmailEventKind {
+    fn parse(s: &str) -> Option<EmailEventKind> {
+        Some(match s {
+            "processed" => EmailEventKind::Processed,
+            "deferred" => EmailEventKind::Deferred,
+            "delivered" => EmailEventKind::Delivered,
+            "bounced" => EmailEventKind::Bounced,
+            "complained" => EmailEventKind::Complained,
+            _ => return None,
+        })
+    }
+
+    /// The final state the event establishes; `None` for the informational ones, which never
+    /// move a delivery (`processed`, `deferred` say less than a state already reached;
+    /// `complained` comes after `delivered` and does not undo it).
+    fn final_state(self) -> Option<State> {
+        match self {
+            EmailEventKind::Delivered => Some(State::Delivered),
+            EmailEventKind::Bounced => Some(State::PermanentFailure),
+            _ => None,
+        }
+    }
+
+    /// What the `email-event-regression` flaw believes each event means.
+    fn naive_state(self) -> Option<State> {
+        match self {
+            EmailEventKind::Processed | EmailEventKind::Deferred => Some(State::Submitted),
+            EmailEventKind::Complained => None,
+            other => other.final_state(),
+        }
+    }
+}
+
+/// The `naive-callbacks` and `email-event-regression` flaws: write the state a callback
+/// suggests whatever the row's state, bypassing the compare-and-set. The change is logged like
+/// any other, so the stack's own history shows what it believed.
+async fn apply_naively(
+    tx: &mut sqlx::PgConnection,
+    id: i64,
+    to: State,
+    provider_message_id: Option<&str>,
+    detail: String,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH old AS (SELECT id, state FROM deliveries WHERE id = $1 FOR UPDATE), \
+         upd AS (UPDATE deliveries d SET state = $2, \
+         provider_message_id = COALESCE($3, d.provider_message_id) FROM old \
+         WHERE d.id = old.id RETURNING d.id, old.state AS from_state) \
+         INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
+         SELECT id, from_state, $2, 'callback', $4 FROM upd",
+    )
+    .bind(id)
+    .bind(to.as_str())
+    .bind(provider_message_id)
+    .bind(detail)
+    .execute(tx)
+    .await?;
+    Ok(())
 }
 
 /// The attempt outcome a report implies when it overtakes the worker's own record (it is counted

@@ -310,11 +310,16 @@ async fn heartbeat(w: Arc<Worker>) {
         let started = Instant::now();
         let renewed = async {
             let mut conn = w.pool.acquire().await?;
-            let held: Vec<i64> = w
-                .held
-                .lock()
-                .map(|h| h.iter().copied().collect())
-                .unwrap_or_default();
+            let held: Vec<i64> = if w.cfg.flaws.has(Flaw::NoHeartbeat) {
+                // Flaw: the worker is stamped alive but no lease is renewed, so a send that
+                // outlasts one lease is rescued (and resent) while it is still in flight.
+                Vec::new()
+            } else {
+                w.held
+                    .lock()
+                    .map(|h| h.iter().copied().collect())
+                    .unwrap_or_default()
+            };
             claim::renew(&mut conn, &w.cfg.worker_id, w.cfg.lease, &held).await
         };
         match renewed.await {

@@ -1,0 +1,314 @@
+//! `agreement`: the stack's own final state agrees with what the providers' ledger says happened,
+//! and the stack did not send again what a provider had accepted and told it so.
+//!
+//! A checker of the stack's *own* consistency (ARCHITECTURE.md allows reading the status API for
+//! that); whether a customer got a message stays `no_loss`'s and `exactly_once`'s business. It
+//! judges only what the stack could know. An accept is **seen** when the provider's answer went
+//! back to a sender that could record it: outcome `Accepted` or `IdempotentRepeat` (LINE's 409
+//! for a retry key it already accepted), no injected fault (a commit-then-fail 5xx, an SMTP
+//! accept-then-drop: the sender saw a failure), the sender did not hang up first, the request is
+//! attributed to a stack process, and nothing got in the way of recording it: that process was
+//! not SIGKILLed, SIGSTOPped, SIGTERMed and did not exit, and the database was not down (chaos
+//! `db_*` steps), from one lease before the request to one lease after the answer. A sender
+//! that lived on for a lease after the answer has either recorded it or kept renewing its lease.
+//!
+//! Rules, each per expected delivery with a status API row:
+//!
+//! - **accepted_but_failed**: an accept was seen, yet the stack says `failed`, or says
+//!   `permanent_failure` with no failure report the stack could have learned it from (a genuine
+//!   SMS `undelivered`/`failed` or e-mail `bounced` event, or an SMS poll answering one of those).
+//! - **never_accepted**: the stack says `delivered` or `submitted`, but the provider accepted no
+//!   send to that address at all (no accept, seen or not).
+//! - **unknown_but_accepted**: an accept was seen, yet the stack says `unknown` without ever having
+//!   recorded the acceptance (no `submitted` or `delivered` in its transitions). An accept the
+//!   sender never heard of (killed before the answer) leaves `unknown` honest; so does `unknown`
+//!   after `submitted` (an SMS the provider took whose handset outcome never came).
+//! - **resend_after_accept**: a send to the same address arriving after an accept the stack saw
+//!   (LINE same-key 409s, SMS / e-mail re-sends), even one still in flight: an accept whose
+//!   sender, and the database, were not disturbed from a lease before it until the resend. Every
+//!   other send after the first accept is counted as explained (`resends_after_accept_explained`:
+//!   a resend with the LINE retry key after a lost answer is the correct design). Ledger-only, so
+//!   it is judged without a status API too.
+//!
+//! A stack descheduled for longer than its lease after an answer would look like one that lost
+//! the answer; shipped scenarios keep leases well above the stalls a loaded CI machine causes.
+
+use std::collections::HashMap;
+
+use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
+use serde_json::{json, Value};
+
+use super::common::{
+    attempt_json, delivery_json, figures, not_checked, status_index, Findings, PerChannel, Sends,
+};
+use super::{Input, StatusDelivery, Verdict};
+
+pub const NAME: &str = "agreement";
+
+/// The rules, in report order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    AcceptedButFailed,
+    NeverAccepted,
+    UnknownButAccepted,
+    ResendAfterAccept,
+}
+
+impl Rule {
+    fn as_str(self) -> &'static str {
+        match self {
+            Rule::AcceptedButFailed => "accepted_but_failed",
+            Rule::NeverAccepted => "never_accepted",
+            Rule::UnknownButAccepted => "unknown_but_accepted",
+            Rule::ResendAfterAccept => "resend_after_accept",
+        }
+    }
+}
+
+const COUNTS: [&str; 6] = [
+    "accepted_but_failed",
+    "never_accepted",
+    "unknown_but_accepted",
+    "resend_after_accept",
+    "resends_after_accept",
+    "resends_after_accept_explained",
+];
+
+/// What could have kept a sender from recording an answer: per pid the moments it was signalled
+/// or exited, and the database's outages (start, end) on the ledger clock.
+struct Disturbances {
+    by_pid: HashMap<u32, Vec<u64>>,
+    db: Vec<(u64, u64)>,
+}
+
+impl Disturbances {
+    fn new(input: &Input) -> Disturbances {
+        let mut by_pid: HashMap<u32, Vec<u64>> = HashMap::new();
+        let mut db = Vec::new();
+        let mut open: HashMap<&str, u64> = HashMap::new();
+        for e in input.timeline {
+            match (e.kind.as_str(), e.pid) {
+                ("sigkill" | "sigstop" | "sigterm", Some(pid)) => {
+                    by_pid.entry(pid).or_default().push(e.mono_ns)
+                }
+                ("db_terminate", _) => db.push((e.mono_ns, e.mono_ns)),
+                ("db_restart", _) => {
+                    open.insert("restart", e.mono_ns);
+                }
+                ("db_idle_tx", _) => {
+                    open.insert("idle_tx", e.mono_ns);
+                }
+                ("db_restarted" | "db_restart_failed" | "db_restart_skipped", _) => {
+                    if let Some(s) = open.remove("restart") {
+                        db.push((s, e.mono_ns));
+                    }
+                }
+                ("db_idle_tx_end", _) => {
+                    if let Some(s) = open.remove("idle_tx") {
+                        db.push((s, e.mono_ns));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // An outage the run never saw end lasts to the end of the run.
+        db.extend(open.into_values().map(|s| (s, u64::MAX)));
+        for p in input.processes {
+            if let Some(x) = p.exited_ns {
+                by_pid.entry(p.pid).or_default().push(x);
+            }
+        }
+        Disturbances { by_pid, db }
+    }
+
+    /// Whether `pid` or the database was disturbed within `[from, to]`.
+    fn any(&self, pid: u32, from: u64, to: u64) -> bool {
+        let pid_hit = self
+            .by_pid
+            .get(&pid)
+            .is_some_and(|v| v.iter().any(|t| (from..=to).contains(t)));
+        pid_hit || self.db.iter().any(|(s, e)| *s <= to && *e >= from)
+    }
+}
+
+/// The provider answered an accept to a sender that heard it (before any disturbance check).
+fn answered_accept(s: &LedgerEntry, input: &Input) -> Option<u32> {
+    let accept = matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat);
+    if !accept || s.fault.is_some() || s.client_hung_up {
+        return None;
+    }
+    input.pids.get(&s.seq).copied()
+}
+
+/// A failure the stack may have learned from a report or a poll, per (provider, address).
+fn failure_reports(ledger: &[LedgerEntry]) -> HashMap<(Provider, &str), u64> {
+    let mut out: HashMap<(Provider, &str), u64> = HashMap::new();
+    for e in ledger {
+        let status = match e.kind {
+            EntryKind::Callback
+                if e.callback_variant != Some(CallbackVariant::ForgedSignature)
+                    && e.callback_variant != Some(CallbackVariant::UnknownId) =>
+            {
+                e.callback_status.as_deref()
+            }
+            EntryKind::Poll => Some(e.status.as_str()),
+            _ => None,
+        };
+        if matches!(status, Some("undelivered" | "failed" | "bounced")) {
+            *out.entry((e.provider, e.recipient.as_str())).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Whether the stack's own history shows it recorded the acceptance.
+fn recorded_acceptance(row: &StatusDelivery) -> bool {
+    row.transitions
+        .iter()
+        .any(|t| matches!(t.to.as_str(), "submitted" | "delivered"))
+}
+
+pub fn check(input: &Input) -> Verdict {
+    let sends = Sends::new(input.ledger);
+    let status = input.status.map(status_index);
+    let failures = failure_reports(input.ledger);
+    let dist = Disturbances::new(input);
+    let lease = u64::try_from(input.scenario.stack.lease.as_nanos()).unwrap_or(u64::MAX);
+    let mut counts = PerChannel::default();
+    let mut findings = Findings::default();
+    let (mut judged_states, mut no_row) = (0u64, 0u64);
+
+    for e in input.expected {
+        counts.init(e.channel, &COUNTS);
+        let attempts = sends.of_expected(e);
+        // The first accept the stack saw.
+        let seen = attempts.iter().find(|s| {
+            answered_accept(s, input).is_some_and(|pid| {
+                !dist.any(
+                    pid,
+                    s.received_ns.saturating_sub(lease),
+                    s.mono_ns.saturating_add(lease),
+                )
+            })
+        });
+        resends(input, e, attempts, &dist, lease, &mut counts, &mut findings);
+        let Some(status) = &status else { continue };
+        let Some(row) = status.get(&(e.recipient.as_str(), e.channel)) else {
+            no_row += 1;
+            continue;
+        };
+        judged_states += 1;
+        let any_accept = attempts
+            .iter()
+            .any(|s| matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat));
+        let reported_failure = failures.contains_key(&(e.channel.provider(), e.address.as_str()));
+        let rule = match (row.state.as_str(), seen) {
+            ("failed", Some(_)) => Some(Rule::AcceptedButFailed),
+            ("permanent_failure", Some(_)) if !reported_failure => Some(Rule::AcceptedButFailed),
+            ("delivered" | "submitted", _) if !any_accept => Some(Rule::NeverAccepted),
+            ("unknown", Some(_)) if !recorded_acceptance(row) => Some(Rule::UnknownButAccepted),
+            _ => None,
+        };
+        let Some(rule) = rule else { continue };
+        counts.add(e.channel, rule.as_str());
+        let mut c = delivery_json(e);
+        c.insert("rule".into(), json!(rule.as_str()));
+        c.insert("stack_state".into(), json!(row.state));
+        c.insert("last_error".into(), json!(row.last_error));
+        c.insert("seen_accept".into(), json!(seen.map(|s| s.seq)));
+        c.insert(
+            "transitions".into(),
+            json!(row
+                .transitions
+                .iter()
+                .map(|t| format!("{}@{}", t.to, t.source))
+                .collect::<Vec<_>>()),
+        );
+        c.insert(
+            "sends".into(),
+            Value::Array(attempts.iter().map(|s| attempt_json(s, input)).collect()),
+        );
+        findings.push(Value::Object(c));
+    }
+
+    if status.is_none() && input.expected.is_empty() {
+        return not_checked(NAME, "nothing was expected");
+    }
+    let states = if status.is_some() {
+        format!(
+            "{judged_states} final states judged: {} accepted but failed, {} never accepted, \
+             {} unknown though accepted",
+            counts.total("accepted_but_failed"),
+            counts.total("never_accepted"),
+            counts.total("unknown_but_accepted"),
+        )
+    } else {
+        "final states not checked (stack exposes no status API)".to_string()
+    };
+    let summary = format!(
+        "{states}; {} resends after a seen accept ({} explained by chaos)",
+        counts.total("resends_after_accept"),
+        counts.total("resends_after_accept_explained"),
+    );
+    let figs = figures(json!({
+        "by_channel": counts.to_json(),
+        "states_judged": judged_states,
+        "no_status_row": no_row,
+        "status_api": status.is_some(),
+        "accepted_but_failed": counts.total("accepted_but_failed"),
+        "never_accepted": counts.total("never_accepted"),
+        "unknown_but_accepted": counts.total("unknown_but_accepted"),
+        "deliveries_resent_after_accept": counts.total("resend_after_accept"),
+        "resends_after_accept": counts.total("resends_after_accept"),
+        "resends_after_accept_explained": counts.total("resends_after_accept_explained"),
+    }));
+    findings.verdict(NAME, summary, figs)
+}
+
+/// Counts the sends to `e` that arrived after its first accept, and reports the delivery once
+/// when any of them followed an accept the stack saw: one answered to a sender that was not
+/// disturbed (nor the database) from a lease before that accept until the resend.
+fn resends(
+    input: &Input,
+    e: &super::Expected,
+    attempts: &[&LedgerEntry],
+    dist: &Disturbances,
+    lease: u64,
+    counts: &mut PerChannel,
+    findings: &mut Findings,
+) {
+    let is_accept =
+        |s: &LedgerEntry| matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat);
+    let Some(first) = attempts.iter().position(|s| is_accept(s)) else {
+        return;
+    };
+    let mut unexcused: Vec<(&LedgerEntry, &LedgerEntry)> = Vec::new();
+    for (i, r) in attempts.iter().enumerate().skip(first + 1) {
+        let seen = attempts[..i].iter().find(|a| {
+            answered_accept(a, input).is_some_and(|pid| {
+                !dist.any(pid, a.received_ns.saturating_sub(lease), r.received_ns)
+            })
+        });
+        match seen {
+            Some(a) => {
+                counts.add(e.channel, "resends_after_accept");
+                unexcused.push((a, r));
+            }
+            None => counts.add(e.channel, "resends_after_accept_explained"),
+        }
+    }
+    let Some((a, r)) = unexcused.first() else {
+        return;
+    };
+    counts.add(e.channel, Rule::ResendAfterAccept.as_str());
+    let mut c = delivery_json(e);
+    c.insert("rule".into(), json!(Rule::ResendAfterAccept.as_str()));
+    c.insert("accept".into(), attempt_json(a, input));
+    c.insert("resends".into(), json!(unexcused.len()));
+    c.insert("first_resend".into(), attempt_json(r, input));
+    findings.push(Value::Object(c));
+}
+
+#[cfg(test)]
+#[path = "agreement_tests.rs"]
+mod tests;

@@ -1,0 +1,298 @@
+//! Tests of `agreement`: each rule broken on purpose, and a correct stack at each rule's edge
+//! (an accept its sender never heard of, a resend after a kill or a database outage, a late
+//! failure report) not flagged.
+
+use mock_providers::ledger::CallbackVariant::*;
+use mock_providers::ledger::Outcome::*;
+
+use super::*;
+use crate::check::testkit::*;
+use crate::check::Status;
+use crate::scenario::Channel::*;
+
+/// One delivery per kind of proper agreement, all sent by pid 100 and never disturbed.
+fn healthy() -> World {
+    let mut w = World::new();
+    let l = w.expect("r1", Line);
+    w.send(Line, &l, Transient, 0);
+    w.send(Line, &l, Accepted, 200);
+    w.status_row(
+        "r1",
+        Line,
+        None,
+        &["sending", "retryable", "sending", "delivered"],
+    );
+    let e = w.expect("r2", Email);
+    w.send(Email, &e, Accepted, 0).message_id("<m2@x>");
+    w.callback(Email, &e, "<m2@x>", "bounced", Genuine, Some(200), 900);
+    w.status_row(
+        "r2",
+        Email,
+        Some("m2@x"),
+        &["sending", "submitted", "permanent_failure@callback"],
+    );
+    // The provider took the SMS; no final status came before the horizon: `unknown` is honest.
+    let s = w.expect("r3", Sms);
+    w.send(Sms, &s, Accepted, 0).message_id("SM3");
+    w.status_row(
+        "r3",
+        Sms,
+        Some("SM3"),
+        &["sending", "submitted", "unknown@poll"],
+    );
+    // Never accepted and the stack says so.
+    let b = w.expect("r4", Line);
+    w.send(Line, &b, Permanent, 0);
+    w.status_row("r4", Line, None, &["sending", "permanent_failure"]);
+    w
+}
+
+#[test]
+fn agreeing_states_hold() {
+    let v = check(&healthy().input());
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    assert_eq!(v.figures["states_judged"], 4);
+    assert_eq!(v.figures["resends_after_accept"], 0);
+}
+
+#[test]
+fn each_rule_can_be_broken() {
+    type Setup = fn(&mut World);
+    // (case, what the broken stack did, the rule)
+    let cases: [(&str, Setup, &str); 6] = [
+        (
+            "line accepted, stack says failed",
+            |w| {
+                let a = w.expect("r9", Line);
+                w.send(Line, &a, Accepted, 0);
+                w.status_row(
+                    "r9",
+                    Line,
+                    None,
+                    &["sending", "retryable@rescuer", "failed@rescuer"],
+                );
+            },
+            "accepted_but_failed",
+        ),
+        (
+            "e-mail accepted, permanent_failure without any bounce",
+            |w| {
+                let a = w.expect("r9", Email);
+                w.send(Email, &a, Accepted, 0);
+                w.status_row("r9", Email, None, &["sending", "permanent_failure"]);
+            },
+            "accepted_but_failed",
+        ),
+        (
+            "sms never accepted, stack says delivered",
+            |w| {
+                let a = w.expect("r9", Sms);
+                w.send(Sms, &a, Transient, 0);
+                w.status_row("r9", Sms, None, &["sending", "delivered"]);
+            },
+            "never_accepted",
+        ),
+        (
+            "line never sent, stack says submitted",
+            |w| {
+                w.expect("r9", Line);
+                w.status_row("r9", Line, None, &["sending", "submitted"]);
+            },
+            "never_accepted",
+        ),
+        (
+            "e-mail 250 reached a live sender, stack says unknown",
+            |w| {
+                let a = w.expect("r9", Email);
+                w.send(Email, &a, Accepted, 0);
+                w.status_row("r9", Email, None, &["sending", "unknown@rescuer"]);
+            },
+            "unknown_but_accepted",
+        ),
+        (
+            "line resent with the same key after a 200",
+            |w| {
+                let a = w.expect("r9", Line);
+                w.send(Line, &a, Accepted, 0);
+                w.send(Line, &a, IdempotentRepeat, 2_000);
+                w.send(Line, &a, IdempotentRepeat, 4_000);
+                w.status_row("r9", Line, None, &["sending", "delivered"]);
+            },
+            "resend_after_accept",
+        ),
+    ];
+    for (case, setup, rule) in cases {
+        let mut w = healthy();
+        setup(&mut w);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated, "{case}: {v:#?}");
+        assert_eq!(rules(&v), [rule], "{case}");
+        assert_eq!(v.counterexamples[0]["recipient"], "r9", "{case}");
+    }
+}
+
+#[test]
+fn resends_are_counted_per_send_and_reported_per_delivery() {
+    let mut w = healthy();
+    let a = w.expect("r9", Line);
+    w.send(Line, &a, Accepted, 0);
+    for at in [1_500, 3_000, 4_500] {
+        w.send(Line, &a, IdempotentRepeat, at);
+    }
+    w.status_row("r9", Line, None, &["sending", "failed@rescuer"]);
+    let v = check(&w.input());
+    assert_eq!(v.figures["resends_after_accept"], 3);
+    assert_eq!(v.figures["deliveries_resent_after_accept"], 1);
+    assert_eq!(v.figures["by_channel"]["line"]["resends_after_accept"], 3);
+    let mut got = rules(&v);
+    got.sort();
+    assert_eq!(got, ["accepted_but_failed", "resend_after_accept"]);
+}
+
+#[test]
+fn a_correct_stack_at_each_edge_holds() {
+    type Setup = fn(&mut World);
+    // (case, what a correct stack did and the harness saw)
+    let cases: [(&str, Setup); 8] = [
+        (
+            "sender killed between the provider's commit and its answer (on_accept)",
+            |w| {
+                let a = w.expect("r9", Line);
+                w.send(Line, &a, Accepted, 0).pid(7);
+                w.event("sigkill", Some(7), 3);
+                w.send(Line, &a, IdempotentRepeat, 2_000);
+                w.status_row(
+                    "r9",
+                    Line,
+                    None,
+                    &["sending", "retryable@rescuer", "sending", "delivered"],
+                );
+            },
+        ),
+        (
+            "e-mail 250 never reached a killed sender: held unknown",
+            |w| {
+                let a = w.expect("r9", Email);
+                w.send(Email, &a, Accepted, 0).pid(7);
+                w.event("sigkill", Some(7), 3);
+                w.status_row("r9", Email, None, &["sending", "unknown@rescuer"]);
+            },
+        ),
+        (
+            "sender killed after the answer, before it could record it",
+            |w| {
+                let a = w.expect("r9", Line);
+                w.send(Line, &a, Accepted, 0).pid(7);
+                w.worker(7, 0, Some(400));
+                w.status_row("r9", Line, None, &["sending", "failed@rescuer"]);
+            },
+        ),
+        (
+            "accept-then-drop: the provider committed, the sender saw a dropped connection",
+            |w| {
+                let a = w.expect("r9", Email);
+                w.send(Email, &a, Accepted, 0).entry.fault = Some("accept_then_drop".into());
+                w.status_row("r9", Email, None, &["sending", "unknown"]);
+            },
+        ),
+        (
+            "the sender hung up before the answer (its own timeout)",
+            |w| {
+                let a = w.expect("r9", Line);
+                w.send(Line, &a, Accepted, 0).hung_up();
+                w.send(Line, &a, IdempotentRepeat, 2_000);
+                w.status_row(
+                    "r9",
+                    Line,
+                    None,
+                    &["sending", "retryable", "sending", "delivered"],
+                );
+            },
+        ),
+        (
+            "the database was down while the sender tried to record the accept",
+            |w| {
+                let a = w.expect("r9", Line);
+                w.event("db_restart", None, 100);
+                w.send(Line, &a, Accepted, 500);
+                w.event("db_restarted", None, 3_000);
+                w.send(Line, &a, IdempotentRepeat, 4_000);
+                w.status_row(
+                    "r9",
+                    Line,
+                    None,
+                    &["sending", "retryable@rescuer", "sending", "delivered"],
+                );
+            },
+        ),
+        (
+            "an SMS the provider took and a poll found undelivered",
+            |w| {
+                let a = w.expect("r9", Sms);
+                w.send(Sms, &a, Accepted, 0).message_id("SM9");
+                let mut p = mock_providers::ledger::LedgerEntry::draft(
+                    mock_providers::ledger::Provider::Sms,
+                    mock_providers::ledger::EntryKind::Poll,
+                    a.clone(),
+                );
+                p.status = "undelivered".into();
+                p.seq = w.ledger.len() as u64;
+                w.ledger.push(p);
+                w.status_row(
+                    "r9",
+                    Sms,
+                    Some("SM9"),
+                    &["sending", "submitted", "permanent_failure@poll"],
+                );
+            },
+        ),
+        ("an accept nobody can attribute to a stack process", |w| {
+            let a = w.expect("r9", Email);
+            w.send(Email, &a, Accepted, 0).unattributed();
+            w.status_row("r9", Email, None, &["sending", "unknown@rescuer"]);
+        }),
+    ];
+    for (case, setup) in cases {
+        let mut w = healthy();
+        setup(&mut w);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{case}: {v:#?}");
+    }
+}
+
+#[test]
+fn explained_resends_are_counted_apart() {
+    let mut w = healthy();
+    let a = w.expect("r9", Line);
+    w.send(Line, &a, Accepted, 0).pid(7);
+    w.event("sigstop", Some(7), 2);
+    w.send(Line, &a, IdempotentRepeat, 2_000);
+    w.status_row("r9", Line, None, &["sending", "delivered"]);
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    assert_eq!(
+        (
+            v.figures["resends_after_accept"].as_u64(),
+            v.figures["resends_after_accept_explained"].as_u64()
+        ),
+        (Some(0), Some(1))
+    );
+}
+
+#[test]
+fn without_a_status_api_only_resends_are_judged() {
+    let mut w = healthy();
+    w.status = None;
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    assert!(
+        v.summary.starts_with("final states not checked"),
+        "{}",
+        v.summary
+    );
+    let a = w.expect("r9", Sms);
+    w.send(Sms, &a, Accepted, 0);
+    w.send(Sms, &a, Accepted, 3_000);
+    let v = check(&w.input());
+    assert_eq!(rules(&v), ["resend_after_accept"]);
+}
