@@ -244,7 +244,8 @@ impl Population {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Verdict {
     /// Stable name: `exactly_once`, `no_loss`, `retry_discipline`, `immutable_payload`,
-    /// `callbacks`, `agreement`, `graceful_shutdown`, `recovery`, `responsiveness`, `quiescence`.
+    /// `callbacks`, `agreement`, `graceful_shutdown`, `recovery`, `responsiveness`, `quiescence`,
+    /// `crashes`.
     pub checker: String,
     pub status: Status,
     /// One line a person reads first ("6000 deliveries, 0 duplicates").
