@@ -30,6 +30,11 @@
 //!   a resend with the LINE retry key after a lost answer is the correct design). Ledger-only, so
 //!   it is judged without a status API too.
 //!
+//! Judged: the three state rules every delivery with a status API row (more than 1% of expected
+//! deliveries without one makes the verdict insufficient), `resend_after_accept` every delivery
+//! with an accept; the rules that need an accept's sender are insufficient when more than 1% of
+//! the accepts answered to a sender cannot be attributed to a process.
+//!
 //! A stack descheduled for longer than its lease after an answer would look like one that lost
 //! the answer; shipped scenarios keep leases well above the stalls a loaded CI machine causes.
 
@@ -39,7 +44,8 @@ use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, P
 use serde_json::{json, Value};
 
 use super::common::{
-    attempt_json, delivery_json, figures, not_checked, status_index, Findings, PerChannel, Sends,
+    attempt_json, delivery_json, figures, status_index, Findings, PerChannel, Sends,
+    MAX_UNJUDGED_SHARE,
 };
 use super::{Input, StatusDelivery, Verdict};
 
@@ -231,9 +237,14 @@ pub fn check(input: &Input) -> Verdict {
         findings.push(Value::Object(c));
     }
 
-    if status.is_none() && input.expected.is_empty() {
-        return not_checked(NAME, "nothing was expected");
-    }
+    declare_judged(
+        input,
+        &sends,
+        &mut findings,
+        status.is_some(),
+        judged_states,
+        no_row,
+    );
     let states = if status.is_some() {
         format!(
             "{judged_states} final states judged: {} accepted but failed, {} never accepted, \
@@ -263,6 +274,57 @@ pub fn check(input: &Input) -> Verdict {
         "resends_after_accept_explained": counts.total("resends_after_accept_explained"),
     }));
     findings.verdict(NAME, summary, figs)
+}
+
+/// What each rule judged: the state rules every delivery with a status row (short when more than
+/// 1% of the expected deliveries have none), the resend rule every delivery with an accept; all
+/// of them need the sender of each accept answered to a sender (short when more than 1% of
+/// those have no known pid).
+fn declare_judged(
+    input: &Input,
+    sends: &Sends,
+    findings: &mut Findings,
+    status_api: bool,
+    judged_states: u64,
+    no_row: u64,
+) {
+    let (mut accepted, mut answered, mut unattributed) = (0u64, 0u64, 0u64);
+    for e in input.expected {
+        let attempts = sends.of_expected(e);
+        let accepts: Vec<_> = attempts
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat))
+            .collect();
+        accepted += u64::from(!accepts.is_empty());
+        for s in accepts
+            .iter()
+            .filter(|s| s.fault.is_none() && !s.client_hung_up)
+        {
+            answered += 1;
+            unattributed += u64::from(!input.pids.contains_key(&s.seq));
+        }
+    }
+    let expected = input.expected.len() as u64;
+    if status_api {
+        for rule in [
+            Rule::AcceptedButFailed,
+            Rule::NeverAccepted,
+            Rule::UnknownButAccepted,
+        ] {
+            findings.judged(rule.as_str(), judged_states);
+        }
+        findings.unjudged(
+            Rule::NeverAccepted.as_str(),
+            expected,
+            no_row,
+            MAX_UNJUDGED_SHARE,
+            "deliveries with no status API row",
+        );
+        findings.unattributed(Rule::AcceptedButFailed.as_str(), answered, unattributed);
+        findings.unattributed(Rule::UnknownButAccepted.as_str(), answered, unattributed);
+    }
+    findings.judged(Rule::ResendAfterAccept.as_str(), accepted);
+    findings.unattributed(Rule::ResendAfterAccept.as_str(), answered, unattributed);
 }
 
 /// Counts the sends to `e` that arrived after its first accept, and reports the delivery once

@@ -153,7 +153,7 @@ fn resends_are_counted_per_send_and_reported_per_delivery() {
 fn a_correct_stack_at_each_edge_holds() {
     type Setup = fn(&mut World);
     // (case, what a correct stack did and the harness saw)
-    let cases: [(&str, Setup); 8] = [
+    let cases: [(&str, Setup); 7] = [
         (
             "sender killed between the provider's commit and its answer (on_accept)",
             |w| {
@@ -246,11 +246,6 @@ fn a_correct_stack_at_each_edge_holds() {
                 );
             },
         ),
-        ("an accept nobody can attribute to a stack process", |w| {
-            let a = w.expect("r9", Email);
-            w.send(Email, &a, Accepted, 0).unattributed();
-            w.status_row("r9", Email, None, &["sending", "unknown@rescuer"]);
-        }),
     ];
     for (case, setup) in cases {
         let mut w = healthy();
@@ -258,6 +253,34 @@ fn a_correct_stack_at_each_edge_holds() {
         let v = check(&w.input());
         assert_eq!(v.status, Status::Holds, "{case}: {v:#?}");
     }
+}
+
+/// An accept no stack process can be found to have sent cannot be judged: not a violation, and
+/// more than 1% of them leaves the verdict insufficient rather than holding.
+#[test]
+fn unattributed_accepts_are_not_judged() {
+    let mut w = healthy();
+    let a = w.expect("r9", Email);
+    w.send(Email, &a, Accepted, 0).unattributed();
+    w.status_row("r9", Email, None, &["sending", "unknown@rescuer"]);
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+    assert!(
+        v.summary.contains("sends with no known sender pid"),
+        "{}",
+        v.summary
+    );
+}
+
+#[test]
+fn missing_status_rows_are_not_judged() {
+    let mut w = healthy();
+    let a = w.expect("r9", Line);
+    w.send(Line, &a, Accepted, 0);
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+    assert!(v.summary.contains("no status API row"), "{}", v.summary);
+    assert_eq!(v.figures["no_status_row"], 1);
 }
 
 #[test]
