@@ -458,6 +458,19 @@ fn flaw_no_heartbeat() {
 }
 
 #[test]
+fn flaw_subject_header_injection() {
+    caught(
+        "subject-header-injection",
+        "template-injection",
+        INJECTION,
+        &[
+            ("headers", "header_injection"),
+            ("headers", "extra_recipient"),
+        ],
+    );
+}
+
+#[test]
 fn variant_helpers_edit_the_right_table() {
     let t = "name = \"x\"\n[stack]\nworkers = 4\n[load]\nrecipients = 600\n[expect]\nquiescence = \"40s\"\n";
     let v = set(

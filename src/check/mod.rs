@@ -16,6 +16,7 @@ mod common;
 pub mod crashes;
 pub mod exactly_once;
 pub mod graceful_shutdown;
+pub mod headers;
 pub mod immutable_payload;
 pub mod no_loss;
 pub mod quiescence;
@@ -312,6 +313,7 @@ pub fn run_all(input: &Input) -> Vec<Verdict> {
             immutable_payload::NAME,
             immutable_payload::check,
         ),
+        (e.immutable_payload, headers::NAME, headers::check),
         (e.callbacks, callbacks::NAME, callbacks::check),
         (e.agreement, agreement::NAME, agreement::check),
         (
@@ -418,6 +420,7 @@ mod tests {
                 "no_loss",
                 "retry_discipline",
                 "immutable_payload",
+                "headers",
                 "callbacks",
                 "agreement",
                 "graceful_shutdown",

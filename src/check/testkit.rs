@@ -289,6 +289,11 @@ impl SendMut<'_> {
         self
     }
 
+    pub fn body(self, body: &str) -> Self {
+        self.entry.body = Some(body.into());
+        self
+    }
+
     pub fn message_id(self, id: &str) -> Self {
         self.entry.message_id = Some(id.into());
         self

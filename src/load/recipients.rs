@@ -51,6 +51,39 @@ const TRICKY: &[&str] = &[
     "Ngọc Ánh 🚀 <u>VIP</u>",
 ];
 
+/// The address no recipient has: hostile data asks for a copy to it, so any message to it (in the
+/// envelope or a `To`/`Cc`/`Bcc` header) is an injected recipient.
+pub const INJECTED_ADDRESS: &str = "attacker@injected.invalid";
+/// The header name only hostile data spells: a message carrying it had a header injected.
+pub const INJECTED_HEADER: &str = "X-Ting-Injected";
+
+/// Names that break a stack that copies data into headers or trusts it to be short and printable:
+/// CR/LF followed by a header (into a Subject or a display name), a NUL, right-to-left and other
+/// invisible formatting marks, and a name far longer than any header line should be.
+fn hostile_names() -> Vec<String> {
+    vec![
+        format!("Ana\r\nBcc: {INJECTED_ADDRESS}"),
+        format!("Ben\r\n{INJECTED_HEADER}: name"),
+        format!("Chloé\nBcc: {INJECTED_ADDRESS}\n{INJECTED_HEADER}: lf"),
+        "Dmitri\0Null".to_string(),
+        "Emi \u{202E}gnp.exe\u{202C} \u{200F}مرحبا\u{200E}".to_string(),
+        format!(
+            "Farah {}",
+            "Wolfeschlegelsteinhausenberger ".repeat(8).trim_end()
+        ),
+    ]
+}
+
+/// Template variables of a hostile recipient: the same tricks in `item`.
+fn hostile_items() -> Vec<String> {
+    vec![
+        format!("Tea set\r\n{INJECTED_HEADER}: item"),
+        "Rice\0cooker".to_string(),
+        "Umbrella \u{202E}321\u{202C}".to_string(),
+        format!("Coffee {}", "beans, ".repeat(40).trim_end()),
+    ]
+}
+
 const ITEMS: &[&str] = &[
     "Coffee beans 1kg",
     "Tea set",
@@ -62,11 +95,16 @@ const ITEMS: &[&str] = &[
 /// Builds `n` recipients from `seed`: the same seed gives the same people.
 pub fn generate(seed: u64, n: u32, tricky_share: f64) -> Vec<Recipient> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x7469_6e67_6c6f_6164);
+    let (names, items) = (hostile_names(), hostile_items());
     (0..n)
         .map(|i| {
             let id = format!("r{:06}", i + 1);
             let tricky = rng.gen_bool(tricky_share.clamp(0.0, 1.0));
-            let name = if tricky {
+            // Half the tricky recipients carry markup, half header and control-character tricks.
+            let hostile = tricky && rng.gen_bool(0.5);
+            let name = if hostile {
+                names.choose(&mut rng).unwrap().clone()
+            } else if tricky {
                 TRICKY.choose(&mut rng).unwrap().to_string()
             } else {
                 NAMES.choose(&mut rng).unwrap().to_string()
@@ -74,17 +112,19 @@ pub fn generate(seed: u64, n: u32, tricky_share: f64) -> Vec<Recipient> {
             let digest = Sha256::digest(format!("{seed}:{id}"));
             let mut vars = serde_json::Map::new();
             vars.insert("order_id".into(), format!("A-{}", 100_000 + i).into());
-            vars.insert(
-                "item".into(),
-                ITEMS.choose(&mut rng).unwrap().to_string().into(),
-            );
+            let item = if hostile {
+                items.choose(&mut rng).unwrap().clone()
+            } else {
+                ITEMS.choose(&mut rng).unwrap().to_string()
+            };
+            vars.insert("item".into(), item.into());
             vars.insert(
                 "total".into(),
                 format!("¥{}", rng.gen_range(500..50_000)).into(),
             );
             Recipient {
                 line_user_id: format!("U{}", &hex::encode(digest)[..32]),
-                email: format!("{id}@example.test"),
+                email: email_address(&id, digest[0]),
                 phone: format!("+1555{:07}", i + 1),
                 id,
                 name,
@@ -93,6 +133,18 @@ pub fn generate(seed: u64, n: u32, tricky_share: f64) -> Vec<Recipient> {
             }
         })
         .collect()
+}
+
+/// The e-mail address of recipient `id`: most plain, some with a plus-tag (`r000007+orders@…`),
+/// some on an internationalised domain in its ASCII form (`xn--bcher-kva.example.test`, as an
+/// application stores it after IDNA), picked by a byte of the recipient's digest.
+fn email_address(id: &str, pick: u8) -> String {
+    match pick % 8 {
+        0 => format!("{id}+orders@example.test"),
+        1 => format!("{id}@xn--bcher-kva.example.test"),
+        2 => format!("{id}+tag.{pick}@xn--fiqs8s.example.test"),
+        _ => format!("{id}@example.test"),
+    }
 }
 
 /// The deliveries the load asks for, with the providers' seeded verdict on each address.
@@ -147,5 +199,25 @@ mod tests {
         assert!(a
             .iter()
             .all(|r| r.line_user_id.len() == 33 && r.line_user_id.starts_with('U')));
+        let emails: std::collections::HashSet<_> = a.iter().map(|r| &r.email).collect();
+        assert_eq!(emails.len(), 500);
+    }
+
+    /// Every kind of hostile data and address appears in an ordinary load, seeded.
+    #[test]
+    fn hostile_data_and_addresses_appear() {
+        let a = generate(3, 2000, 0.3);
+        let has = |f: &dyn Fn(&Recipient) -> bool| a.iter().any(f);
+        assert!(has(&|r| r.name.contains("\r\nBcc: ")));
+        assert!(has(&|r| r.name.contains(INJECTED_HEADER)));
+        assert!(has(&|r| r.name.contains('\0')));
+        assert!(has(&|r| r.name.contains('\u{202E}')));
+        assert!(has(&|r| r.name.chars().count() > 200));
+        assert!(has(&|r| r.vars["item"].as_str().unwrap().contains("\r\n")));
+        assert!(has(&|r| r.email.contains('+')));
+        assert!(has(&|r| r.email.contains("@xn--")));
+        assert!(a
+            .iter()
+            .all(|r| r.email.is_ascii() && r.email.matches('@').count() == 1));
     }
 }

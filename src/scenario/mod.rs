@@ -44,6 +44,7 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "status-without-message-id",
     "no-heartbeat",
     "email-event-regression",
+    "subject-header-injection",
 ];
 
 /// A validated experiment.

@@ -53,10 +53,11 @@ pub enum Flaw {
     StatusWithoutMessageId,
     NoHeartbeat,
     EmailEventRegression,
+    SubjectHeaderInjection,
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 18] = [
+    pub const ALL: [(&'static str, Flaw); 19] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -75,6 +76,7 @@ impl Flaw {
         ("status-without-message-id", Flaw::StatusWithoutMessageId),
         ("no-heartbeat", Flaw::NoHeartbeat),
         ("email-event-regression", Flaw::EmailEventRegression),
+        ("subject-header-injection", Flaw::SubjectHeaderInjection),
     ];
 
     pub fn name(self) -> &'static str {

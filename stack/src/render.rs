@@ -65,6 +65,8 @@ pub struct RenderError {
 /// The compiled templates of one batch.
 pub struct Renderer {
     hb: Handlebars<'static>,
+    /// The `subject-header-injection` flaw: the subject keeps recipient data's line breaks.
+    raw_subject: bool,
 }
 
 const PARTS: [&str; 5] = ["subject", "text", "html", "line", "sms"];
@@ -114,7 +116,17 @@ impl Renderer {
             hb.register_template_string(part, s)
                 .map_err(|e| err(part, e.reason().to_string()))?;
         }
-        Ok(Renderer { hb })
+        Ok(Renderer {
+            hb,
+            raw_subject: false,
+        })
+    }
+
+    /// The `subject-header-injection` flaw: render the subject without folding recipient data's
+    /// line breaks into spaces (the e-mail client then writes it into the header raw).
+    pub fn with_raw_subject(mut self, raw: bool) -> Renderer {
+        self.raw_subject = raw;
+        self
     }
 
     /// Renders one recipient's payload for `channel` with `ctx` (its vars plus `id` and `name`).
@@ -125,8 +137,9 @@ impl Renderer {
         ctx: &serde_json::Value,
         var_field: &str,
     ) -> Result<Payload, RenderError> {
+        // NUL can be neither stored (PostgreSQL text) nor sent (RFC 5322 forbids it anywhere).
         let one = |part: &str| -> Result<String, RenderError> {
-            self.hb.render(part, ctx).map_err(|e| match e.reason() {
+            let out = self.hb.render(part, ctx).map_err(|e| match e.reason() {
                 RenderErrorReason::MissingVariable(Some(v)) => RenderError {
                     field: format!("{var_field}.{v}"),
                     message: format!(
@@ -137,7 +150,12 @@ impl Renderer {
                     field: format!("template.{part}"),
                     message: other.to_string(),
                 },
-            })
+            })?;
+            Ok(out.replace('\0', ""))
+        };
+        let subject = || -> Result<String, RenderError> {
+            let s = one("subject")?;
+            Ok(if self.raw_subject { s } else { one_line(&s) })
         };
         Ok(match channel {
             Channel::Line => Payload {
@@ -149,7 +167,7 @@ impl Renderer {
                 ..Payload::default()
             },
             Channel::Email => Payload {
-                subject: Some(one("subject")?),
+                subject: Some(subject()?),
                 text: one("text")?,
                 html: if self.hb.has_template("html") {
                     Some(one("html")?)
@@ -159,6 +177,25 @@ impl Renderer {
             },
         })
     }
+}
+
+/// A subject is one header line: every run of control characters (CR, LF, tab, …) recipient data
+/// brought in becomes one space, so no data can end the header and start another.
+pub fn one_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut in_run = false;
+    for c in s.chars() {
+        if c.is_control() {
+            if !in_run {
+                out.push(' ');
+            }
+            in_run = true;
+        } else {
+            out.push(c);
+            in_run = false;
+        }
+    }
+    out
 }
 
 /// Every helper `Handlebars::new()` may register (the `string_helpers` feature's included): all
@@ -445,6 +482,28 @@ mod tests {
             .render(Channel::Sms, &json!({"len": "3", "if": "<"}), "v")
             .unwrap();
         assert_eq!(p.text, "3 &lt;");
+    }
+
+    /// Recipient data cannot end the subject header (its line breaks become spaces) unless the
+    /// `subject-header-injection` flaw is on; NUL is dropped from every part.
+    #[test]
+    fn hostile_data_stays_on_one_subject_line_and_nul_is_dropped() {
+        let mut t = tpl("Hi {{name}}");
+        t.subject = Some("Welcome {{name}}".into());
+        let ctx = json!({"name": "Ana\r\nBcc: x@y.invalid\0", "order_id": "A-1", "id": "r1"});
+        let r = Renderer::compile(&t, &Channel::ALL, false).unwrap();
+        let p = r.render(Channel::Email, &ctx, "v").unwrap();
+        assert_eq!(p.subject.as_deref(), Some("Welcome Ana Bcc: x@y.invalid"));
+        assert_eq!(p.text, "Hi Ana\r\nBcc: x@y.invalid");
+        let raw = Renderer::compile(&t, &Channel::ALL, false)
+            .unwrap()
+            .with_raw_subject(true);
+        let p = raw.render(Channel::Email, &ctx, "v").unwrap();
+        assert_eq!(
+            p.subject.as_deref(),
+            Some("Welcome Ana\r\nBcc: x@y.invalid")
+        );
+        assert_eq!(one_line("a\t\r\n b\u{7}"), "a  b ");
     }
 
     #[test]

@@ -198,7 +198,8 @@ fn validate(st: &AppState, b: &BatchIn) -> Result<Rows, ApiError> {
     }
     let unescaped = st.cfg.flaws.has(Flaw::UnescapedTemplate);
     let renderer = Renderer::compile(&b.template, &channels, unescaped)
-        .map_err(|e| ApiError::invalid(e.field, e.message))?;
+        .map_err(|e| ApiError::invalid(e.field, e.message))?
+        .with_raw_subject(st.cfg.flaws.has(Flaw::SubjectHeaderInjection));
 
     let mut rows = Rows::default();
     let mut seen = HashSet::new();

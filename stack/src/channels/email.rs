@@ -32,6 +32,8 @@ pub struct EmailClient {
     max_idle: usize,
     from: Mailbox,
     events_url: String,
+    /// The `subject-header-injection` flaw: write the stored subject into the header raw.
+    raw_subject: bool,
 }
 
 /// A connection made ready for one transaction.
@@ -55,6 +57,7 @@ impl EmailClient {
             max_idle: cfg.channel_limit(Channel::Email),
             from,
             events_url: format!("http://{}/v1/callbacks/email", cfg.api_addr),
+            raw_subject: cfg.flaws.has(crate::config::Flaw::SubjectHeaderInjection),
         })
     }
 
@@ -139,7 +142,12 @@ impl EmailClient {
                 }
             }
         };
-        let bytes = msg.formatted();
+        let mut bytes = msg.formatted();
+        if self.raw_subject {
+            // FLAW subject-header-injection: the subject as stored, line breaks and all, written
+            // over the encoded one, as a stack that builds its headers by string concatenation.
+            bytes = raw_subject(&bytes, d.payload.subject.as_deref().unwrap_or_default());
+        }
         let sent = tokio::time::timeout(self.timeout, conn.send(msg.envelope(), &bytes)).await;
         let outcome = match sent {
             Ok(Ok(resp)) if resp.is_positive() => Outcome::Accepted {
@@ -213,5 +221,45 @@ impl lettre::message::header::Header for EventsUrl {
     }
     fn display(&self) -> lettre::message::header::HeaderValue {
         lettre::message::header::HeaderValue::new(Self::name(), self.0.clone())
+    }
+}
+
+/// `message` with its `Subject` field (and any continuation lines) replaced by `Subject: {subject}`
+/// written raw: the `subject-header-injection` flaw.
+fn raw_subject(message: &[u8], subject: &str) -> Vec<u8> {
+    let text = String::from_utf8_lossy(message);
+    let mut out = String::with_capacity(text.len() + subject.len());
+    let mut in_subject = false;
+    let mut headers_done = false;
+    for line in text.split_inclusive("\r\n") {
+        if headers_done {
+            out.push_str(line);
+            continue;
+        }
+        if line == "\r\n" {
+            headers_done = true;
+        } else if in_subject && line.starts_with([' ', '\t']) {
+            continue;
+        } else if line.to_ascii_lowercase().starts_with("subject:") {
+            in_subject = true;
+            out.push_str(&format!("Subject: {subject}\r\n"));
+            continue;
+        }
+        in_subject = false;
+        out.push_str(line);
+    }
+    out.into_bytes()
+}
+
+#[cfg(test)]
+mod flaw_tests {
+    #[test]
+    fn raw_subject_replaces_the_folded_field_and_injects_what_it_is_given() {
+        let msg = b"From: a@x\r\nSubject: =?utf-8?b?QQ==?=\r\n =?utf-8?b?Qg==?=\r\nTo: b@x\r\n\r\nSubject: body\r\n";
+        let out = super::raw_subject(msg, "Hi Ana\r\nBcc: evil@x");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "From: a@x\r\nSubject: Hi Ana\r\nBcc: evil@x\r\nTo: b@x\r\n\r\nSubject: body\r\n"
+        );
     }
 }

@@ -1,0 +1,393 @@
+//! `headers`: what the providers received is exactly what a correct rendering of the template
+//! produces, however hostile the recipient's data — no header or recipient smuggled in through a
+//! name, the Subject whole, SMS bodies within the provider's limit.
+//!
+//! The load gives a share of recipients names and variables with CR/LF followed by a header line
+//! (`Bcc: attacker@injected.invalid`, `X-Ting-Injected: …`), NUL, right-to-left marks and very long
+//! text (`load::recipients`). Rules, on every accepted e-mail (the SMTP fake keeps its envelope
+//! and every header in order) and SMS:
+//!
+//! - **header_injection**: a header field named `X-Ting-Injected` (only hostile data spells it),
+//!   or a second `Subject`, `From`, `To`, `Cc`, `Message-ID` or `Date` (RFC 5322 §3.6 allows one).
+//! - **extra_recipient**: an address in the envelope (`RCPT TO`) or in a `To`/`Cc`/`Bcc` header
+//!   that is no recipient of the run.
+//! - **malformed_header**: a header value with a control character other than tab (RFC 5322
+//!   §2.2: a field body is printable characters and white space; a NUL or a bare CR is neither).
+//! - **subject_changed**: the Subject, RFC 2047 encoded-words decoded and folding undone, is not
+//!   the template's subject rendered with the recipient's data. Compared without white space,
+//!   control and invisible formatting characters (a stack may fold a line break into a space,
+//!   drop a NUL or an RTL override, and must fold a long subject), and with the data either
+//!   HTML-escaped (as every body is) or not (a subject is plain text): what is left is the text,
+//!   which must arrive whole — cut at an injected line break, it does not.
+//! - **sms_too_long**: an accepted SMS body of more than 1,600 characters, the most a Twilio
+//!   message may carry.
+//!
+//! Must never judge a header a stack adds on its own (`X-Mailer`, `List-Unsubscribe`…): only
+//! what the data could have put there.
+
+use std::collections::{HashMap, HashSet};
+
+use mock_providers::ledger::{EntryKind, HeaderField, LedgerEntry, Outcome, Provider};
+use serde_json::{json, Value};
+
+use super::common::{figures, not_checked, Findings};
+use super::immutable_payload::escape;
+use super::{Input, Verdict};
+use crate::load::recipients::{self, Recipient, INJECTED_HEADER};
+
+pub const NAME: &str = "headers";
+
+/// Twilio's limit on a message body, in characters.
+pub const SMS_MAX_CHARS: usize = 1_600;
+
+/// Fields RFC 5322 §3.6 allows at most once.
+const ONCE: [&str; 6] = ["subject", "from", "to", "cc", "message-id", "date"];
+
+pub fn check(input: &Input) -> Verdict {
+    let run_addresses: HashSet<String> = input
+        .expected
+        .iter()
+        .map(|e| e.address.to_ascii_lowercase())
+        .collect();
+    let load = &input.scenario.load;
+    let people = recipients::generate(input.scenario.seed, load.recipients, load.tricky_names);
+    let by_email: HashMap<String, &Recipient> = people
+        .iter()
+        .map(|r| (r.email.to_ascii_lowercase(), r))
+        .collect();
+    let subject_template = load.template.subject.as_str();
+
+    let mut findings = Findings::default();
+    let (mut emails, mut subjects, mut sms) = (0u64, 0u64, 0u64);
+    let accepted = input
+        .ledger
+        .iter()
+        .filter(|e| e.kind == EntryKind::Send && e.outcome == Outcome::Accepted);
+    for e in accepted {
+        match e.provider {
+            Provider::Smtp => {
+                let Some(detail) = e.email.as_deref() else {
+                    continue;
+                };
+                emails += 1;
+                for (rule, what) in
+                    header_findings(&detail.headers, &detail.rcpt_to, &run_addresses)
+                {
+                    findings.push(finding(e, rule, what));
+                }
+                let person = by_email.get(&e.recipient.to_ascii_lowercase());
+                let rendered = person.and_then(|p| Rendered::new(subject_template, p));
+                if let Some(want) = rendered {
+                    subjects += 1;
+                    let got = e.subject.as_deref().unwrap_or_default();
+                    if !want.matches(got) {
+                        findings.push(finding(
+                            e,
+                            "subject_changed",
+                            json!({"subject": got, "expected": want.raw}),
+                        ));
+                    }
+                }
+            }
+            Provider::Sms => {
+                sms += 1;
+                let chars = e.body.as_deref().map_or(0, |b| b.chars().count());
+                if chars > SMS_MAX_CHARS {
+                    findings.push(finding(
+                        e,
+                        "sms_too_long",
+                        json!({"chars": chars, "limit": SMS_MAX_CHARS}),
+                    ));
+                }
+            }
+            Provider::Line => {}
+        }
+    }
+    if emails == 0 && sms == 0 {
+        return not_checked(NAME, "no e-mail with its headers and no SMS was accepted");
+    }
+    let summary = format!(
+        "{emails} e-mails (headers, recipients; {subjects} subjects against the template) and \
+         {sms} SMS checked: {} findings",
+        findings.total()
+    );
+    let figs = figures(json!({
+        "emails": emails,
+        "subjects": subjects,
+        "sms": sms,
+    }));
+    findings.verdict(NAME, summary, figs)
+}
+
+fn finding(e: &LedgerEntry, rule: &str, what: Value) -> Value {
+    let mut c = json!({
+        "rule": rule,
+        "address": e.recipient,
+        "seq": e.seq,
+        "attempt": e.attempt,
+    });
+    if let (Value::Object(c), Value::Object(w)) = (&mut c, what) {
+        c.extend(w);
+    }
+    c
+}
+
+/// The header rules of one accepted message: (rule, details).
+fn header_findings(
+    headers: &[HeaderField],
+    rcpt_to: &[String],
+    run_addresses: &HashSet<String>,
+) -> Vec<(&'static str, Value)> {
+    let mut out = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for h in headers {
+        let name = h.name.to_ascii_lowercase();
+        *seen.entry(name.clone()).or_default() += 1;
+        if name == INJECTED_HEADER.to_ascii_lowercase() {
+            out.push((
+                "header_injection",
+                json!({"header": format!("{}: {}", h.name, h.value)}),
+            ));
+        }
+        if h.value.chars().any(|c| c.is_control() && c != '\t') {
+            out.push((
+                "malformed_header",
+                json!({"header": h.name, "value": h.value}),
+            ));
+        }
+    }
+    for name in ONCE {
+        if seen.get(name).is_some_and(|n| *n > 1) {
+            let all: Vec<String> = headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case(name))
+                .map(|h| format!("{}: {}", h.name, h.value))
+                .collect();
+            out.push(("header_injection", json!({"repeated": all})));
+        }
+    }
+    let header_addresses = headers
+        .iter()
+        .filter(|h| ["to", "cc", "bcc"].contains(&h.name.to_ascii_lowercase().as_str()))
+        .flat_map(|h| {
+            addresses(&h.value)
+                .into_iter()
+                .map(move |a| (h.name.clone(), a))
+        });
+    let envelope = rcpt_to.iter().map(|a| ("RCPT TO".to_string(), a.clone()));
+    for (place, address) in envelope.chain(header_addresses) {
+        if !run_addresses.contains(&address.to_ascii_lowercase()) {
+            out.push(("extra_recipient", json!({"in": place, "extra": address})));
+        }
+    }
+    out
+}
+
+/// The addr-specs of an address-list header value: quoted strings and comments dropped, then
+/// each `<addr>`, or each bare item with an `@`.
+fn addresses(value: &str) -> Vec<String> {
+    let mut plain = String::with_capacity(value.len());
+    let (mut quoted, mut depth, mut escaped) = (false, 0u32, false);
+    for c in value.chars() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted || depth > 0 => escaped = true,
+            '"' if depth == 0 => quoted = !quoted,
+            '(' if !quoted => depth += 1,
+            ')' if !quoted && depth > 0 => depth -= 1,
+            _ if quoted || depth > 0 => {}
+            c => plain.push(c),
+        }
+    }
+    plain
+        .split([',', ';'])
+        .filter_map(|item| {
+            let item = item.trim();
+            let addr = match (item.find('<'), item.rfind('>')) {
+                (Some(a), Some(b)) if a < b => &item[a + 1..b],
+                _ => item.rsplit(':').next().unwrap_or(item),
+            };
+            let addr = addr.trim();
+            addr.contains('@').then(|| addr.to_string())
+        })
+        .collect()
+}
+
+/// A template's subject rendered with one recipient's data, both ways a correct stack may write
+/// it; `None` when the template uses anything but variables and comments.
+struct Rendered {
+    raw: String,
+    escaped: String,
+}
+
+impl Rendered {
+    fn new(template: &str, r: &Recipient) -> Option<Rendered> {
+        let value = |name: &str| -> Option<String> {
+            match name {
+                "name" => Some(r.name.clone()),
+                "id" => Some(r.id.clone()),
+                _ => match r.vars.get(name)? {
+                    Value::String(s) => Some(s.clone()),
+                    other => Some(other.to_string()),
+                },
+            }
+        };
+        let (mut raw, mut escaped) = (String::new(), String::new());
+        let mut rest = template;
+        while let Some(open) = rest.find("{{") {
+            raw.push_str(&rest[..open]);
+            escaped.push_str(&rest[..open]);
+            let after = &rest[open + 2..];
+            let close = after.find("}}")?;
+            let tag = after[..close].trim();
+            rest = &after[close + 2..];
+            if tag.starts_with('!') {
+                continue;
+            }
+            if !tag.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                return None;
+            }
+            let v = value(tag)?;
+            escaped.push_str(&escape(&v, "&#39;"));
+            raw.push_str(&v);
+        }
+        raw.push_str(rest);
+        escaped.push_str(rest);
+        Some(Rendered { raw, escaped })
+    }
+
+    /// `got` (a decoded Subject) carries the same text, escaped or not.
+    fn matches(&self, got: &str) -> bool {
+        let decoded = html_escape::decode_html_entities(got);
+        let wanted = [
+            visible(&html_escape::decode_html_entities(&self.escaped)),
+            visible(&self.raw),
+        ];
+        [visible(&decoded), visible(got)]
+            .iter()
+            .any(|g| wanted.contains(g))
+    }
+}
+
+/// `s` without white space, control characters and invisible formatting marks (zero-width
+/// characters, bidirectional marks, overrides and isolates, the byte-order mark).
+fn visible(s: &str) -> String {
+    s.chars()
+        .filter(|c| {
+            !(c.is_whitespace()
+                || c.is_control()
+                || matches!(*c as u32, 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2069 | 0xFEFF))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::testkit::*;
+    use crate::check::Status;
+    use crate::scenario::Channel;
+
+    fn field(name: &str, value: &str) -> HeaderField {
+        HeaderField {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn addresses_skip_display_names_and_comments() {
+        assert_eq!(
+            addresses("\"Ana, Bcc: attacker@injected.invalid\" <r1@example.test>, b@x.test (c@d)"),
+            ["r1@example.test", "b@x.test"]
+        );
+        assert_eq!(addresses("undisclosed-recipients:;"), Vec::<String>::new());
+        assert_eq!(
+            addresses("Team: a@x.test, b@x.test;"),
+            ["a@x.test", "b@x.test"]
+        );
+    }
+
+    #[test]
+    fn injected_headers_and_recipients_are_named() {
+        let run: HashSet<String> = ["r1@example.test".to_string()].into();
+        let headers = [
+            field("From", "ting@example.test"),
+            field("To", "r1@example.test"),
+            field("Subject", "Welcome Ana"),
+            field("Bcc", "attacker@injected.invalid"),
+            field("X-Ting-Injected", "name"),
+            field("Subject", "again"),
+            field("X-Mailer", "my stack 1.0"),
+        ];
+        let rules: Vec<&str> = header_findings(&headers, &["r1@example.test".into()], &run)
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        assert_eq!(
+            rules,
+            ["header_injection", "header_injection", "extra_recipient"]
+        );
+        let clean = [
+            field(
+                "To",
+                "\"Ana Bcc: attacker@injected.invalid\" <r1@example.test>",
+            ),
+            field("Subject", "=?utf-8?b?V2VsY29tZSBBbmEgQmNjOg==?="),
+            field("X-Mailer", "my stack\t1.0"),
+        ];
+        assert!(header_findings(&clean, &["R1@example.test".into()], &run).is_empty());
+        let nul = [field("Subject", "a\0b")];
+        assert_eq!(header_findings(&nul, &[], &run)[0].0, "malformed_header");
+    }
+
+    fn person(name: &str) -> Recipient {
+        let mut r = recipients::generate(1, 1, 0.0).remove(0);
+        r.name = name.into();
+        r
+    }
+
+    /// A correct stack may escape the subject or not, fold its line breaks into spaces, drop NUL
+    /// and invisible marks, and fold a long subject: all the same text. Cut at an injected line
+    /// break, or with other text, it is not.
+    #[test]
+    fn subject_must_carry_the_rendered_text() {
+        let ana = person("Ana <b>\r\nBcc: attacker@injected.invalid\0 \u{202E}x");
+        let want = Rendered::new("Welcome {{name}} {{! note }}", &ana).unwrap();
+        for ok in [
+            "Welcome Ana &lt;b&gt; Bcc: attacker@injected.invalid x",
+            "Welcome Ana <b> Bcc: attacker@injected.invalid \u{202E}x",
+            "Welcome Ana <b>\r\nBcc: attacker@injected.invalid\u{202E}x",
+            "Welcome Ana &lt;b&gt;Bcc:\n attacker@injected.invalid x",
+        ] {
+            assert!(want.matches(ok), "{ok:?}");
+        }
+        for bad in [
+            "Welcome Ana <b>",
+            "Welcome Ana &amp;lt;b&amp;gt; Bcc: attacker@injected.invalid x",
+            "",
+        ] {
+            assert!(!want.matches(bad), "{bad:?}");
+        }
+        assert!(Rendered::new("{{#x}}y{{/x}}", &ana).is_none());
+        assert!(Rendered::new("{{nope}}", &ana).is_none());
+    }
+
+    #[test]
+    fn a_long_sms_is_flagged_and_an_empty_run_is_not_checked() {
+        let mut w = World::new();
+        assert_eq!(check(&w.input()).status, Status::NotChecked);
+        let a = w.expect("r1", Channel::Sms);
+        w.send(Channel::Sms, &a, Outcome::Accepted, 10)
+            .body(&"x".repeat(SMS_MAX_CHARS));
+        assert_eq!(check(&w.input()).status, Status::Holds);
+        let b = w.expect("r2", Channel::Sms);
+        w.send(Channel::Sms, &b, Outcome::Accepted, 10)
+            .body(&"x".repeat(SMS_MAX_CHARS + 1));
+        let v = check(&w.input());
+        assert_eq!(
+            (v.status, rules(&v)),
+            (Status::Violated, vec!["sms_too_long".to_string()])
+        );
+    }
+}
