@@ -19,8 +19,9 @@
 //!   drop a NUL or an RTL override, and must fold a long subject), and with the data either
 //!   HTML-escaped (as every body is) or not (a subject is plain text): what is left is the text,
 //!   which must arrive whole — cut at an injected line break, it does not.
-//! - **sms_too_long**: an accepted SMS body of more than 1,600 characters, the most a Twilio
-//!   message may carry.
+//! - **sms_too_long**: an SMS sent with a body of more than 1,600 characters, the most a Twilio
+//!   message may carry (the fake refuses it for good, error 21617, so without this rule the
+//!   delivery would just end `permanent_failure`).
 //!
 //! Must never judge a header a stack adds on its own (`X-Mailer`, `List-Unsubscribe`…): only
 //! what the data could have put there.
@@ -59,13 +60,10 @@ pub fn check(input: &Input) -> Verdict {
 
     let mut findings = Findings::default();
     let (mut emails, mut subjects, mut sms) = (0u64, 0u64, 0u64);
-    let accepted = input
-        .ledger
-        .iter()
-        .filter(|e| e.kind == EntryKind::Send && e.outcome == Outcome::Accepted);
-    for e in accepted {
+    let sends = input.ledger.iter().filter(|e| e.kind == EntryKind::Send);
+    for e in sends {
         match e.provider {
-            Provider::Smtp => {
+            Provider::Smtp if e.outcome == Outcome::Accepted => {
                 let Some(detail) = e.email.as_deref() else {
                     continue;
                 };
@@ -100,11 +98,14 @@ pub fn check(input: &Input) -> Verdict {
                     ));
                 }
             }
-            Provider::Line => {}
+            Provider::Smtp | Provider::Line => {}
         }
     }
     if emails == 0 && sms == 0 {
-        return not_checked(NAME, "no e-mail with its headers and no SMS was accepted");
+        return not_checked(
+            NAME,
+            "no e-mail with its headers was accepted and no SMS was sent",
+        );
     }
     let summary = format!(
         "{emails} e-mails (headers, recipients; {subjects} subjects against the template) and \
@@ -382,7 +383,7 @@ mod tests {
             .body(&"x".repeat(SMS_MAX_CHARS));
         assert_eq!(check(&w.input()).status, Status::Holds);
         let b = w.expect("r2", Channel::Sms);
-        w.send(Channel::Sms, &b, Outcome::Accepted, 10)
+        w.send(Channel::Sms, &b, Outcome::Permanent, 10)
             .body(&"x".repeat(SMS_MAX_CHARS + 1));
         let v = check(&w.input());
         assert_eq!(
