@@ -31,10 +31,11 @@ use std::collections::{HashMap, HashSet};
 use mock_providers::ledger::{EntryKind, HeaderField, LedgerEntry, Outcome, Provider};
 use serde_json::{json, Value};
 
-use super::common::{figures, not_checked, Findings};
+use super::common::{figures, not_checked, Findings, MAX_UNJUDGED_SHARE};
 use super::immutable_payload::escape;
 use super::{Input, Verdict};
 use crate::load::recipients::{self, Recipient, INJECTED_HEADER};
+use crate::scenario::Channel;
 
 pub const NAME: &str = "headers";
 
@@ -101,11 +102,31 @@ pub fn check(input: &Input) -> Verdict {
             Provider::Smtp | Provider::Line => {}
         }
     }
-    if emails == 0 && sms == 0 {
-        return not_checked(
-            NAME,
-            "no e-mail with its headers was accepted and no SMS was sent",
-        );
+    let on = |c: Channel| load.channels.contains(&c);
+    if !on(Channel::Email) && !on(Channel::Sms) {
+        return not_checked(NAME, "the load sends no e-mail and no SMS");
+    }
+    // The fake keeps the headers of every e-mail it accepts; with none accepted there is nothing
+    // these rules could have looked at (`no_loss` says why).
+    if on(Channel::Email) && emails > 0 {
+        for rule in ["header_injection", "extra_recipient", "malformed_header"] {
+            findings.judged(rule, emails);
+        }
+        // A subject template with more than variables and comments is not rendered here: the
+        // rule does not apply. Otherwise every e-mail's recipient must be one of the load's.
+        if renderable(subject_template) {
+            findings.judged("subject_changed", subjects);
+            findings.unjudged(
+                "subject_changed",
+                emails,
+                emails - subjects,
+                MAX_UNJUDGED_SHARE,
+                "e-mails to an address the load did not generate",
+            );
+        }
+    }
+    if on(Channel::Sms) {
+        findings.judged("sms_too_long", sms);
     }
     let summary = format!(
         "{emails} e-mails (headers, recipients; {subjects} subjects against the template) and \
@@ -270,6 +291,12 @@ impl Rendered {
     }
 }
 
+/// Whether the harness renders `template` (variables and comments only).
+fn renderable(template: &str) -> bool {
+    let anyone = recipients::generate(0, 1, 0.0).remove(0);
+    Rendered::new(template, &anyone).is_some()
+}
+
 /// `s` without white space, control characters and invisible formatting marks (zero-width
 /// characters, bidirectional marks, overrides and isolates, the byte-order mark).
 fn visible(s: &str) -> String {
@@ -287,7 +314,6 @@ mod tests {
     use super::*;
     use crate::check::testkit::*;
     use crate::check::Status;
-    use crate::scenario::Channel;
 
     fn field(name: &str, value: &str) -> HeaderField {
         HeaderField {
@@ -375,9 +401,12 @@ mod tests {
     }
 
     #[test]
-    fn a_long_sms_is_flagged_and_an_empty_run_is_not_checked() {
+    fn a_long_sms_is_flagged_and_an_empty_run_judges_nothing() {
         let mut w = World::new();
+        assert_eq!(check(&w.input()).status, Status::Insufficient);
+        w.scenario.load.channels = vec![Channel::Line];
         assert_eq!(check(&w.input()).status, Status::NotChecked);
+        w.scenario.load.channels = vec![Channel::Sms];
         let a = w.expect("r1", Channel::Sms);
         w.send(Channel::Sms, &a, Outcome::Accepted, 10)
             .body(&"x".repeat(SMS_MAX_CHARS));
