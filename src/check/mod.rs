@@ -300,7 +300,7 @@ impl Verdict {
 pub fn run_all(input: &Input) -> Vec<Verdict> {
     let e = &input.scenario.expect;
     type Checker = fn(&Input) -> Verdict;
-    let switched: [(bool, &str, Checker); 8] = [
+    let switched: [(bool, &str, Checker); 9] = [
         (e.exactly_once, exactly_once::NAME, exactly_once::check),
         (e.no_loss, no_loss::NAME, no_loss::check),
         (
