@@ -121,15 +121,37 @@ pub(crate) async fn create(
     tx.commit().await?;
     tracing::info!(batch = %batch.batch_id, deliveries = n, "batch accepted");
     if st.cfg.flaws.has(Flaw::InlineSend) {
-        // Flaw: send inside the request instead of leaving it to the workers.
+        // Flaw: send inside the request instead of leaving it to the workers, and answer only
+        // when this order's sends are done. Workers polling the queue may claim some rows first;
+        // the request waits for those too, as a handler awaiting its provider calls would, so its
+        // latency is the provider's whoever wins the race.
         if let Err(e) = crate::worker::send_inline(st.cfg.clone(), st.pool.clone()).await {
             tracing::warn!(error = %format!("{e:#}"), "inline send failed");
         }
+        wait_for_sends(&st.pool, &batch.batch_id).await;
     }
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"batch_id": batch.batch_id, "deliveries": n})),
     ))
+}
+
+/// `inline-send` flaw: waits (at most a minute) until no delivery of `batch_id` is still waiting
+/// for or in the middle of its first provider call.
+async fn wait_for_sends(pool: &sqlx::PgPool, batch_id: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let open: Result<i64, _> = sqlx::query_scalar(
+            "SELECT count(*) FROM deliveries WHERE batch_id = $1 AND state IN ('pending', 'sending')",
+        )
+        .bind(batch_id)
+        .fetch_one(pool)
+        .await;
+        if !matches!(open, Ok(n) if n > 0) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// JSON → `BatchIn`, naming the offending field on error.
