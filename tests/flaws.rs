@@ -155,9 +155,16 @@ fn correct_stack_passes_slow_provider() {
     passes("slow-provider", SLOW);
 }
 
+/// Besides passing: the sticky faults made retry chains long enough that gaps reached the
+/// backoff cap and some deliveries made every attempt allowed, so `gap_above_cap` and
+/// `too_many_attempts` judged something.
 #[test]
 fn correct_stack_passes_flaky_providers() {
-    passes("flaky-providers", FLAKY);
+    let report = passes("flaky-providers", FLAKY);
+    let figures = &verdict(&report, "retry_discipline")["figures"];
+    for key in ["gaps_reaching_cap", "deliveries_at_limit"] {
+        assert!(figures[key].as_u64().unwrap() > 0, "{key} is 0: {figures}");
+    }
 }
 
 #[test]
@@ -467,6 +474,26 @@ fn flaw_subject_header_injection() {
             ("headers", "header_injection"),
             ("headers", "extra_recipient"),
         ],
+    );
+}
+
+#[test]
+fn flaw_no_backoff_cap() {
+    caught(
+        "no-backoff-cap",
+        "flaky-providers",
+        FLAKY,
+        &[("retry_discipline", "gap_above_cap")],
+    );
+}
+
+#[test]
+fn flaw_attempts_off_by_one() {
+    caught(
+        "attempts-off-by-one",
+        "flaky-providers",
+        FLAKY,
+        &[("retry_discipline", "too_many_attempts")],
     );
 }
 

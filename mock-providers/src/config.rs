@@ -73,6 +73,39 @@ pub struct HttpFault {
     pub after_commit: bool,
 }
 
+/// "Fail the first `attempts` attempts" for a seeded share of recipients (LINE and SMS): the
+/// long retry chains of a real outage on every seed — a backoff that reaches its cap, attempts
+/// that run out — which per-attempt rates almost never produce. Which recipients is decided by
+/// (seed, provider, recipient), whether an attempt fails by its number: nothing depends on timing.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StickyFault {
+    /// Share of recipients affected (the shares of a provider's list add up to at most 100%).
+    pub share: Ratio,
+    /// How many attempts fail, from the first (at least 1). More than the stack's
+    /// `max_attempts` makes the delivery exhaust its attempts.
+    pub attempts: u32,
+    /// HTTP status of each failure: 429 or a 5xx (a transient error).
+    pub status: u16,
+    /// `Retry-After` to send with it (LINE and Twilio send whole seconds, rounded up).
+    #[serde(default)]
+    pub retry_after: Option<HumanDuration>,
+}
+
+impl StickyFault {
+    /// The fault every affected attempt gets.
+    pub fn fault(&self) -> HttpFault {
+        HttpFault {
+            status: self.status,
+            rate: Ratio(1.0),
+            retry_after: self.retry_after,
+            code: None,
+            monthly_quota: false,
+            after_commit: false,
+        }
+    }
+}
+
 /// Delivery report behaviour: SMS status callbacks and e-mail delivery events.
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -148,6 +181,8 @@ pub struct LineConfig {
     pub transient: Vec<HttpFault>,
     /// Permanent faults on a seeded share of attempts (e.g. monthly quota).
     pub permanent: Vec<HttpFault>,
+    /// Recipients whose first attempts all fail (decided before `permanent` and `transient`).
+    pub sticky: Vec<StickyFault>,
     /// Seeded share of the user-id space that is invalid (400, permanent).
     pub bad_addresses: Ratio,
     /// Requests per second before answering 429 (token bucket; timing-based by nature).
@@ -164,6 +199,7 @@ impl Default for LineConfig {
             latency: Latency::default(),
             transient: Vec::new(),
             permanent: Vec::new(),
+            sticky: Vec::new(),
             bad_addresses: Ratio::ZERO,
             rate_limit: None,
             idempotency: true,
@@ -258,6 +294,8 @@ pub struct SmsConfig {
     pub latency: Latency,
     pub transient: Vec<HttpFault>,
     pub permanent: Vec<HttpFault>,
+    /// Recipients whose first attempts all fail (decided before `permanent` and `transient`).
+    pub sticky: Vec<StickyFault>,
     /// Seeded share of the number space that is invalid (21211) or unsubscribed (21610).
     pub bad_addresses: Ratio,
     pub rate_limit: Option<f64>,
@@ -275,6 +313,7 @@ impl Default for SmsConfig {
             latency: Latency::default(),
             transient: Vec::new(),
             permanent: Vec::new(),
+            sticky: Vec::new(),
             bad_addresses: Ratio::ZERO,
             rate_limit: None,
             idempotency: false,

@@ -1,12 +1,13 @@
-//! The fault decision the HTTP fakes share: bad address → permanent faults → transient faults →
-//! accept, keyed on (seed, provider, recipient, attempt) and nothing else.
+//! The fault decision the HTTP fakes share: bad address → sticky faults → permanent faults →
+//! transient faults → accept, keyed on (seed, provider, recipient, attempt) and nothing else.
 //!
 //! Rate limiting and idempotency are stateful and decided by each fake before it calls here.
 //! This module must never read the clock.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
-use crate::config::{HttpFault, Latency};
+use crate::config::{HttpFault, Latency, StickyFault};
 use crate::faults;
 use crate::ledger::Provider;
 use crate::units::Ratio;
@@ -16,9 +17,9 @@ use crate::units::Ratio;
 pub enum Verdict<'a> {
     /// The recipient is in the seeded share of bad addresses.
     BadAddress,
-    /// An injected fault from the `permanent` or `transient` list.
+    /// An injected fault from the `sticky`, `permanent` or `transient` list.
     Fault {
-        fault: &'a HttpFault,
+        fault: Cow<'a, HttpFault>,
         permanent: bool,
     },
     Accept,
@@ -31,11 +32,20 @@ pub fn decide<'a>(
     recipient: &str,
     attempt: u32,
     bad_addresses: Ratio,
+    sticky: &[StickyFault],
     permanent: &'a [HttpFault],
     transient: &'a [HttpFault],
 ) -> Verdict<'a> {
     if faults::is_bad_address(seed, provider, recipient, bad_addresses) {
         return Verdict::BadAddress;
+    }
+    if let Some(s) = sticky_for(seed, provider, recipient, sticky) {
+        if attempt <= s.attempts {
+            return Verdict::Fault {
+                fault: Cow::Owned(s.fault()),
+                permanent: false,
+            };
+        }
     }
     let any = |list: &[HttpFault]| list.iter().any(|f| f.rate.get() > 0.0);
     let pick = |list: &'a [HttpFault], salt: &str| {
@@ -54,17 +64,36 @@ pub fn decide<'a>(
     };
     if let Some(i) = pick(permanent, "permanent") {
         return Verdict::Fault {
-            fault: &permanent[i],
+            fault: Cow::Borrowed(&permanent[i]),
             permanent: true,
         };
     }
     if let Some(i) = pick(transient, "transient") {
         return Verdict::Fault {
-            fault: &transient[i],
+            fault: Cow::Borrowed(&transient[i]),
             permanent: false,
         };
     }
     Verdict::Accept
+}
+
+/// The sticky fault `recipient` is in, if any: one draw per (seed, provider, recipient), the
+/// shares partitioning `[0, 1)` in order.
+pub fn sticky_for<'a>(
+    seed: u64,
+    provider: Provider,
+    recipient: &str,
+    sticky: &'a [StickyFault],
+) -> Option<&'a StickyFault> {
+    if sticky.iter().all(|s| s.share.get() <= 0.0) {
+        return None;
+    }
+    let u = faults::unit(seed, provider, recipient, "sticky");
+    let mut acc = 0.0;
+    sticky.iter().find(|s| {
+        acc += s.share.get();
+        u < acc
+    })
 }
 
 /// The seeded latency of attempt `attempt` to `recipient` (no draw for a fixed latency).
@@ -94,7 +123,8 @@ pub fn label(fault: &HttpFault) -> String {
     s
 }
 
-/// `Retry-After` in whole seconds (rounded up, at least 1) for a wait.
+/// `Retry-After` in whole seconds (rounded up, at least 1) for a wait: what LINE and Twilio send
+/// (delay-seconds, RFC 9110 §10.2.3). The ledger records this value, as sent, not the wait.
 pub fn retry_after_secs(wait: std::time::Duration) -> u64 {
     (wait.as_secs_f64().ceil() as u64).max(1)
 }
@@ -125,7 +155,7 @@ mod tests {
             (Ratio(0.0), &[], &trans, Some(503)),
         ];
         for (bad, p, t, want) in cases {
-            let got = decide(1, Provider::Line, "U1", 1, bad, p, t);
+            let got = decide(1, Provider::Line, "U1", 1, bad, &[], p, t);
             match (got, want) {
                 (Verdict::BadAddress, None) => {}
                 (Verdict::Fault { fault, .. }, Some(s)) => assert_eq!(fault.status, s),
@@ -133,8 +163,71 @@ mod tests {
             }
         }
         assert_eq!(
-            decide(1, Provider::Line, "U1", 1, Ratio(0.0), &[], &[]),
+            decide(1, Provider::Line, "U1", 1, Ratio(0.0), &[], &[], &[]),
             Verdict::Accept
         );
+    }
+
+    #[test]
+    fn sticky_recipients_fail_their_first_attempts_then_go_on_as_usual() {
+        let sticky = [StickyFault {
+            share: Ratio(0.25),
+            attempts: 3,
+            status: 503,
+            retry_after: None,
+        }];
+        let users: Vec<String> = (0..400).map(|i| format!("U{i}")).collect();
+        let stuck: Vec<&String> = users
+            .iter()
+            .filter(|u| sticky_for(7, Provider::Line, u, &sticky).is_some())
+            .collect();
+        assert!((70..130).contains(&stuck.len()), "{} of 400", stuck.len());
+        for u in &stuck {
+            let outcome = |attempt| match decide(
+                7,
+                Provider::Line,
+                u,
+                attempt,
+                Ratio(0.0),
+                &sticky,
+                &[],
+                &[],
+            ) {
+                Verdict::Fault { fault, permanent } => Some((fault.status, permanent)),
+                _ => None,
+            };
+            let got: Vec<_> = (1..=4).map(outcome).collect();
+            assert_eq!(
+                got,
+                [
+                    Some((503, false)),
+                    Some((503, false)),
+                    Some((503, false)),
+                    None
+                ]
+            );
+        }
+        // Bad addresses stay bad; another seed picks other recipients.
+        let u = stuck[0].as_str();
+        assert_eq!(
+            decide(7, Provider::Line, u, 1, Ratio(1.0), &sticky, &[], &[]),
+            Verdict::BadAddress
+        );
+        let other: Vec<bool> = users
+            .iter()
+            .map(|u| sticky_for(8, Provider::Line, u, &sticky).is_some())
+            .collect();
+        let this: Vec<bool> = users
+            .iter()
+            .map(|u| sticky_for(7, Provider::Line, u, &sticky).is_some())
+            .collect();
+        assert_ne!(this, other);
+    }
+
+    #[test]
+    fn retry_after_is_sent_in_whole_seconds_rounded_up() {
+        for (ms, secs) in [(1, 1), (200, 1), (1_000, 1), (1_001, 2), (2_500, 3)] {
+            assert_eq!(retry_after_secs(Duration::from_millis(ms)), secs, "{ms} ms");
+        }
     }
 }

@@ -156,7 +156,8 @@ pub struct LedgerEntry {
     pub subject: Option<String>,
     /// E-mail only: the HTML part, decoded.
     pub html: Option<String>,
-    /// `Retry-After` the provider sent, in milliseconds.
+    /// `Retry-After` as the provider sent it, in milliseconds: LINE and Twilio send whole seconds,
+    /// so a configured 200 ms is recorded as the 1000 the sender was told.
     pub retry_after_ms: Option<u64>,
     /// TCP peer of the request (the sender's socket), for attributing it to a process.
     pub peer: Option<SocketAddr>,

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::config::{
     CallbackConfig, HttpFault, Latency, LineConfig, ProvidersConfig, SmsConfig, SmtpConfig,
-    SmtpFault,
+    SmtpFault, StickyFault,
 };
 
 /// Longest latency or callback delay a fake may be told to wait: a day. Longer is a typo (and an
@@ -72,6 +72,7 @@ pub fn line(c: &LineConfig) -> Result<(), Problem> {
     latency("latency", &c.latency)?;
     http_faults("transient", &c.transient)?;
     http_faults("permanent", &c.permanent)?;
+    sticky_faults(&c.sticky)?;
     rate_limit(c.rate_limit)?;
     not_empty("channel_token", &c.channel_token)
 }
@@ -80,6 +81,7 @@ pub fn sms(c: &SmsConfig) -> Result<(), Problem> {
     latency("latency", &c.latency)?;
     http_faults("transient", &c.transient)?;
     http_faults("permanent", &c.permanent)?;
+    sticky_faults(&c.sticky)?;
     rate_limit(c.rate_limit)?;
     not_empty("account_sid", &c.account_sid)?;
     not_empty("auth_token", &c.auth_token)?;
@@ -163,6 +165,43 @@ fn http_faults(list: &str, faults: &[HttpFault]) -> Result<(), Problem> {
         sum += f.rate.get();
         if sum > 1.0 + SUM_SLACK {
             return Err(over_one(list, i, sum, format!("the faults in `{list}`")));
+        }
+    }
+    Ok(())
+}
+
+/// Sticky faults: transient statuses, at least one failing attempt, shares that fit in one draw.
+fn sticky_faults(faults: &[StickyFault]) -> Result<(), Problem> {
+    let mut sum = 0.0;
+    for (i, f) in faults.iter().enumerate() {
+        if !(f.status == 429 || (500..=599).contains(&f.status)) {
+            return Err(Problem::at(
+                format!("sticky[{i}].status"),
+                format!(
+                    "a sticky fault's `status` must be a transient error: 429 or 500-599 (got {})",
+                    f.status
+                ),
+            ));
+        }
+        if f.attempts == 0 {
+            return Err(Problem::at(
+                format!("sticky[{i}].attempts"),
+                "a sticky fault's `attempts` must be at least 1 (the first attempts that fail)",
+            ));
+        }
+        if let Some(d) = f.retry_after {
+            wait(&format!("sticky[{i}].retry_after"), d.0)?;
+        }
+        sum += f.share.get();
+        if sum > 1.0 + SUM_SLACK {
+            let v = (sum * 1e6).round() / 1e6;
+            return Err(Problem::at(
+                format!("sticky[{i}].share"),
+                format!(
+                    "the `share`s of the sticky faults add up to {v} ({}%); one draw per recipient picks at most one of them, so together they must be at most 100%",
+                    (v * 1000.0).round() / 10.0
+                ),
+            ));
         }
     }
     Ok(())
@@ -338,6 +377,22 @@ mod tests {
             (json!({"rate_limit": -5.0}), Err("rate_limit")),
             (json!({"rate_limit": 0.01}), Ok(())),
             (json!({"channel_token": ""}), Err("channel_token")),
+            (
+                json!({"sticky": [{"share": 0.1, "attempts": 3, "status": 503}]}),
+                Ok(()),
+            ),
+            (
+                json!({"sticky": [{"share": 0.1, "attempts": 3, "status": 400}]}),
+                Err("sticky[0].status"),
+            ),
+            (
+                json!({"sticky": [{"share": 0.1, "attempts": 0, "status": 500}]}),
+                Err("sticky[0].attempts"),
+            ),
+            (
+                json!({"sticky": [{"share": "60%", "attempts": 2, "status": 503}, {"share": "50%", "attempts": 9, "status": 429}]}),
+                Err("sticky[1].share"),
+            ),
             (
                 json!({"latency": {"kind": "uniform", "min": "2s", "max": "1s"}}),
                 Err("latency.min"),

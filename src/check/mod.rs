@@ -11,6 +11,8 @@
 //! is one, and times as milliseconds on the ledger clock (`*_ms`), at most 50 kept per verdict.
 
 pub mod agreement;
+mod availability;
+mod backlog;
 pub mod callbacks;
 mod common;
 pub mod crashes;

@@ -2,23 +2,36 @@
 //! a frozen worker that wakes up does not send what someone else already delivered.
 //!
 //! For each `sigkill`/`sigstop` timeline event (pid P at time T), the deliveries P had in flight
-//! at T — a request that arrived before T and was answered after `T − IN_FLIGHT_WINDOW` (an answer
-//! just before the kill may not have been recorded by P) — with no final answer by T (no
-//! `Accepted`, repeat or `Permanent`, and not yet exhausted) are held by P's lease alone. Each must
-//! see progress by the **deadline** `max(T + lease, A) + recovery_slack`: a next attempt, a final
-//! answer to the in-flight request, or — where the stack has a status API — a transition out of
-//! `sending` (the lease was recovered; a rescued row may then wait its turn behind a backlog, which
-//! is the queue's business, judged by `no_loss`, not a failure to recover). A is
-//! the first moment at or after T that some worker can act: another worker alive and not stopped,
-//! a replacement started later, or P itself after its SIGCONT. So a stop shorter than the lease is
-//! judged like a kill (P, or a rescuer once the lease lapses, must move by `T + lease + slack`),
-//! and when the only worker was killed the clock starts at its replacement. When the last answer
-//! before T was a transient failure, the nominal backoff (plus jitter) from that answer also
-//! extends the deadline. Rule **no_progress** otherwise.
+//! at T — a request from P that arrived before T and was answered after `T − IN_FLIGHT_WINDOW`
+//! (an answer just before the kill may not have been recorded by P) — with no final answer by T
+//! (no `Accepted`, repeat or `Permanent`, and not yet exhausted) are held by P's lease alone. Each
+//! must be **released** by the **deadline** `max(T + lease, A) + recovery_slack`, where A is the
+//! first moment at or after T that some worker can act: another worker alive and not stopped, a
+//! replacement started later, or P itself after its SIGCONT. So a stop shorter than the lease is
+//! judged like a kill, and when the only worker was killed the clock starts at its replacement.
+//! When the last answer before T was a transient failure, the nominal backoff (plus jitter, or a
+//! longer `Retry-After` as sent) from that answer also extends the deadline.
+//!
+//! Released means claimable again, whoever then gets to it and when:
+//! - the stack's status API records a transition out of `sending` after the answer to P's
+//!   request (by P itself, even a moment before the kill; by P after its SIGCONT; or by a
+//!   rescuer) — the moment it was recorded; or
+//! - the ledger shows a next attempt, or a final answer to the request in flight at T.
+//!
+//! A released delivery then waits for its backoff and for the queue: that wait is reported as a
+//! figure (`slowest_wait_after_release_ms`), never judged here (`no_loss` judges that it ends).
+//! Where the stack records no timed transitions for the delivery, the ledger's next attempt is
+//! the only sign; one after the deadline is still not a failure to recover when the stack kept
+//! starting never-tried deliveries (first attempts) from the deadline until it, never pausing
+//! longer than `recovery_slack` (`check::backlog`): it was waiting its turn. Rule
+//! **no_progress** otherwise.
 //!
 //! Rule **zombie_duplicate**: an `Accepted` send from P that arrived after T, for a delivery some
-//! other pid had already got `Accepted` before it arrived (a worker resumed after losing its lease
-//! and sent anyway). Must never use the stack's status API: a stuck `sending` row is not evidence.
+//! other pid got `Accepted` after T and before it arrived (a worker resumed after losing its lease
+//! and sent anyway) — unless the stack's status API shows the delivery claimed anew (a transition
+//! into `sending`) after both P's SIGCONT and that accept: a send under a lease acquired after the
+//! wake-up is not a zombie's (if it is a duplicate, `exactly_once` names it). A `sending` row with
+//! no such claim is never evidence either way; only the ledger decides that a send happened.
 //!
 //! Judged: the unfinished deliveries the victims held (`no_progress`: needs one — a kill or stop
 //! that caught nothing in flight tested nothing; no kill or stop at all means not checked), and
@@ -32,6 +45,8 @@ use std::collections::{BTreeMap, HashMap};
 use mock_providers::ledger::{EntryKind, Outcome, Provider};
 use serde_json::json;
 
+use super::availability::stops;
+use super::backlog::Queue;
 use super::common::{
     attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, Findings,
     Sends,
@@ -43,6 +58,10 @@ pub const NAME: &str = "recovery";
 /// An answer this close before the kill may not have been recorded by the victim.
 const IN_FLIGHT_WINDOW_NS: u64 = 100_000_000;
 
+/// How far the stack's transition times (milliseconds, its clock) and the ledger's wall-clock
+/// offset (milliseconds) may disagree with the ledger's own clock.
+const CLOCK_TOLERANCE_NS: u64 = 2_000_000;
+
 /// Ledger-clock nanoseconds → wall-clock milliseconds offset, from any ledger entry.
 fn wall_offset_ms(input: &Input) -> Option<i64> {
     let e = input.ledger.first()?;
@@ -52,43 +71,48 @@ fn wall_offset_ms(input: &Input) -> Option<i64> {
     Some(wall - (e.mono_ns / 1_000_000) as i64)
 }
 
-/// When the stack says the delivery left `sending` after `t` (ledger clock), if it does.
-fn left_sending_after(
-    input: &Input,
+/// One recorded transition of a delivery, on the ledger clock.
+struct Moved<'a> {
+    from: Option<&'a str>,
+    to: &'a str,
+    at_ns: u64,
+}
+
+/// The delivery's transitions that carry a time, on the ledger clock; `None` when the stack has
+/// no status API, no row for it, or no timed transition (then only the ledger can tell).
+fn timed_transitions<'a>(
+    input: &'a Input,
     offset: Option<i64>,
     e: Option<&&Expected>,
-    t: u64,
-) -> Option<u64> {
+) -> Option<Vec<Moved<'a>>> {
     let (offset, e, rows) = (offset?, e?, input.status?);
     let row = rows
         .iter()
         .find(|d| d.recipient == e.recipient && d.channel == e.channel)?;
-    row.transitions.iter().find_map(|tr| {
-        let at = chrono::DateTime::parse_from_rfc3339(tr.at.as_deref()?)
-            .ok()?
-            .timestamp_millis();
-        let mono = ((at - offset).max(0) as u64) * 1_000_000;
-        (tr.from.as_deref() == Some("sending") && mono > t).then_some(mono)
-    })
+    let moved: Vec<Moved> = row
+        .transitions
+        .iter()
+        .filter_map(|tr| {
+            let at = chrono::DateTime::parse_from_rfc3339(tr.at.as_deref()?)
+                .ok()?
+                .timestamp_millis();
+            Some(Moved {
+                from: tr.from.as_deref(),
+                to: tr.to.as_str(),
+                at_ns: ((at - offset).max(0) as u64) * 1_000_000,
+            })
+        })
+        .collect();
+    (!moved.is_empty()).then_some(moved)
 }
 
-/// Periods `[stop, cont)` during which `pid` was stopped (`None`: never continued).
-fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
-    let mut out: Vec<(u64, Option<u64>)> = Vec::new();
-    let mut evs: Vec<&TimelineEvent> = timeline.iter().filter(|e| e.pid == Some(pid)).collect();
-    evs.sort_by_key(|e| e.mono_ns);
-    for e in evs {
-        match e.kind.as_str() {
-            "sigstop" => out.push((e.mono_ns, None)),
-            "sigcont" => {
-                if let Some(last) = out.last_mut().filter(|s| s.1.is_none()) {
-                    last.1 = Some(e.mono_ns);
-                }
-            }
-            _ => {}
-        }
-    }
-    out
+/// The first recorded move out of `sending` after `after`.
+fn released_after(moved: &[Moved], after: u64) -> Option<u64> {
+    moved
+        .iter()
+        .filter(|m| m.from == Some("sending") && m.at_ns > after)
+        .map(|m| m.at_ns)
+        .min()
 }
 
 /// The first moment at or after `t` a worker other than `victim` can act, or `victim` itself
@@ -122,6 +146,29 @@ fn first_able(input: &Input, victim: u32, t: u64) -> Option<u64> {
         .min()
 }
 
+/// What the checker counted over all kill/stop events.
+#[derive(Default)]
+struct Tally {
+    at_risk: u64,
+    zombies: u64,
+    /// In flight at an event with no known sender (may have been the victim's), and those of
+    /// them not recovered in time (could hide a `no_progress`).
+    unknown_held: u64,
+    unknown_unrecovered: u64,
+    /// Acceptances after an event that follow another acceptance, and those with no known
+    /// sender (each may have been a zombie's).
+    repeats: u64,
+    repeats_unknown: u64,
+    /// Released by the stack's own record before the kill (the answer had been recorded).
+    released_before_kill: u64,
+    /// Late by the ledger alone, but the stack was working through never-tried deliveries.
+    behind_backlog: u64,
+    /// A woken worker's send under a claim made after its wake-up (not a zombie's).
+    fresh_claims_after_wake: u64,
+    worst_ns: u64,
+    worst_wait_ns: u64,
+}
+
 pub fn check(input: &Input) -> Verdict {
     let events: Vec<&TimelineEvent> = input
         .timeline
@@ -132,6 +179,7 @@ pub fn check(input: &Input) -> Verdict {
         return not_checked(NAME, "no worker was SIGKILLed or SIGSTOPped");
     }
     let sends = Sends::new(input.ledger);
+    let first_attempts = Queue::first_attempts(&sends);
     let expected: HashMap<(Provider, &str), &Expected> = input
         .expected
         .iter()
@@ -144,16 +192,10 @@ pub fn check(input: &Input) -> Verdict {
     let backoff = &input.scenario.stack.backoff;
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
-    let (mut at_risk, mut zombies, mut worst_ns) = (0u64, 0u64, 0u64);
-    // Deliveries whose in-flight send at an event had no known sender (it may have been the
-    // victim's): those not recovered in time could hide a `no_progress`. Acceptances after an
-    // event that follow another acceptance, and those among them with no known sender (each may
-    // have been a zombie's).
-    let (mut unknown_held, mut unknown_unrecovered) = (0u64, 0u64);
-    let (mut repeats, mut repeats_unknown) = (0u64, 0u64);
+    let mut n = Tally::default();
     let offset = wall_offset_ms(input);
 
-    for ev in events {
+    for ev in &events {
         let (t, pid) = (ev.mono_ns, ev.pid.unwrap_or_default());
         let able = first_able(input, pid, t);
         let base = t
@@ -167,8 +209,8 @@ pub fn check(input: &Input) -> Verdict {
                 .by_key(s.provider, &s.recipient)
                 .iter()
                 .any(|o| o.outcome == Outcome::Accepted && o.mono_ns < s.received_ns);
-            repeats += u64::from(repeat);
-            repeats_unknown += u64::from(repeat && !input.pids.contains_key(&s.seq));
+            n.repeats += u64::from(repeat);
+            n.repeats_unknown += u64::from(repeat && !input.pids.contains_key(&s.seq));
         }
         // In flight at T (or answered so shortly before that P may not have recorded it): P's
         // own sends, and those whose sender is unknown (`false`: not known to be P's).
@@ -197,9 +239,9 @@ pub fn check(input: &Input) -> Verdict {
                 continue;
             }
             if victims {
-                at_risk += 1;
+                n.at_risk += 1;
             } else {
-                unknown_held += 1;
+                n.unknown_held += 1;
             }
             let mut deadline = base;
             let in_flight = all.iter().any(|s| s.received_ns <= t && s.mono_ns > t);
@@ -215,31 +257,54 @@ pub fn check(input: &Input) -> Verdict {
                 let gap = (gap as u64).max(last.retry_after_ms.unwrap_or(0) * 1_000_000);
                 deadline = deadline.max(last.mono_ns + gap + slack);
             }
-            // Progress: a later attempt's arrival, or a final answer to one in flight at T.
-            let progress = all
+            // Progress on the ledger: a later attempt's arrival, or a final answer to one in
+            // flight at T.
+            let next_attempt = all
                 .iter()
-                .filter_map(|s| {
-                    if s.received_ns > t {
-                        Some(s.received_ns)
-                    } else if s.mono_ns > t && is_final(s.outcome) {
-                        Some(s.mono_ns)
-                    } else {
-                        None
-                    }
-                })
+                .find(|s| s.received_ns > t)
+                .map(|s| s.received_ns);
+            let final_answer = all
+                .iter()
+                .filter(|s| s.received_ns <= t && s.mono_ns > t && is_final(s.outcome))
+                .map(|s| s.mono_ns)
                 .min();
+            let on_ledger = next_attempt.into_iter().chain(final_answer).min();
+            // The stack's own release, recorded after the answer to P's request.
             let e = expected.get(&(provider, address));
-            let rescued = left_sending_after(input, offset, e, t);
-            let progress = match (progress, rescued) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let moved = timed_transitions(input, offset, e);
+            // P's request (or, for an unknown sender, the one in flight with none known).
+            let mine = all.iter().rfind(|s| {
+                s.received_ns <= t
+                    && input.pids.get(&s.seq).is_none_or(|p| *p == pid)
+                    && (victims || !input.pids.contains_key(&s.seq))
+            });
+            let released = moved.as_deref().zip(mine).and_then(|(moved, m)| {
+                let after = t
+                    .min(m.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS))
+                    .max(m.received_ns);
+                released_after(moved, after)
+            });
+            let progress = on_ledger.into_iter().chain(released).min();
             if let Some(p) = progress.filter(|p| *p <= deadline) {
-                worst_ns = worst_ns.max(p - t);
+                n.worst_ns = n.worst_ns.max(p.saturating_sub(t));
+                if let Some(r) = released.filter(|r| *r == p) {
+                    n.released_before_kill += u64::from(r <= t);
+                    let next = all.iter().find(|s| s.received_ns > r);
+                    if let Some(next) = next {
+                        n.worst_wait_ns = n.worst_wait_ns.max(next.received_ns - r);
+                    }
+                }
                 continue;
             }
+            if let (None, Some(p)) = (&moved, on_ledger) {
+                if first_attempts.cover(deadline, p, slack, u64::MAX) {
+                    n.behind_backlog += 1;
+                    n.worst_wait_ns = n.worst_wait_ns.max(p - deadline);
+                    continue;
+                }
+            }
             if !victims {
-                unknown_unrecovered += 1;
+                n.unknown_unrecovered += 1;
                 continue;
             }
             let last = all.iter().rfind(|s| s.received_ns <= t);
@@ -255,63 +320,105 @@ pub fn check(input: &Input) -> Verdict {
                 "last_attempt": last.map(|s| attempt_json(s, input)),
                 "in_flight_at_t": in_flight,
                 "deadline_ms": ms(deadline),
+                "released_ms": released.map(ms),
                 "next_ms": progress.map_or(json!("none"), |p| json!(ms(p))),
             }));
         }
-
-        // Zombie: P's accepted send arriving after T, after another pid's accept was answered.
-        let woke = input.ledger.iter().filter(|s| {
-            s.kind == EntryKind::Send
-                && s.outcome == Outcome::Accepted
-                && s.received_ns > t
-                && input.pids.get(&s.seq) == Some(&pid)
-        });
-        for s in woke {
-            let first = sends.by_key(s.provider, &s.recipient).iter().find(|o| {
-                o.outcome == Outcome::Accepted
-                    && o.mono_ns < s.received_ns
-                    && input.pids.get(&o.seq) != Some(&pid)
-            });
-            if let Some(first) = first {
-                zombies += 1;
-                let e = expected.get(&(s.provider, s.recipient.as_str()));
-                findings.push(json!({
-                    "rule": "zombie_duplicate",
-                    "recipient": e.map(|e| e.recipient.as_str()),
-                    "channel": channel_of(s.provider).as_str(),
-                    "address": s.recipient,
-                    "event": ev.kind,
-                    "pid": pid,
-                    "t_ms": ms(t),
-                    "first_accept": attempt_json(first, input),
-                    "zombie_accept": attempt_json(s, input),
-                    "after_first_ms": gap_ms(s.received_ns, first.mono_ns),
-                }));
-            }
-        }
+        zombies(input, &sends, &expected, ev, offset, &mut n, &mut findings);
     }
 
+    let not_recovered = findings.total() as u64 - n.zombies;
     let summary = format!(
-        "{} kill/stop events: {at_risk} unfinished deliveries held by the victims, {} not recovered in time, {zombies} zombie duplicates; \
-         slowest recovery {} ms",
-        input.timeline.iter().filter(|e| matches!(e.kind.as_str(), "sigkill" | "sigstop") && e.pid.is_some()).count(),
-        findings.total() as u64 - zombies,
-        ms(worst_ns),
+        "{} kill/stop events: {} unfinished deliveries held by the victims, {not_recovered} not recovered in time, {} zombie duplicates; \
+         slowest recovery {} ms, slowest wait after release {} ms",
+        events.len(),
+        n.at_risk,
+        n.zombies,
+        ms(n.worst_ns),
+        ms(n.worst_wait_ns),
     );
     let figs = figures(json!({
-        "deliveries_at_risk": at_risk,
-        "not_recovered": findings.total() as u64 - zombies,
-        "zombie_duplicates": zombies,
-        "slowest_recovery_ms": ms(worst_ns),
+        "deliveries_at_risk": n.at_risk,
+        "not_recovered": not_recovered,
+        "zombie_duplicates": n.zombies,
+        "released_before_kill": n.released_before_kill,
+        "behind_backlog": n.behind_backlog,
+        "fresh_claims_after_wake": n.fresh_claims_after_wake,
+        "slowest_recovery_ms": ms(n.worst_ns),
+        "slowest_wait_after_release_ms": ms(n.worst_wait_ns),
         "lease_ms": input.scenario.stack.lease.as_millis() as u64,
         "slack_ms": input.scenario.expect.recovery_slack.as_millis() as u64,
     }));
     // A kill or stop that held nothing unfinished tested nothing: recovery judged nothing.
-    findings.judged("no_progress", at_risk);
-    findings.unattributed("no_progress", at_risk + unknown_held, unknown_unrecovered);
-    findings.judged_at_least("zombie_duplicate", repeats - repeats_unknown, 0);
-    findings.unattributed("zombie_duplicate", repeats, repeats_unknown);
+    findings.judged("no_progress", n.at_risk);
+    findings.unattributed(
+        "no_progress",
+        n.at_risk + n.unknown_held,
+        n.unknown_unrecovered,
+    );
+    findings.judged_at_least("zombie_duplicate", n.repeats - n.repeats_unknown, 0);
+    findings.unattributed("zombie_duplicate", n.repeats, n.repeats_unknown);
     findings.verdict(NAME, summary, figs)
+}
+
+/// Rule `zombie_duplicate` for one kill/stop event: P's accepted sends arriving after T, for a
+/// delivery another pid got accepted after T and before them, not under a claim made after P's
+/// wake-up and that accept.
+fn zombies(
+    input: &Input,
+    sends: &Sends,
+    expected: &HashMap<(Provider, &str), &Expected>,
+    ev: &TimelineEvent,
+    offset: Option<i64>,
+    n: &mut Tally,
+    findings: &mut Findings,
+) {
+    let (t, pid) = (ev.mono_ns, ev.pid.unwrap_or_default());
+    let woke_at = stops(input.timeline, pid)
+        .into_iter()
+        .find(|(s, _)| *s == t)
+        .and_then(|(_, c)| c)
+        .unwrap_or(t);
+    let woke = input.ledger.iter().filter(|s| {
+        s.kind == EntryKind::Send
+            && s.outcome == Outcome::Accepted
+            && s.received_ns > t
+            && input.pids.get(&s.seq) == Some(&pid)
+    });
+    for s in woke {
+        let first = sends.by_key(s.provider, &s.recipient).iter().find(|o| {
+            o.outcome == Outcome::Accepted
+                && o.mono_ns > t
+                && o.mono_ns < s.received_ns
+                && input.pids.get(&o.seq) != Some(&pid)
+        });
+        let Some(first) = first else { continue };
+        let e = expected.get(&(s.provider, s.recipient.as_str()));
+        let claimed_anew = timed_transitions(input, offset, e).is_some_and(|moved| {
+            let after = woke_at.max(first.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS));
+            moved
+                .iter()
+                .any(|m| m.to == "sending" && m.at_ns > after && m.at_ns <= s.received_ns)
+        });
+        if claimed_anew {
+            n.fresh_claims_after_wake += 1;
+            continue;
+        }
+        n.zombies += 1;
+        findings.push(json!({
+            "rule": "zombie_duplicate",
+            "recipient": e.map(|e| e.recipient.as_str()),
+            "channel": channel_of(s.provider).as_str(),
+            "address": s.recipient,
+            "event": ev.kind,
+            "pid": pid,
+            "t_ms": ms(t),
+            "woke_ms": (woke_at > t).then(|| ms(woke_at)),
+            "first_accept": attempt_json(first, input),
+            "zombie_accept": attempt_json(s, input),
+            "after_first_ms": gap_ms(s.received_ns, first.mono_ns),
+        }));
+    }
 }
 
 #[cfg(test)]

@@ -93,17 +93,7 @@ fn each_rule_can_be_broken() {
         (
             "zombie",
             |w| {
-                // 8 is frozen from 2200 to 2600 while worker 10 delivers r5; 8 wakes and sends too.
-                w.event("sigstop", Some(8), 2_200);
-                w.event("sigcont", Some(8), 2_600);
-                let a = addr("r5", Line);
-                w.expected.push(Expected {
-                    address: a.clone(),
-                    recipient: "r5".into(),
-                    ..w.expected[0].clone()
-                });
-                w.send(Line, &a, Accepted, 2_000).pid(10);
-                w.send(Line, &a, Accepted, 2_700).pid(8);
+                zombie(w, 2_300);
             },
             "zombie_duplicate",
             json!(null),
@@ -130,6 +120,157 @@ fn each_rule_can_be_broken() {
             assert_eq!(c["first_accept"]["pid"], 10);
             assert_eq!(c["zombie_accept"]["pid"], 8);
         }
+    }
+}
+
+/// 8 is frozen from 2200 to 2600; worker 10 delivers r5 (arriving at `other_at` ms); 8 wakes
+/// and sends r5 at 2700 too.
+fn zombie(w: &mut World, other_at: u64) {
+    w.event("sigstop", Some(8), 2_200);
+    w.event("sigcont", Some(8), 2_600);
+    let a = addr("r5", Line);
+    w.expected.push(Expected {
+        address: a.clone(),
+        recipient: "r5".into(),
+        ..w.expected[0].clone()
+    });
+    w.send(Line, &a, Accepted, other_at).pid(10);
+    w.send(Line, &a, Accepted, 2_700).pid(8);
+}
+
+#[test]
+fn a_send_under_a_claim_made_after_the_wake_up_is_no_zombie() {
+    // (case, other's accept at, r5's recorded transitions, zombie?)
+    type Steps = &'static [(&'static str, &'static str, u64)];
+    let cases: [(&str, u64, Steps, bool); 5] = [
+        ("no status: a zombie", 2_300, &[], true),
+        (
+            "claimed by 8 after waking and after the accept",
+            2_300,
+            &[
+                ("sending", "worker", 2_290),
+                ("delivered", "worker", 2_306),
+                ("sending", "worker", 2_650),
+            ],
+            false,
+        ),
+        (
+            "the only claim is 10's, before the wake-up",
+            2_300,
+            &[("sending", "worker", 2_290), ("delivered", "worker", 2_306)],
+            true,
+        ),
+        (
+            "a claim after waking but before the accept is 10's",
+            2_650,
+            &[("sending", "worker", 2_640), ("delivered", "worker", 2_656)],
+            true,
+        ),
+        // Delivered before 8 froze: 8 cannot have lost a lease to it during the stop; a
+        // duplicate is `exactly_once`'s to name.
+        ("accepted before the stop", 2_000, &[], false),
+    ];
+    for (case, other_at, steps, flagged) in cases {
+        let mut w = kill_rescued();
+        zombie(&mut w, other_at);
+        if !steps.is_empty() {
+            w.timed_row("r5", Line, steps);
+        }
+        let v = check(&w.input());
+        assert_eq!(
+            v.figures["zombie_duplicates"],
+            u64::from(flagged),
+            "{case}: {v:#?}"
+        );
+        let fresh = u64::from(!flagged && !steps.is_empty());
+        assert_eq!(v.figures["fresh_claims_after_wake"], fresh, "{case}");
+    }
+}
+
+/// 7 is killed at 1000 ms just after its transient answer for r6 (sent at 950, answered 955);
+/// the next attempt comes at 9000 ms, far past the deadline of 2500 ms, behind a backlog.
+fn late_retry(w: &mut World) -> String {
+    let a = w.expect("r6", Sms);
+    w.send(Sms, &a, Transient, 950).pid(7);
+    w.send(Sms, &a, Accepted, 9_000).pid(8);
+    a
+}
+
+#[test]
+fn a_release_recorded_after_the_answer_counts_even_before_the_kill() {
+    // (case, r6's recorded transitions, holds?)
+    type Steps = &'static [(&'static str, &'static str, u64)];
+    let cases: [(&str, Steps, bool); 4] = [
+        (
+            "released by 7 itself 5 ms before the kill",
+            &[("sending", "worker", 940), ("retryable", "worker", 995)],
+            true,
+        ),
+        (
+            "released by the rescuer in time",
+            &[("sending", "worker", 940), ("retryable", "rescuer", 2_400)],
+            true,
+        ),
+        (
+            "released only after the deadline",
+            &[("sending", "worker", 940), ("retryable", "rescuer", 2_600)],
+            false,
+        ),
+        // A truly stuck delivery: claimed, never released; its next attempt much later.
+        ("never released", &[("sending", "worker", 940)], false),
+    ];
+    for (case, steps, holds) in cases {
+        let mut w = kill_rescued();
+        late_retry(&mut w);
+        w.timed_row("r6", Sms, steps);
+        // A backlog of first attempts does not excuse a delivery the stack's records judge.
+        backlog(&mut w, 2_500, 9_000, 400);
+        let v = check(&w.input());
+        let want = if holds {
+            Status::Holds
+        } else {
+            Status::Violated
+        };
+        assert_eq!(v.status, want, "{case}: {v:#?}");
+        if holds {
+            assert_eq!(v.figures["deliveries_at_risk"], 2, "{case}");
+        } else {
+            assert_eq!(v.counterexamples[0]["recipient"], "r6", "{case}");
+        }
+    }
+    let mut w = kill_rescued();
+    late_retry(&mut w);
+    w.timed_row("r6", Sms, cases[0].1);
+    let v = check(&w.input());
+    assert_eq!(v.figures["released_before_kill"], 1);
+    // The honest figure: from the release at 995 ms to the attempt at 9000 ms.
+    assert_eq!(v.figures["slowest_wait_after_release_ms"], 8_005.0);
+    assert_eq!(v.figures["slowest_recovery_ms"], 1_100.0);
+}
+
+/// First attempts of other deliveries every `every` ms from `from` to `to`.
+fn backlog(w: &mut World, from: u64, to: u64, every: u64) {
+    for (i, at) in (from..=to).step_by(every as usize).enumerate() {
+        let a = w.expect(&format!("q{i}"), Email);
+        w.send(Email, &a, Accepted, at).pid(8);
+    }
+}
+
+#[test]
+fn without_recorded_transitions_a_backlog_excuses_a_late_next_attempt() {
+    // (first attempt every ms, holds?): the slack is 500 ms.
+    for (every, holds) in [(400, true), (700, false)] {
+        let mut w = kill_rescued();
+        late_retry(&mut w);
+        backlog(&mut w, 2_500, 9_000, every);
+        let v = check(&w.input());
+        let want = if holds {
+            Status::Holds
+        } else {
+            Status::Violated
+        };
+        assert_eq!(v.status, want, "every {every} ms: {v:#?}");
+        assert_eq!(v.figures["behind_backlog"], u64::from(holds));
     }
 }
 

@@ -1,10 +1,17 @@
-//! `retry_discipline`: retries are bounded, spaced, growing, honour `Retry-After`, and stop at a
-//! permanent rejection.
+//! `retry_discipline`: retries are bounded, spaced, growing, capped, honour `Retry-After`, and stop
+//! at a permanent rejection.
 //!
 //! Per expected delivery, over its send attempts in arrival order up to the first `Accepted` or
 //! `IdempotentRepeat` (anything after that is a duplicate or a repeat: other checkers' business):
 //!
-//! - **too_many_attempts**: more than `expect.max_attempts` attempts.
+//! - **too_many_attempts**: an attempt beyond `expect.max_attempts` (by default the stack's
+//!   `TING_MAX_ATTEMPTS`). Attempts are what the provider saw: every `Send` entry of the delivery
+//!   but those answered 429 (rate limited: the provider did not look at the message, and a stack
+//!   may fairly not count them). A LINE 409 for a repeated retry key ends the chain (it is a
+//!   repeat, not a new attempt); SMS status reads and lookups are polls, never attempts. One
+//!   attempt past the limit is the stack reconciling, not ignoring it, when the answer to the last
+//!   allowed attempt may never have reached it (as for `attempt_after_permanent` below): counted
+//!   in `beyond_limit_lost_answer`.
 //! - **gap_below_floor**: after the k-th `Transient` failure of the delivery, the gap from that
 //!   answer (`mono_ns`) to the next attempt's arrival (`received_ns`) must be at least
 //!   `min(expect.min_retry_gap × factor^(k−1), backoff.max × (1 − jitter))`. The floor growing with
@@ -14,28 +21,50 @@
 //!   The cap keeps a correct schedule that has reached `backoff.max` from being flagged. With
 //!   `expect.retry_growth = false` the floor is just `min_retry_gap`. A negative gap (two
 //!   attempts in flight at once) is always below the floor.
-//! - **retry_after_ignored**: the gap is shorter than the `Retry-After` the provider sent.
+//! - **gap_above_cap**: after a `Transient` failure the next attempt must arrive within
+//!   `max(backoff.max × (1 + jitter), Retry-After as sent) + expect.retry_cap_slack` of the
+//!   answer, not counting time in which no correct stack could have made it: no worker running
+//!   and awake, the database down or locked by chaos (`check::availability`). Not judged when
+//!   the failed attempt's sender was SIGKILLed or SIGSTOPped before the next attempt (its answer
+//!   may be lost and its lease must lapse first: `recovery` judges that). A delivery that fell
+//!   due (answer + cap + jitter, or the Retry-After) while the stack kept working through a queue
+//!   was waiting its turn: counted in `late_behind_backlog`, not flagged. Queue work
+//!   (`check::backlog`) is any delivery's first attempt, and any other retry already found on
+//!   time or excused that fell due no later than this one (retries are judged in arrival order,
+//!   so a drained backlog of overdue retries excuses itself in due order); it must have arrived
+//!   at most the slack before the delivery fell due and then with no pause longer than the slack
+//!   until its retry. A late retry that is not excused never excuses another.
+//! - **retry_after_ignored**: the gap is shorter than the `Retry-After` the provider sent (the
+//!   ledger records the header as sent: whole seconds for LINE and Twilio).
 //! - **attempt_after_permanent**: any attempt after a `Permanent` answer — unless that answer was
 //!   lost: its sender was SIGKILLed or SIGSTOPped within one lease after it (the process may never
 //!   have recorded it), or the stack's status shows the delivery went through its rescuer. One
 //!   re-attempt after such a crash is the stack reconciling, not ignoring the provider; it is
 //!   counted in the `after_permanent_lost_answer` figure.
 //!
-//! A `ProtocolError` answer (a malformed request) counts as an attempt but sets no floor.
+//! A `ProtocolError` answer (a malformed request) counts as an attempt but sets no floor or cap.
 //!
-//! Judged: deliveries with an attempt (`too_many_attempts`, needs one), deliveries answered
-//! `Permanent` (`attempt_after_permanent`, may be none), and retries after a transient failure
+//! Judged: deliveries with an attempt (`too_many_attempts`, needs one; how many made every
+//! attempt allowed is the `deliveries_at_limit` figure), deliveries answered `Permanent`
+//! (`attempt_after_permanent`, may be none), retries after a transient failure
 //! (`gap_below_floor`, `retry_after_ignored`: needs one when some transient answer left the
-//! delivery with attempts to spare — a run whose providers never failed has nothing to space).
+//! delivery with attempts to spare — a run whose providers never failed has nothing to space),
+//! and those retries whose sender was not killed or stopped before them (`gap_above_cap`, may
+//! be none; how many reached the cap's range is the `gaps_reaching_cap` figure).
 //!
 //! Must never judge from the stack's own attempt counter: only ledger times count.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use mock_providers::ledger::{LedgerEntry, Outcome};
 use serde_json::{json, Value};
 
-use super::common::{attempt_json, delivery_json, figures, gap_ms, Findings, Sends};
+use super::availability::blocked_ns;
+use super::backlog::Queue;
+use super::common::{
+    attempt_json, delivery_json, figures, gap_ms, is_failure, ms, Findings, Sends,
+};
 use super::{Expected, Input, Verdict};
 
 pub const NAME: &str = "retry_discipline";
@@ -54,40 +83,73 @@ pub fn floor(input: &Input, k: u32) -> Duration {
     Duration::from_nanos((grown.min(cap).max(0.0) * 1e9).round() as u64)
 }
 
+/// The longest a correct schedule waits after a transient failure whose answer asked for
+/// `retry_after_ms`: the cap plus its jitter, or the Retry-After when longer.
+pub fn due_within(input: &Input, retry_after_ms: Option<u64>) -> Duration {
+    let b = &input.scenario.stack.backoff;
+    let cap = b.max.mul_f64(1.0 + b.jitter);
+    cap.max(Duration::from_millis(retry_after_ms.unwrap_or(0)))
+}
+
 /// Whether the answer `s` may never have reached the stack's records: its sender was killed or
 /// frozen within one lease after it, or the stack rescued the delivery.
-fn answer_lost(
-    input: &Input,
-    e: &super::Expected,
-    s: &mock_providers::ledger::LedgerEntry,
-) -> bool {
+fn answer_lost(input: &Input, e: &Expected, s: &LedgerEntry) -> bool {
     let lease = input.scenario.stack.lease.as_nanos() as u64;
-    let killed = input.pids.get(&s.seq).is_some_and(|pid| {
-        input.timeline.iter().any(|ev| {
-            matches!(ev.kind.as_str(), "sigkill" | "sigstop")
-                && ev.pid == Some(*pid)
-                && ev.mono_ns + 1 >= s.mono_ns
-                && ev.mono_ns <= s.mono_ns + lease
-        })
-    });
     let rescued = input.status.is_some_and(|rows| {
         rows.iter()
             .filter(|d| d.recipient == e.recipient && d.channel == e.channel)
             .any(|d| d.transitions.iter().any(|t| t.source == "rescuer"))
     });
-    killed || rescued
+    sender_hit(input, s, s.mono_ns.saturating_sub(1), s.mono_ns + lease) || rescued
+}
+
+/// Whether the sender of `s` was SIGKILLed or SIGSTOPped within `[from, to]`.
+fn sender_hit(input: &Input, s: &LedgerEntry, from: u64, to: u64) -> bool {
+    input.pids.get(&s.seq).is_some_and(|pid| {
+        input.timeline.iter().any(|ev| {
+            matches!(ev.kind.as_str(), "sigkill" | "sigstop")
+                && ev.pid == Some(*pid)
+                && (from..=to).contains(&ev.mono_ns)
+        })
+    })
+}
+
+/// What the checker counted, besides its findings.
+#[derive(Default)]
+struct Tally {
+    retries: u64,
+    bad_deliveries: u64,
+    lost_answers: u64,
+    beyond_limit_lost_answer: u64,
+    /// Deliveries that made every attempt allowed without an acceptance: the limit was reached.
+    at_limit: u64,
+    /// Retry gaps judged against the cap, and those excused behind a backlog.
+    cap_judged: u64,
+    late_behind_backlog: u64,
+    /// Gaps that reached the cap's range (more than `backoff.max × (1 − jitter)`).
+    reached_cap: u64,
+    longest_gap_ns: u64,
+}
+
+/// A retry after a transient failure, for the cap rule (judged in arrival order).
+struct Retry<'a> {
+    delivery: usize,
+    prev: &'a LedgerEntry,
+    next: &'a LedgerEntry,
 }
 
 pub fn check(input: &Input) -> Verdict {
     let sends = Sends::new(input.ledger);
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
-    let (mut retries, mut bad_deliveries, mut lost_answers) = (0u64, 0u64, 0u64);
+    let mut n = Tally::default();
+    let mut violating: BTreeSet<usize> = BTreeSet::new();
+    let mut retries: Vec<Retry> = Vec::new();
     // Deliveries with an attempt; transient answers a correct stack must follow with a retry
     // (fewer failures than allowed so far); permanent answers.
     let (mut attempted, mut retry_due, mut permanents) = (0u64, 0u64, 0u64);
 
-    for e in input.expected {
+    for (i, e) in input.expected.iter().enumerate() {
         let all = sends.of_expected(e);
         let end = all
             .iter()
@@ -99,20 +161,15 @@ pub fn check(input: &Input) -> Verdict {
         permanents += u64::from(chain.iter().any(|s| s.outcome == Outcome::Permanent));
         let mut failures = 0usize;
         for s in chain {
-            failures += usize::from(super::common::is_failure(s.outcome));
+            failures += usize::from(is_failure(s.outcome));
             retry_due += u64::from(s.outcome == Outcome::Transient && failures < max);
         }
 
-        if chain.len() > max {
-            let mut c = pair(e, "too_many_attempts", chain[max - 1], chain[max], input);
-            c["attempts"] = json!(chain.len());
-            c["max_attempts"] = json!(max);
-            findings.push(c);
-        }
+        attempts_beyond_limit(input, e, chain, max, &mut n, &mut findings);
         if let Some(p) = chain.iter().position(|s| s.outcome == Outcome::Permanent) {
             let lost = chain.get(p + 1).is_some() && answer_lost(input, e, chain[p]);
             if lost && chain.len() == p + 2 {
-                lost_answers += 1;
+                n.lost_answers += 1;
             } else if let Some(next) = chain.get(p + 1) {
                 let mut c = pair(e, "attempt_after_permanent", chain[p], next, input);
                 c["later_attempts"] = json!(chain.len() - p - 1);
@@ -127,7 +184,7 @@ pub fn check(input: &Input) -> Verdict {
                 continue;
             }
             k += 1;
-            retries += 1;
+            n.retries += 1;
             let gap = next.received_ns as i128 - prev.mono_ns as i128;
             let fl = floor(input, k);
             if gap < fl.as_nanos() as i128 {
@@ -143,32 +200,139 @@ pub fn check(input: &Input) -> Verdict {
                     findings.push(c);
                 }
             }
+            retries.push(Retry {
+                delivery: i,
+                prev,
+                next,
+            });
         }
         if findings.total() > before {
-            bad_deliveries += 1;
+            violating.insert(i);
         }
     }
 
+    // The cap, in arrival order: each retry found on time or excused becomes queue work that
+    // may excuse a later one.
+    retries.sort_by_key(|r| (r.next.received_ns, r.next.seq));
+    let mut queue = Queue::first_attempts(&sends);
+    for r in &retries {
+        let e = &input.expected[r.delivery];
+        if let Some(c) = above_cap(input, &mut queue, e, r.prev, r.next, &mut n) {
+            findings.push(c);
+            violating.insert(r.delivery);
+        }
+    }
+    n.bad_deliveries = violating.len() as u64;
+
     let summary = format!(
-        "{} deliveries, {retries} retries after transient failures: {} broken rules in {bad_deliveries} deliveries",
+        "{} deliveries, {} retries after transient failures ({} reached the cap), {} at the attempt limit: {} broken rules in {} deliveries",
         input.expected.len(),
-        findings.total()
+        n.retries,
+        n.reached_cap,
+        n.at_limit,
+        findings.total(),
+        n.bad_deliveries,
     );
     let figs = figures(json!({
         "deliveries": input.expected.len(),
-        "retries_checked": retries,
-        "deliveries_violating": bad_deliveries,
+        "retries_checked": n.retries,
+        "deliveries_violating": n.bad_deliveries,
         "min_retry_gap_ms": input.scenario.expect.min_retry_gap.as_secs_f64() * 1e3,
         "retry_growth": input.scenario.expect.retry_growth,
         "max_attempts": max,
-        "after_permanent_lost_answer": lost_answers,
+        "deliveries_at_limit": n.at_limit,
+        "beyond_limit_lost_answer": n.beyond_limit_lost_answer,
+        "after_permanent_lost_answer": n.lost_answers,
+        "gaps_judged_against_cap": n.cap_judged,
+        "gaps_reaching_cap": n.reached_cap,
+        "late_behind_backlog": n.late_behind_backlog,
+        "longest_gap_ms": ms(n.longest_gap_ns),
+        "cap_ms": due_within(input, None).as_secs_f64() * 1e3,
+        "cap_slack_ms": input.scenario.expect.retry_cap_slack.as_secs_f64() * 1e3,
     }));
     findings.judged("too_many_attempts", attempted);
     findings.judged_at_least("attempt_after_permanent", permanents, 0);
     // Spacing is judged on retries; a run whose providers never asked for one has none to judge.
     let min = u64::from(retry_due > 0);
-    findings.judged_at_least("gap_below_floor", retries, min);
+    findings.judged_at_least("gap_below_floor", n.retries, min);
+    findings.judged_at_least("gap_above_cap", n.cap_judged, 0);
     findings.verdict(NAME, summary, figs)
+}
+
+/// Rule `too_many_attempts` on one delivery's chain of attempts.
+fn attempts_beyond_limit(
+    input: &Input,
+    e: &Expected,
+    chain: &[&LedgerEntry],
+    max: usize,
+    n: &mut Tally,
+    findings: &mut Findings,
+) {
+    let counted: Vec<&LedgerEntry> = chain
+        .iter()
+        .copied()
+        .filter(|s| s.status != "429")
+        .collect();
+    if counted.len() >= max && counted[..max].iter().all(|s| is_failure(s.outcome)) {
+        n.at_limit += 1;
+    }
+    if counted.len() <= max {
+        return;
+    }
+    if counted.len() == max + 1 && answer_lost(input, e, counted[max - 1]) {
+        n.beyond_limit_lost_answer += 1;
+        return;
+    }
+    let mut c = pair(
+        e,
+        "too_many_attempts",
+        counted[max - 1],
+        counted[max],
+        input,
+    );
+    c["attempts"] = json!(counted.len());
+    c["max_attempts"] = json!(max);
+    findings.push(c);
+}
+
+/// Rule `gap_above_cap` on the retry `next` after the transient failure `prev`.
+fn above_cap(
+    input: &Input,
+    queue: &mut Queue,
+    e: &Expected,
+    prev: &LedgerEntry,
+    next: &LedgerEntry,
+    n: &mut Tally,
+) -> Option<Value> {
+    let gap = next.received_ns.saturating_sub(prev.mono_ns);
+    n.longest_gap_ns = n.longest_gap_ns.max(gap);
+    let b = &input.scenario.stack.backoff;
+    if gap as f64 > b.max.as_nanos() as f64 * (1.0 - b.jitter) {
+        n.reached_cap += 1;
+    }
+    let due = due_within(input, prev.retry_after_ms).as_nanos() as u64;
+    let due_at = prev.mono_ns + due;
+    if sender_hit(input, prev, prev.received_ns, next.received_ns) {
+        queue.add(next.received_ns, due_at);
+        return None;
+    }
+    n.cap_judged += 1;
+    let slack = input.scenario.expect.retry_cap_slack.as_nanos() as u64;
+    let blocked = blocked_ns(input, prev.mono_ns, next.received_ns);
+    let late = gap.saturating_sub(blocked);
+    if late <= due + slack {
+        queue.add(next.received_ns, due_at);
+        return None;
+    }
+    if queue.cover(due_at, next.received_ns, slack, due_at) {
+        n.late_behind_backlog += 1;
+        queue.add(next.received_ns, due_at);
+        return None;
+    }
+    let mut c = pair(e, "gap_above_cap", prev, next, input);
+    c["allowed_ms"] = json!((due + slack) as f64 / 1e6);
+    c["blocked_ms"] = json!(blocked as f64 / 1e6);
+    Some(c)
 }
 
 /// A counterexample about two attempts of one delivery.
@@ -315,6 +479,177 @@ mod tests {
             assert_eq!(v.status, Status::Violated, "{case}: {v:#?}");
             assert_eq!(rules(&v), want, "{case}: {v:#?}");
         }
+    }
+
+    /// r1 fails at 0 ms (answered at 5) and is retried at `retry_at` ms; the cap is 1.2 s
+    /// (max 1 s + 20% jitter) and the slack 2 s, so the retry is due by 3205 ms.
+    fn capped(retry_at: u64) -> World {
+        let mut w = World::new();
+        w.worker(7, 0, None);
+        w.worker(8, 0, None);
+        let a = w.expect("r1", Line);
+        w.send(Line, &a, Transient, 0).pid(7);
+        w.send(Line, &a, Accepted, retry_at).pid(8);
+        w
+    }
+
+    #[test]
+    fn a_retry_later_than_the_cap_is_flagged_unless_it_could_not_be_made() {
+        type Tweak = fn(&mut World);
+        let none: Tweak = |_| {};
+        // (case, retry at ms, tweak, flagged?)
+        let cases: [(&str, u64, Tweak, bool); 10] = [
+            ("at the cap plus slack", 3_205, none, false),
+            ("past it", 3_300, none, true),
+            (
+                "a Retry-After of 5 s",
+                7_000,
+                |w| w.ledger[0].retry_after_ms = Some(5_000),
+                false,
+            ),
+            (
+                "no worker alive for 2 s",
+                5_000,
+                |w| {
+                    w.processes.clear();
+                    w.worker(7, 0, Some(1_000));
+                    w.worker(8, 3_000, None);
+                },
+                false,
+            ),
+            (
+                "the database restarting for 2 s",
+                5_000,
+                |w| {
+                    w.event("db_restart", None, 1_000);
+                    w.event("db_restarted", None, 3_000);
+                },
+                false,
+            ),
+            (
+                "the failed attempt's sender was killed",
+                9_000,
+                |w| w.event("sigkill", Some(7), 500),
+                false,
+            ),
+            (
+                "waiting behind first attempts",
+                9_000,
+                |w| {
+                    for i in 0..12 {
+                        let a = w.expect(&format!("q{i}"), Email);
+                        w.send(Email, &a, Accepted, 1_000 + i * 700).pid(8);
+                    }
+                },
+                false,
+            ),
+            (
+                "first attempts that pause longer than the slack",
+                9_000,
+                |w| {
+                    for i in 0..3 {
+                        let a = w.expect(&format!("q{i}"), Email);
+                        w.send(Email, &a, Accepted, 1_000 + i * 700).pid(8);
+                    }
+                },
+                true,
+            ),
+            (
+                "last of a drained backlog of overdue retries due earlier",
+                9_000,
+                |w| {
+                    // q0..q11 failed at 0 ms like r1 (due by 1205 ms, before r1's 1210 ms), and
+                    // were retried late behind first attempts until 2000 ms, then one by one.
+                    let first: Vec<String> =
+                        (0..3).map(|i| w.expect(&format!("f{i}"), Sms)).collect();
+                    for (i, a) in first.iter().enumerate() {
+                        w.send(Sms, a, Accepted, 1_000 + i as u64 * 500).pid(8);
+                    }
+                    for i in 0..12u64 {
+                        let a = w.expect(&format!("q{i}"), Email);
+                        w.send(Email, &a, Transient, 0).pid(8);
+                        w.send(Email, &a, Accepted, 3_000 + i * 500).pid(8);
+                    }
+                },
+                false,
+            ),
+            (
+                "behind retries that fell due after it",
+                9_000,
+                |w| {
+                    let a = w.expect("q0", Email);
+                    w.send(Email, &a, Transient, 0).pid(8);
+                    for i in 1..12 {
+                        w.send(Email, &a, Transient, i * 700).pid(8);
+                    }
+                },
+                true,
+            ),
+        ];
+        for (case, retry_at, tweak, flagged) in cases {
+            let mut w = capped(retry_at);
+            tweak(&mut w);
+            let v = check(&w.input());
+            let cap: Vec<_> = v
+                .counterexamples
+                .iter()
+                .filter(|c| c["rule"] == "gap_above_cap" && c["recipient"] == "r1")
+                .collect();
+            assert_eq!(cap.len(), usize::from(flagged), "{case}: {v:#?}");
+            if flagged {
+                assert_eq!(cap[0]["allowed_ms"], 3_200.0, "{case}");
+                assert_eq!(cap[0]["gap_ms"], (retry_at - 5) as f64, "{case}");
+            }
+        }
+        let mut w = capped(9_000);
+        (cases[6].2)(&mut w);
+        assert_eq!(check(&w.input()).figures["late_behind_backlog"], 1);
+    }
+
+    #[test]
+    fn attempts_are_what_the_provider_saw_less_rate_limits() {
+        // Limit 4. (case, outcomes in order, tweak, flagged?)
+        type Tweak = fn(&mut World);
+        let none: Tweak = |_| {};
+        let cases: [(&str, &[Outcome], Tweak, bool); 5] = [
+            ("four, exhausted", &[Transient; 4], none, false),
+            ("a fifth", &[Transient; 5], none, true),
+            (
+                "a fifth after a 429",
+                &[Transient; 5],
+                |w| w.ledger[1].status = "429".into(),
+                false,
+            ),
+            (
+                "a fifth after the fourth's answer was lost",
+                &[Transient, Transient, Transient, Transient, Accepted],
+                |w| w.event("sigkill", Some(100), 1_600),
+                false,
+            ),
+            (
+                "a LINE 409 after the fourth is a repeat",
+                &[Transient, Transient, Transient, Accepted, IdempotentRepeat],
+                none,
+                false,
+            ),
+        ];
+        for (case, outcomes, tweak, flagged) in cases {
+            let mut w = World::new();
+            let a = w.expect("r1", Line);
+            for (i, o) in outcomes.iter().enumerate() {
+                w.send(Line, &a, *o, [0, 100, 300, 700, 1_500][i]);
+            }
+            tweak(&mut w);
+            let v = check(&w.input());
+            let many = rules(&v)
+                .iter()
+                .filter(|r| *r == "too_many_attempts")
+                .count();
+            assert_eq!(many, usize::from(flagged), "{case}: {v:#?}");
+        }
+        let mut w = World::new();
+        delivery(&mut w, &[0, 100, 300, 700], Transient);
+        assert_eq!(check(&w.input()).figures["deliveries_at_limit"], 1);
     }
 
     #[test]

@@ -37,12 +37,22 @@ jitter = 0.2
 [expect]
 min_retry_gap = "80ms"
 recovery_slack = "500ms"
+retry_cap_slack = "2s"
 "#;
 
 pub const LATENCY_MS: u64 = 5;
 
 pub fn ns(ms: u64) -> u64 {
     ms * 1_000_000
+}
+
+/// Wall-clock time (RFC 3339, milliseconds) of `ms` on the ledger clock: the ledger starts at
+/// 2026-01-01T00:00:00Z.
+pub fn wall(ms: u64) -> String {
+    const START_MS: i64 = 1_767_225_600_000;
+    chrono::DateTime::from_timestamp_millis(START_MS + ms as i64)
+        .expect("in range")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// The address a test recipient has on `channel`.
@@ -129,6 +139,7 @@ impl World {
         e.seq = self.ledger.len() as u64;
         e.received_ns = ns(at_ms);
         e.mono_ns = ns(at_ms + LATENCY_MS);
+        e.wall = wall(at_ms + LATENCY_MS);
         e.attempt = *n;
         e.outcome = outcome;
         e.payload_hash = Some(format!("h-{address}"));
@@ -199,6 +210,36 @@ impl World {
                 state: from.unwrap_or_else(|| "pending".into()),
                 attempts: 1,
                 provider_message_id: msg_id.map(Into::into),
+                payload_sha256: None,
+                last_error: None,
+                transitions,
+            });
+    }
+
+    /// Adds a status API row whose transitions carry times: `steps` are (state, source, at ms),
+    /// each from the state before it (the first from none).
+    pub fn timed_row(&mut self, recipient: &str, channel: Channel, steps: &[(&str, &str, u64)]) {
+        let mut from: Option<String> = None;
+        let transitions = steps
+            .iter()
+            .map(|(to, source, at)| StatusTransition {
+                from: from.replace(to.to_string()),
+                to: to.to_string(),
+                source: source.to_string(),
+                at: Some(wall(*at)),
+                detail: None,
+            })
+            .collect();
+        self.status
+            .get_or_insert_with(Vec::new)
+            .push(StatusDelivery {
+                key: format!("b0:{recipient}:{}", channel.as_str()),
+                recipient: recipient.into(),
+                channel,
+                address: Some(addr(recipient, channel)),
+                state: from.unwrap_or_else(|| "pending".into()),
+                attempts: 1,
+                provider_message_id: None,
                 payload_sha256: None,
                 last_error: None,
                 transitions,
@@ -276,6 +317,7 @@ impl SendMut<'_> {
     /// Answered `ms` after arrival instead of [`LATENCY_MS`].
     pub fn latency(self, ms: u64) -> Self {
         self.entry.mono_ns = self.entry.received_ns + ns(ms);
+        self.entry.wall = wall(self.entry.mono_ns / 1_000_000);
         self
     }
 

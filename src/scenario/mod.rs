@@ -45,6 +45,8 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "no-heartbeat",
     "email-event-regression",
     "subject-header-injection",
+    "no-backoff-cap",
+    "attempts-off-by-one",
 ];
 
 /// A validated experiment.
@@ -204,6 +206,8 @@ pub struct Expect {
     pub max_unknown: u32,
     #[serde(with = "ms")]
     pub recovery_slack: Duration,
+    #[serde(with = "ms")]
+    pub retry_cap_slack: Duration,
     #[serde(with = "ms")]
     pub in_flight_allowance: Duration,
     pub thresholds: Vec<crate::report::gate::Threshold>,

@@ -325,6 +325,9 @@ pub struct RawExpect {
     pub max_unknown: u32,
     /// Slack on top of the lease for recovery after a kill or stop.
     pub recovery_slack: HumanDuration,
+    /// Scheduling slack on top of the backoff cap (`backoff.max` plus jitter): a retry later than
+    /// that, for a delivery that could have been retried, breaks the cap (`gap_above_cap`).
+    pub retry_cap_slack: HumanDuration,
     /// How long after SIGTERM a send may still arrive from the terminated worker (it was already
     /// on its way: waiting for a connection, mid-transaction).
     pub in_flight_allowance: HumanDuration,
@@ -355,6 +358,7 @@ impl Default for RawExpect {
             quiescence: HumanDuration::from_millis(60_000),
             max_unknown: 0,
             recovery_slack: HumanDuration::from_millis(5_000),
+            retry_cap_slack: HumanDuration::from_millis(5_000),
             in_flight_allowance: HumanDuration::from_millis(1_000),
             thresholds: Vec::new(),
             min_judged: BTreeMap::new(),

@@ -166,6 +166,7 @@ pub(super) fn validate(
         quiescence: e.quiescence.0,
         max_unknown: e.max_unknown,
         recovery_slack: e.recovery_slack.0,
+        retry_cap_slack: e.retry_cap_slack.0,
         in_flight_allowance: e.in_flight_allowance.0,
         thresholds: e.thresholds,
         min_judged: e.min_judged,

@@ -57,7 +57,13 @@ pub enum Flaw {
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 19] = [
+    pub const ALL: [(&'static str, Flaw); 21] = [
+    NoBackoffCap,
+    AttemptsOffByOne,
+}
+
+impl Flaw {
+    pub const ALL: [(&'static str, Flaw); 21] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -77,6 +83,8 @@ impl Flaw {
         ("no-heartbeat", Flaw::NoHeartbeat),
         ("email-event-regression", Flaw::EmailEventRegression),
         ("subject-header-injection", Flaw::SubjectHeaderInjection),
+        ("no-backoff-cap", Flaw::NoBackoffCap),
+        ("attempts-off-by-one", Flaw::AttemptsOffByOne),
     ];
 
     pub fn name(self) -> &'static str {

@@ -175,10 +175,10 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
             };
             d.fault = Some(decide::label(&fault));
             d.error = Some(message.into());
-            d.retry_after_ms = fault.retry_after.map(|r| r.as_millis_u64());
-            let extra = fault
-                .retry_after
-                .map(|r| ("retry-after", decide::retry_after_secs(r.0).to_string()));
+            // The header is whole seconds; the ledger records what was sent.
+            let secs = fault.retry_after.map(|r| decide::retry_after_secs(r.0));
+            d.retry_after_ms = secs.map(|s| s * 1000);
+            let extra = secs.map(|s| ("retry-after", s.to_string()));
             (fault.status, json!({ "message": message }), extra)
         }
     };
@@ -226,6 +226,7 @@ fn decide_push(
         &push.to,
         attempt,
         cfg.bad_addresses,
+        &cfg.sticky,
         &cfg.permanent,
         &cfg.transient,
     );
@@ -245,13 +246,13 @@ fn decide_push(
     match verdict {
         Verdict::BadAddress => Decision::BadAddress { seeded: true },
         Verdict::Fault { fault, permanent } => Decision::Fault {
-            fault: fault.clone(),
-            permanent,
             sent: if fault.after_commit {
                 commit(&mut keys)
             } else {
                 Vec::new()
             },
+            fault: fault.into_owned(),
+            permanent,
         },
         Verdict::Accept => Decision::Accept(commit(&mut keys)),
     }

@@ -201,10 +201,12 @@ async fn handle(
             d.message_id = msg.as_ref().map(|m| m.sid.clone());
             d.fault = Some(decide::label(&fault));
             d.error = Some(code.to_string());
-            d.retry_after_ms = fault.retry_after.map(|r| r.as_millis_u64());
+            // The header is whole seconds; the ledger records what was sent.
+            let secs = fault.retry_after.map(|r| decide::retry_after_secs(r.0));
+            d.retry_after_ms = secs.map(|s| s * 1000);
             let mut r = twilio_error(fault.status, code, &form.to);
-            if let Some(ra) = fault.retry_after {
-                r = r.header("retry-after", decide::retry_after_secs(ra.0).to_string());
+            if let Some(s) = secs {
+                r = r.header("retry-after", s.to_string());
             }
             (r, msg)
         }
@@ -275,6 +277,7 @@ fn decide_create(
         &form.to,
         attempt,
         cfg.bad_addresses,
+        &cfg.sticky,
         &cfg.permanent,
         &cfg.transient,
     ) {
@@ -288,14 +291,14 @@ fn decide_create(
         }
         Verdict::Fault { fault, permanent } if fault.after_commit => match commit() {
             Ok(msg) => Decision::Fault {
-                fault: fault.clone(),
+                fault: fault.into_owned(),
                 permanent,
                 msg: Some(msg),
             },
             Err(orig) => Decision::Repeat(orig),
         },
         Verdict::Fault { fault, permanent } => Decision::Fault {
-            fault: fault.clone(),
+            fault: fault.into_owned(),
             permanent,
             msg: None,
         },

@@ -106,14 +106,19 @@ pub fn decide_at(
                 };
             }
             let storm = cfg.flaws.has(Flaw::RetryStorm);
+            let mut backoff = cfg.backoff;
+            if cfg.flaws.has(Flaw::NoBackoffCap) {
+                // Flaw: the gap grows without the `TING_BACKOFF_MAX_MS` cap.
+                backoff.max = Duration::from_secs(86_400);
+            }
             let gap = if storm {
                 Duration::ZERO
             } else {
-                cfg.backoff.delay(attempts, unit, retry_after)
+                backoff.delay(attempts, unit, retry_after)
             };
             let gave_up = if storm {
                 None
-            } else if attempts >= cfg.max_attempts {
+            } else if spent(cfg, attempts) {
                 Some(format!(
                     "gave up after {attempts} attempts (max {})",
                     cfg.max_attempts
@@ -156,6 +161,15 @@ pub fn decide_at(
     }
 }
 
+/// Whether `attempts` made use up the limit of `TING_MAX_ATTEMPTS`.
+fn spent(cfg: &Config, attempts: i32) -> bool {
+    if cfg.flaws.has(Flaw::AttemptsOffByOne) {
+        // Flaw: `>` where `>=` belongs, so one attempt more than the limit is made.
+        return attempts > cfg.max_attempts;
+    }
+    attempts >= cfg.max_attempts
+}
+
 /// Time left before `d` reaches the age cap (`created_at + max_age`); zero once it has.
 fn age_left(cfg: &Config, d: &Claimed, now: DateTime<Utc>) -> Duration {
     let age = now
@@ -183,7 +197,7 @@ pub fn exhausted_before_send(cfg: &Config, d: &Claimed, now: DateTime<Utc>) -> O
     let reconciling = d.attempts == cfg.max_attempts
         && d.channel != Channel::Email
         && d.last_error_class.as_deref() == Some(class::AMBIGUOUS);
-    if d.attempts >= cfg.max_attempts && !reconciling {
+    if spent(cfg, d.attempts) && !reconciling {
         return Some(format!(
             "not attempted again: {} attempts made (max {})",
             d.attempts, cfg.max_attempts
@@ -841,6 +855,34 @@ mod tests {
     }
 
     /// Checked before anything is sent: rows whose attempts or age are spent are not sent again.
+    #[test]
+    fn the_cap_and_limit_flaws() {
+        let now = Utc::now();
+        let young = claimed(Channel::Line, 0, now);
+        let mut c = cfg();
+        // Attempt 6 failed: 100 ms × 2^5 = 3.2 s, capped at 1 s (± 50% jitter: 0.5 at 0.5).
+        let gap = |cfg: &Config| {
+            decide_at(cfg, &young, 6, &retry(class::TRANSIENT, None), 0.5, now)
+                .set
+                .retry_in
+        };
+        c.max_attempts = 10;
+        assert_eq!(gap(&c), Some(Duration::from_millis(1000)));
+        c.flaws = Flaws::default().with(Flaw::NoBackoffCap);
+        assert_eq!(gap(&c), Some(Duration::from_millis(3200)));
+
+        // Limit 3: attempt 3 failing gives up; with the flaw it retries, and attempts once more.
+        let mut c = cfg();
+        let third =
+            |cfg: &Config| decide_at(cfg, &young, 3, &retry(class::TRANSIENT, None), 0.5, now).to;
+        assert_eq!(third(&c), State::Failed);
+        let spent = claimed(Channel::Line, 3, now);
+        assert!(exhausted_before_send(&c, &spent, now).is_some());
+        c.flaws = Flaws::default().with(Flaw::AttemptsOffByOne);
+        assert_eq!(third(&c), State::Retryable);
+        assert_eq!(exhausted_before_send(&c, &spent, now), None);
+    }
+
     #[test]
     fn exhausted_before_send_table() {
         let cfg = cfg();

@@ -1,0 +1,132 @@
+//! When the stack could act at all: which workers were running and awake, and when chaos had the
+//! database down or locked. Shared by `recovery` (when the clock of a rescue starts) and
+//! `retry_discipline` (time a retry could not have been made is not a late retry).
+//!
+//! Read only from the harness's own timeline and process records, never from the stack.
+
+use super::{Input, TimelineEvent};
+
+/// Periods `[stop, cont)` during which `pid` was stopped (`None`: never continued).
+pub fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
+    let mut out: Vec<(u64, Option<u64>)> = Vec::new();
+    let mut evs: Vec<&TimelineEvent> = timeline.iter().filter(|e| e.pid == Some(pid)).collect();
+    evs.sort_by_key(|e| e.mono_ns);
+    for e in evs {
+        match e.kind.as_str() {
+            "sigstop" => out.push((e.mono_ns, None)),
+            "sigcont" => {
+                if let Some(last) = out.last_mut().filter(|s| s.1.is_none()) {
+                    last.1 = Some(e.mono_ns);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Periods `[from, to)` during which chaos had the database down (a restart until it was back)
+/// or held a lock on it (an idle transaction until it ended). An unmatched start lasts forever.
+fn database_out(timeline: &[TimelineEvent]) -> Vec<(u64, u64)> {
+    let mut evs: Vec<&TimelineEvent> = timeline.iter().collect();
+    evs.sort_by_key(|e| e.mono_ns);
+    let mut out = Vec::new();
+    let mut open: [Option<u64>; 2] = [None, None];
+    for e in evs {
+        match e.kind.as_str() {
+            "db_restart" => open[0] = Some(e.mono_ns),
+            "db_idle_tx" => open[1] = Some(e.mono_ns),
+            "db_restarted" | "db_restart_failed" | "db_restart_skipped" => {
+                if let Some(s) = open[0].take() {
+                    out.push((s, e.mono_ns));
+                }
+            }
+            "db_idle_tx_end" => {
+                if let Some(s) = open[1].take() {
+                    out.push((s, e.mono_ns));
+                }
+            }
+            _ => {}
+        }
+    }
+    out.extend(open.iter().flatten().map(|s| (*s, u64::MAX)));
+    out
+}
+
+/// Whether some worker process was running and not stopped at `x`. Always true when the input
+/// has no process records (nothing to say otherwise).
+pub fn worker_able_at(input: &Input, x: u64) -> bool {
+    let mut workers = input.processes.iter().filter(|p| p.role == "worker");
+    let mut any = false;
+    let able = workers.any(|p| {
+        any = true;
+        p.started_ns <= x
+            && p.exited_ns.is_none_or(|e| e > x)
+            && !stops(input.timeline, p.pid)
+                .iter()
+                .any(|(s, c)| *s <= x && c.is_none_or(|c| c > x))
+    });
+    able || !any
+}
+
+/// Nanoseconds within `[from, to)` during which no worker could act or the database was out:
+/// time in which no correct stack can make an attempt.
+pub fn blocked_ns(input: &Input, from: u64, to: u64) -> u64 {
+    if to <= from {
+        return 0;
+    }
+    let db = database_out(input.timeline);
+    // Every moment the answer can change: process starts and exits, stops, continues, db events.
+    let mut cuts: Vec<u64> = vec![from, to];
+    for p in input.processes.iter().filter(|p| p.role == "worker") {
+        cuts.push(p.started_ns);
+        cuts.extend(p.exited_ns);
+    }
+    for e in input.timeline {
+        cuts.push(e.mono_ns);
+    }
+    for (s, e) in &db {
+        cuts.extend([*s, *e]);
+    }
+    cuts.retain(|c| (from..=to).contains(c));
+    cuts.sort_unstable();
+    cuts.dedup();
+    cuts.windows(2)
+        .filter(|w| {
+            let x = w[0];
+            !worker_able_at(input, x) || db.iter().any(|(s, e)| *s <= x && x < *e)
+        })
+        .map(|w| w[1] - w[0])
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::testkit::*;
+
+    #[test]
+    fn blocked_while_no_worker_is_awake_or_the_database_is_out() {
+        let mut w = World::new();
+        w.worker(7, 0, Some(1_000));
+        w.worker(8, 1_500, None);
+        w.event("sigstop", Some(8), 2_000);
+        w.event("sigcont", Some(8), 2_300);
+        w.event("db_restart", None, 3_000);
+        w.event("db_restarted", None, 3_400);
+        let i = w.input();
+        // (from, to, blocked ms): the gap between 7's exit and 8's start, 8's stop, the restart.
+        for (from, to, want) in [
+            (0, 900, 0),
+            (500, 2_000, 500),
+            (1_800, 2_500, 300),
+            (2_900, 5_000, 400),
+            (0, 5_000, 1_200),
+            (4_000, 3_000, 0),
+        ] {
+            assert_eq!(blocked_ns(&i, ns(from), ns(to)), ns(want), "{from}..{to}");
+        }
+        assert!(worker_able_at(&i, ns(100)) && !worker_able_at(&i, ns(2_100)));
+        assert!(worker_able_at(&World::new().input(), 0), "no records: able");
+    }
+}
