@@ -302,6 +302,9 @@ async fn conformance_table() {
         assert_eq!(e[0].outcome, c.outcome, "{}", c.name);
         assert_eq!(e[0].status, c.status.to_string(), "{}", c.name);
         assert_eq!(e[0].fault.as_deref(), c.fault, "{}", c.name);
+        // The ledger records the Retry-After as sent (whole seconds), not as configured.
+        let sent = c.retry_after.map(|s| s.parse::<u64>().unwrap() * 1000);
+        assert_eq!(e[0].retry_after_ms, sent, "{}", c.name);
         assert!(e[0].peer.is_some(), "{}", c.name);
         w.p.shutdown().await;
     }
