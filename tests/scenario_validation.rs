@@ -237,7 +237,7 @@ fn wrong_values_are_rejected_at_the_boundary() {
         ("", "[providers.smtp]\nfaults = [{ stage = \"data_end\", code = 452, enhanced = \"5.3.4\", rate = 0.1 }]", "enhanced", 19, 45, "`enhanced` \"5.3.4\" does not fit `code` 452", None),
         ("", "[providers.line]\nsticky = [{ share = 0.1, attempts = 3, status = 400 }]", "status", 19, 40, "a sticky fault's `status` must be a transient error: 429 or 500-599 (got 400)", None),
         ("", "[providers.sms]\nsticky = [{ share = 0.1, attempts = 0, status = 503 }]", "attempts", 19, 26, "a sticky fault's `attempts` must be at least 1", None),
-        ("", "[providers.sms]\nsticky = [\n  { share = \"60%\", attempts = 2, status = 503 },\n  { share = \"50%\", attempts = 9, status = 500 },\n]", "share", 21, 5, "the `share`s of `providers.sms.sticky` add up to 1.1 (110%)", None),
+        ("", "[providers.sms]\nsticky = [\n  { share = \"60%\", attempts = 2, status = 503 },\n  { share = \"50%\", attempts = 9, status = 500 },\n]", "share", 21, 5, "the `share`s of the sticky faults add up to 1.1 (110%)", None),
         ("", "[providers.line]\nrate_limit = 0.0", "rate_limit", 19, 1, "`rate_limit` must be requests per second greater than 0 (got 0)", None),
         ("", "[providers.sms]\nrate_limit = -5", "rate_limit", 19, 1, "(got -5)", None),
         ("", "[providers.sms.callbacks]\nenabled = true\ndelay_min = \"2s\"\ndelay_max = \"1s\"", "delay_min", 20, 1, "`delay_min` (2s) must be at most `delay_max` (1s)", None),
