@@ -418,7 +418,7 @@ fn flaw_unescaped_template() {
 /// With `flaw` on, nothing is violated but `checker` judged too little: the run is INCONCLUSIVE
 /// (exit 4), never a pass, and the verdict table says why.
 fn inconclusive(flaw: &str, scenario: &str, edits: &[(&str, &str, &str)], checker: &str) {
-    let (code, out, report) = run(scenario, &variant(scenario, edits, &[flaw]), &[]);
+    let (code, out, report) = run(scenario, &variant(scenario, edits, &[flaw]));
     let v = verdict(&report, checker);
     assert_eq!(v["status"], "insufficient", "flaw {flaw}: {v:#}\n{out}");
     assert_eq!(code, 4, "flaw {flaw}: {out}");

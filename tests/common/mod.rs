@@ -29,19 +29,12 @@ impl Case {
 
     /// `ting-chaos run` on this scenario; the run's own database unless DATABASE_URL is set.
     pub fn run(&self, extra: &[&str]) -> Output {
-        self.run_env(extra, &[])
-    }
-
-    /// [`Case::run`] with extra environment variables, which the stack's processes inherit (the
-    /// reference stack's own knobs such as `TING_WORKER_CONCURRENCY`).
-    pub fn run_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(bin());
         cmd.arg("run")
             .arg(&self.scenario)
             .arg("--report-dir")
             .arg(self.reports())
-            .args(extra)
-            .envs(env.iter().copied());
+            .args(extra);
         cmd.output().expect("run ting-chaos")
     }
 
