@@ -54,10 +54,6 @@ pub enum Flaw {
     NoHeartbeat,
     EmailEventRegression,
     SubjectHeaderInjection,
-}
-
-impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 21] = [
     NoBackoffCap,
     AttemptsOffByOne,
 }
