@@ -25,7 +25,8 @@
 //!   after `submitted` (an SMS the provider took whose handset outcome never came).
 //! - **resend_after_accept**: a send to the same address arriving after an accept the stack saw
 //!   (LINE same-key 409s, SMS / e-mail re-sends), even one still in flight: an accept whose
-//!   sender, and the database, were not disturbed from a lease before it until the resend. Every
+//!   sender, the resend's sender (a woken zombie) and the database were not disturbed from a
+//!   lease before it until the resend. Every
 //!   other send after the first accept is counted as explained (`resends_after_accept_explained`:
 //!   a resend with the LINE retry key after a lost answer is the correct design). Ledger-only, so
 //!   it is judged without a status API too.
@@ -94,7 +95,7 @@ impl Disturbances {
         let mut open: HashMap<&str, u64> = HashMap::new();
         for e in input.timeline {
             match (e.kind.as_str(), e.pid) {
-                ("sigkill" | "sigstop" | "sigterm", Some(pid)) => {
+                ("sigkill" | "sigstop" | "sigcont" | "sigterm", Some(pid)) => {
                     by_pid.entry(pid).or_default().push(e.mono_ns)
                 }
                 ("db_terminate", _) => db.push((e.mono_ns, e.mono_ns)),
@@ -346,10 +347,18 @@ fn resends(
     };
     let mut unexcused: Vec<(&LedgerEntry, &LedgerEntry)> = Vec::new();
     for (i, r) in attempts.iter().enumerate().skip(first + 1) {
+        // A resend from a process woken or stopped meanwhile (a zombie's request written before
+        // its freeze) is chaos's doing, not the stack's.
+        let from = |a: &LedgerEntry| a.received_ns.saturating_sub(lease);
+        let resender_disturbed = |a: &LedgerEntry| {
+            input
+                .pids
+                .get(&r.seq)
+                .is_some_and(|p| dist.any(*p, from(a), r.received_ns))
+        };
         let seen = attempts[..i].iter().find(|a| {
-            answered_accept(a, input).is_some_and(|pid| {
-                !dist.any(pid, a.received_ns.saturating_sub(lease), r.received_ns)
-            })
+            answered_accept(a, input)
+                .is_some_and(|pid| !dist.any(pid, from(a), r.received_ns) && !resender_disturbed(a))
         });
         match seen {
             Some(a) => {

@@ -283,6 +283,22 @@ fn missing_status_rows_are_not_judged() {
     assert_eq!(v.figures["no_status_row"], 1);
 }
 
+/// A worker frozen with a request ready sends it when it wakes, after another worker delivered
+/// (seen in `stuck-worker`): the retry key answers 409, and the resend is chaos's doing.
+#[test]
+fn a_woken_zombies_resend_is_explained() {
+    let mut w = healthy();
+    let a = w.expect("r9", Line);
+    w.event("sigstop", Some(6), 1_000);
+    w.send(Line, &a, Accepted, 3_200).pid(8);
+    w.event("sigcont", Some(6), 5_000);
+    w.send(Line, &a, IdempotentRepeat, 5_050).pid(6);
+    w.status_row("r9", Line, None, &["sending", "delivered"]);
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    assert_eq!(v.figures["resends_after_accept_explained"], 1);
+}
+
 #[test]
 fn explained_resends_are_counted_apart() {
     let mut w = healthy();
