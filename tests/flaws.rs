@@ -110,7 +110,21 @@ const SLOW: &[(&str, &str, &str)] = &[
     ("load", "batches", "3"),
     ("expect", "enqueue_p99", "\"3s\""),
 ];
-const FLAKY: &[(&str, &str, &str)] = &[("load", "recipients", "100"), ("load", "batches", "1")];
+/// Eight batches: with `repeat` at 25%, two are POSTed again.
+const FLAKY: &[(&str, &str, &str)] = &[("load", "recipients", "100"), ("load", "batches", "8")];
+/// Every batch POSTed again, each way in turn.
+const REPEATED: &[(&str, &str, &str)] = &[
+    ("load", "recipients", "100"),
+    ("load", "batches", "8"),
+    (
+        "load",
+        "repeat",
+        "{ share = \"100%\", after = \"0ms..1s\" }",
+    ),
+];
+/// The shipped campaign (1,000 recipients, at least 12.5 s to drain at the providers' 400 ms):
+/// what makes a FIFO claim show is the drain being twice the 6 s SLO.
+const CAMPAIGN: &[(&str, &str, &str)] = &[];
 const MIDWAY: &[(&str, &str, &str)] = &[("load", "recipients", "200")];
 /// Without SMS: the reference stack has a residual race there that no fence can close (Twilio has
 /// no idempotency key): a worker frozen between its last lease check and the write of its request
@@ -167,9 +181,25 @@ fn correct_stack_passes_flaky_providers() {
     }
 }
 
+/// Besides passing: the trickle gave `responsiveness` a hundred enqueues or more, and some of
+/// them were POSTed again and judged.
 #[test]
 fn correct_stack_passes_restart_midway() {
-    passes("restart-midway", MIDWAY);
+    let report = passes("restart-midway", MIDWAY);
+    let enqueues = verdict(&report, "responsiveness")["figures"]["count"].as_u64();
+    assert!(enqueues >= Some(101), "{enqueues:?}");
+    let repeats = report["load"]["repeats"].as_array().unwrap();
+    assert!(repeats.len() >= 5, "{repeats:#?}");
+    assert_eq!(verdict(&report, "idempotent_enqueue")["status"], "holds");
+}
+
+/// Besides passing: a hundred orders or more were timed while the campaign drained.
+#[test]
+fn correct_stack_passes_campaign_and_orders() {
+    let report = passes("campaign-and-orders", CAMPAIGN);
+    let v = verdict(&report, "fairness");
+    assert_eq!(v["status"], "holds", "{v:#}");
+    assert!(v["figures"]["judged"].as_u64() >= Some(100), "{v:#}");
 }
 
 #[test]
@@ -336,6 +366,30 @@ fn flaw_whole_batch_replay() {
         "flaky-providers",
         FLAKY,
         &[("exactly_once", "duplicate")],
+    );
+}
+
+#[test]
+fn flaw_non_idempotent_batch() {
+    caught(
+        "non-idempotent-batch",
+        "flaky-providers",
+        REPEATED,
+        &[
+            ("idempotent_enqueue", "duplicate_rows"),
+            ("idempotent_enqueue", "repeat_created"),
+            ("exactly_once", "duplicate"),
+        ],
+    );
+}
+
+#[test]
+fn flaw_fifo_by_batch() {
+    caught(
+        "fifo-by-batch",
+        "campaign-and-orders",
+        CAMPAIGN,
+        &[("fairness", "order_e2e_p99_over_slo")],
     );
 }
 

@@ -225,6 +225,33 @@ fn durations_past_their_bounds_are_errors_at_the_key() {
     }
 }
 
+/// The trickle, repeats and the orders' SLO: bad values at their key, and the cross-field rule.
+#[test]
+fn trickle_and_repeat_keys_are_validated() {
+    #[rustfmt::skip]
+    let cases: &[Case] = &[
+        ("[load]\n", "[load]\ntrickle = { rate = \"20/h\" }\n", "rate", 10, 20, "invalid rate `20/h`: write a count per unit such as \"20/s\"", None),
+        ("[load]\n", "[load]\ntrickle = { rate = \"0/s\" }\n", "rate", 10, 20, "must be greater than 0", None),
+        ("[load]\n", "[load]\ntrickle = { rate = \"2000/s\" }\n", "rate", 10, 13, "trickle `rate` must be at most 1000/s", None),
+        ("[load]\n", "[load]\ntrickle = { rate = \"20/s\", recipients = 0 }\n", "recipients", 10, 28, "trickle `recipients` must be between 1 and 100", None),
+        ("[load]\n", "[load]\ntrickle = { rate = \"20/s\", recipient = 1 }\n", "recipient", 10, 28, "unknown key `recipient`", Some("recipients")),
+        ("[load]\n", "[load]\nrepeat = { share = \"5%\", after = \"2s..0ms\" }\n", "after", 10, 34, "range `2s..0ms` starts after it ends", None),
+        ("[load]\n", "[load]\nrepeat = { share = 0, after = \"1s\" }\n", "share", 10, 12, "repeat `share` must be greater than 0%", None),
+        ("[load]\n", "[load]\nrepeat = { share = \"5%\", after = \"0ms..2m\" }\n", "after", 10, 26, "within 60s", None),
+        ("", "[expect]\norder_e2e_p99 = \"2s\"", "order_e2e_p99", 19, 1, "`order_e2e_p99` judges the small orders of `[load] trickle`", None),
+    ];
+    check_cases(cases);
+    let s = parse(&case_text(
+        "[load]\n",
+        "[load]\ntrickle = { rate = \"300/min\" }\nrepeat = { share = \"5%\", after = \"0ms..2s\" }\n",
+    ))
+    .expect("valid");
+    let t = s.load.trickle.expect("trickle");
+    assert_eq!((t.per_second, t.recipients), (5.0, 1));
+    let r = s.load.repeat.expect("repeat");
+    assert_eq!(r.after_max, std::time::Duration::from_secs(2));
+}
+
 /// Values that parse but cannot mean what was written are rejected here, not mid-run.
 #[test]
 fn wrong_values_are_rejected_at_the_boundary() {

@@ -17,8 +17,10 @@ pub mod callbacks;
 mod common;
 pub mod crashes;
 pub mod exactly_once;
+pub mod fairness;
 pub mod graceful_shutdown;
 pub mod headers;
+pub mod idempotent_enqueue;
 pub mod immutable_payload;
 pub mod no_loss;
 pub mod quiescence;
@@ -155,6 +157,10 @@ pub struct Input<'a> {
     pub processes: &'a [ProcessRecord],
     /// Enqueue request latencies in microseconds.
     pub enqueue_us: &'a hdrhistogram::Histogram<u64>,
+    /// Every batch's (and trickle order's) enqueue request, on the ledger clock.
+    pub batches: &'a [crate::report::BatchEnqueue],
+    /// The batches the load POSTed again, and the answers.
+    pub repeats: &'a [crate::report::RepeatRecord],
     pub quiescence: &'a Quiescence,
     /// Batches the stack accepted and its status API later answered 404 for.
     pub lost_batches: &'a [LostBatch],
@@ -247,8 +253,8 @@ impl Population {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Verdict {
     /// Stable name: `exactly_once`, `no_loss`, `retry_discipline`, `immutable_payload`,
-    /// `callbacks`, `agreement`, `graceful_shutdown`, `recovery`, `responsiveness`, `quiescence`,
-    /// `crashes`.
+    /// `callbacks`, `agreement`, `graceful_shutdown`, `recovery`, `idempotent_enqueue`,
+    /// `responsiveness`, `fairness`, `quiescence`, `crashes`.
     pub checker: String,
     pub status: Status,
     /// One line a person reads first ("6000 deliveries, 0 duplicates").
@@ -297,8 +303,9 @@ impl Verdict {
 }
 
 /// Runs every checker, in report order. A checker switched off in `[expect]` is `NotChecked`
-/// with reason "disabled in [expect]"; responsiveness and quiescence have no switch. A checker
-/// that ran is held to `[expect] min_judged` on top of its own minimums.
+/// with reason "disabled in [expect]"; idempotent_enqueue, responsiveness, fairness and
+/// quiescence have no switch (each is "not checked" when its load is absent). A checker that ran
+/// is held to `[expect] min_judged` on top of its own minimums.
 pub fn run_all(input: &Input) -> Vec<Verdict> {
     let e = &input.scenario.expect;
     type Checker = fn(&Input) -> Verdict;
@@ -335,7 +342,9 @@ pub fn run_all(input: &Input) -> Vec<Verdict> {
             }
         })
         .collect();
+    out.push(idempotent_enqueue::check(input));
     out.push(responsiveness::check(input));
+    out.push(fairness::check(input));
     out.push(quiescence::check(input));
     out.push(crashes::check(input));
     for v in out.iter_mut().filter(|v| v.status != Status::NotChecked) {
@@ -427,17 +436,25 @@ mod tests {
                 "agreement",
                 "graceful_shutdown",
                 "recovery",
+                "idempotent_enqueue",
                 "responsiveness",
+                "fairness",
                 "quiescence",
                 "crashes"
             ]
         );
         for v in &verdicts {
-            assert_eq!(v.status, Status::Holds, "{v:#?}");
+            // Fairness times the trickle's orders, and this run has none.
+            let want = if v.checker == fairness::NAME {
+                Status::NotChecked
+            } else {
+                Status::Holds
+            };
+            assert_eq!(v.status, want, "{v:#?}");
             serde_json::to_string(v).expect("verdicts serialize");
             // Every checker says what it judged: a holds with no population is a guess.
             assert!(
-                v.judged.values().any(|p| p.judged > 0),
+                want == Status::NotChecked || v.judged.values().any(|p| p.judged > 0),
                 "{} declares no judged population",
                 v.checker
             );
@@ -493,10 +510,9 @@ mod tests {
         let w = World::new();
         for v in run_all(&w.input()) {
             let want = match v.checker.as_str() {
-                // Not provoked: no status API, no SIGTERM, no kill, no SLO.
-                "callbacks" | "graceful_shutdown" | "recovery" | "responsiveness" => {
-                    Status::NotChecked
-                }
+                // Not provoked: no status API, no SIGTERM, no kill, no SLO, no repeat, no trickle.
+                "callbacks" | "graceful_shutdown" | "recovery" | "responsiveness"
+                | "idempotent_enqueue" | "fairness" => Status::NotChecked,
                 _ => Status::Insufficient,
             };
             assert_eq!(v.status, want, "{v:#?}");

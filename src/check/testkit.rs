@@ -73,6 +73,8 @@ pub struct World {
     pub timeline: Vec<TimelineEvent>,
     pub processes: Vec<ProcessRecord>,
     pub enqueue_us: Histogram<u64>,
+    pub batches: Vec<crate::report::BatchEnqueue>,
+    pub repeats: Vec<crate::report::RepeatRecord>,
     pub quiescence: Quiescence,
     pub lost_batches: Vec<crate::check::LostBatch>,
     attempts: HashMap<(Provider, String), u32>,
@@ -95,6 +97,8 @@ impl World {
             timeline: Vec::new(),
             processes: Vec::new(),
             enqueue_us: Histogram::new(3).expect("histogram"),
+            batches: Vec::new(),
+            repeats: Vec::new(),
             quiescence: Quiescence {
                 reached: true,
                 at_ns: 0,
@@ -109,6 +113,11 @@ impl World {
 
     /// Expects a delivery to `recipient` on `channel`; returns its address.
     pub fn expect(&mut self, recipient: &str, channel: Channel) -> String {
+        self.expect_in(recipient, channel, "b0")
+    }
+
+    /// [`World::expect`] in batch `batch_id`.
+    pub fn expect_in(&mut self, recipient: &str, channel: Channel, batch_id: &str) -> String {
         let address = addr(recipient, channel);
         self.expected.push(Expected {
             recipient: recipient.into(),
@@ -116,9 +125,20 @@ impl World {
             address: address.clone(),
             bad: false,
             tricky_name: None,
-            batch_id: "b0".into(),
+            batch_id: batch_id.into(),
         });
         address
+    }
+
+    /// Batch `batch_id` was POSTed at `at_ms` and answered 5 ms later; `trickle`: one of the
+    /// trickle's orders.
+    pub fn enqueued(&mut self, batch_id: &str, at_ms: u64, trickle: bool) {
+        self.batches.push(crate::report::BatchEnqueue {
+            batch_id: batch_id.into(),
+            sent_ns: ns(at_ms),
+            acked_ns: ns(at_ms + 5),
+            trickle,
+        });
     }
 
     /// Records a send attempt arriving at `at_ms`, answered [`LATENCY_MS`] later, from pid 100.
@@ -291,6 +311,8 @@ impl World {
             timeline: &self.timeline,
             processes: &self.processes,
             enqueue_us: &self.enqueue_us,
+            batches: &self.batches,
+            repeats: &self.repeats,
             quiescence: &self.quiescence,
             lost_batches: &self.lost_batches,
         }

@@ -1,8 +1,11 @@
 //! The load: recipients split into batches and enqueued through the stack's API, each request's
-//! latency measured.
+//! latency measured; beside the batches, the trickle's small orders ([`trickle`]).
 
 pub mod recipients;
+mod repeat;
+mod trickle;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -10,6 +13,8 @@ use serde_json::json;
 
 use crate::scenario::{Pacing, Scenario};
 pub use recipients::Recipient;
+pub use repeat::RepeatMode;
+pub use trickle::{order_id, Order, TrickleRun};
 
 /// The batches of a run: their ids and which recipients each holds.
 pub struct Plan {
@@ -51,79 +56,384 @@ pub struct EnqueueError {
     pub detail: String,
 }
 
-/// What the load recorded: every enqueue request's latency, and when each batch was posted.
+/// What the load recorded: every enqueue request's latency, when each batch was posted, and
+/// what the stack answered to the repeated ones.
 pub struct Enqueued {
     /// Enqueue request latencies (µs).
     pub latency_us: hdrhistogram::Histogram<u64>,
     /// Every batch's request in order, its times read from `now_ns` (the run's ledger clock).
     pub batches: Vec<crate::report::BatchEnqueue>,
+    /// The batches POSTed again, in the order their repeats were answered.
+    pub repeats: Vec<crate::report::RepeatRecord>,
 }
 
-/// Enqueues every batch with the scenario's pacing; returns enqueue latencies and, read from
-/// `now_ns`, when each batch's request was sent and answered.
-pub async fn enqueue(
-    scenario: &Scenario,
-    api_base: &str,
-    recipients: &[Recipient],
-    plan: &Plan,
-    now_ns: impl Fn() -> u64,
-) -> Result<Enqueued, EnqueueError> {
-    let mut batches = Vec::with_capacity(plan.batches.len());
-    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)
-        .expect("histogram bounds");
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .expect("http client");
-    let gap = match scenario.load.pacing {
-        Pacing::Batches(_) => Duration::ZERO,
-        Pacing::Rate { per_second, .. } => Duration::from_secs_f64(1.0 / per_second),
-    };
-    let start = Instant::now();
-    let t = &scenario.load.template;
-    let channels: Vec<&str> = scenario.load.channels.iter().map(|c| c.as_str()).collect();
-    for (k, (batch_id, range)) in plan.batches.iter().enumerate() {
-        // Paced from the intended start, so a slow enqueue does not hide behind the schedule.
-        let due = start + gap * k as u32;
-        tokio::time::sleep_until(due.into()).await;
-        let body = json!({
+impl Enqueued {
+    pub fn new() -> Enqueued {
+        Enqueued {
+            latency_us: hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)
+                .expect("histogram bounds"),
+            batches: Vec::new(),
+            repeats: Vec::new(),
+        }
+    }
+
+    /// Records one answered enqueue of a batch; `trickle`: it was one of the trickle's orders.
+    fn record(&mut self, sent: Answer, trickle: bool) {
+        let _ = self.latency_us.record(sent.latency_us.max(1));
+        self.batches.push(crate::report::BatchEnqueue {
+            batch_id: sent.batch_id,
+            sent_ns: sent.sent_ns,
+            acked_ns: sent.acked_ns,
+            trickle,
+        });
+    }
+
+    /// Records what a batch's start and its repeat (awaited here) gave.
+    async fn record_started(
+        &mut self,
+        started: Started,
+        trickle: bool,
+    ) -> Result<(), EnqueueError> {
+        if let Some(sent) = started.answered {
+            self.record(sent, trickle);
+        }
+        if let Some(repeat) = started.repeat {
+            let done = repeat.await.map_err(|e| EnqueueError {
+                batch_id: "repeat".into(),
+                detail: format!("repeat task failed: {e}"),
+            })?;
+            if let Some(sent) = done.answered {
+                self.record(sent, trickle);
+            }
+            self.repeats.push(done.record);
+        }
+        Ok(())
+    }
+
+    /// Adds `other`'s requests (the trickle's) to these, all in the order they were sent.
+    pub fn merge(&mut self, other: Enqueued) {
+        let _ = self.latency_us.add(&other.latency_us);
+        self.batches.extend(other.batches);
+        self.batches.sort_by_key(|b| b.sent_ns);
+        self.repeats.extend(other.repeats);
+        self.repeats.sort_by_key(|r| r.sent_ns);
+    }
+}
+
+impl Default for Enqueued {
+    fn default() -> Self {
+        Enqueued::new()
+    }
+}
+
+/// How long an enqueue answered 5xx or not at all is retried before the run fails.
+pub const RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// The run's clock (the ledger's), read by the load's tasks.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// Sends the load's requests: one client, the scenario, the API, the clock.
+#[derive(Clone)]
+pub struct Poster {
+    client: reqwest::Client,
+    scenario: Arc<Scenario>,
+    api_base: Arc<str>,
+    now_ns: Clock,
+}
+
+/// An answered `POST /v1/batches`.
+struct Answer {
+    batch_id: String,
+    status: u16,
+    /// `deliveries` of the answer body.
+    deliveries: Option<u64>,
+    body: String,
+    latency_us: u64,
+    sent_ns: u64,
+    acked_ns: u64,
+}
+
+impl Answer {
+    fn accepted(&self) -> bool {
+        self.status == 202 || self.status == 200
+    }
+}
+
+/// A batch whose first request is done: its answer (none when the harness dropped it) and its
+/// repeat, still under way.
+struct Started {
+    answered: Option<Answer>,
+    repeat: Option<tokio::task::JoinHandle<Repeated>>,
+}
+
+/// A finished repeat: the record, and for `lost_answer` the retry's answer, which is the batch's
+/// enqueue.
+struct Repeated {
+    answered: Option<Answer>,
+    record: crate::report::RepeatRecord,
+}
+
+impl Poster {
+    pub fn new(scenario: &Scenario, api_base: &str, now_ns: Clock) -> Poster {
+        Poster {
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .expect("http client"),
+            scenario: Arc::new(scenario.clone()),
+            api_base: api_base.into(),
+            now_ns,
+        }
+    }
+
+    fn body(&self, batch_id: &str, recipients: &[Recipient]) -> Vec<u8> {
+        let t = &self.scenario.load.template;
+        let channels: Vec<&str> = self
+            .scenario
+            .load
+            .channels
+            .iter()
+            .map(|c| c.as_str())
+            .collect();
+        serde_json::to_vec(&json!({
             "batch_id": batch_id,
             "template": {"id": t.id, "version": t.version, "subject": t.subject, "text": t.text,
                           "html": t.html, "line": t.line, "sms": t.sms},
             "channels": channels,
-            "recipients": &recipients[range.clone()],
-        });
+            "recipients": recipients,
+        }))
+        .expect("batch serializes")
+    }
+
+    /// POSTs `body` and measures it; `Err` when no answer came.
+    async fn post(&self, batch_id: &str, body: Vec<u8>) -> Result<Answer, String> {
         let sent = Instant::now();
-        let sent_ns = now_ns();
-        let fail = |detail: String| EnqueueError {
-            batch_id: batch_id.clone(),
-            detail,
-        };
-        let resp = client
-            .post(format!("{api_base}/v1/batches"))
-            .json(&body)
+        let sent_ns = (self.now_ns)();
+        let resp = self
+            .client
+            .post(format!("{}/v1/batches", self.api_base))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
             .send()
             .await
-            .map_err(|e| fail(format!("request error: {e}")))?;
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        let _ = hist.record((sent.elapsed().as_micros() as u64).max(1));
-        batches.push(crate::report::BatchEnqueue {
-            batch_id: batch_id.clone(),
+            .map_err(|e| format!("request error: {e}"))?;
+        let status = resp.status().as_u16();
+        let body = resp.text().await.unwrap_or_default();
+        let latency_us = sent.elapsed().as_micros() as u64;
+        let deliveries = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["deliveries"].as_u64());
+        Ok(Answer {
+            batch_id: batch_id.to_string(),
+            status,
+            deliveries,
+            body,
+            latency_us,
             sent_ns,
-            acked_ns: now_ns(),
-        });
-        if !(status.as_u16() == 202 || status.as_u16() == 200) {
-            return Err(fail(format!(
-                "HTTP {status}: {}",
-                text.chars().take(500).collect::<String>()
-            )));
+            acked_ns: (self.now_ns)(),
+        })
+    }
+
+    /// Sends a batch's first request and starts its repeat when the seed plans one. An original
+    /// that was answered with anything but 202 or 200, or not at all, is an error.
+    /// `sequence` and `k`: the batch is the `k`-th of the batches or of the trickle's orders.
+    async fn start(
+        &self,
+        (sequence, k): (&str, usize),
+        batch_id: &str,
+        recipients: &[Recipient],
+    ) -> Result<Started, EnqueueError> {
+        let fail = |detail: String| EnqueueError {
+            batch_id: batch_id.to_string(),
+            detail,
+        };
+        let body = self.body(batch_id, recipients);
+        let plan = repeat::plan(&self.scenario, sequence, k, batch_id);
+        let expected_deliveries = (recipients.len() * self.scenario.load.channels.len()) as u64;
+        let first_at = Instant::now();
+        let Some(plan) = plan else {
+            return Ok(Started {
+                answered: Some(self.answered(batch_id, body).await?),
+                repeat: None,
+            });
+        };
+        let record =
+            |original: Option<&Answer>, original_sent_ns: u64| crate::report::RepeatRecord {
+                batch_id: batch_id.to_string(),
+                mode: plan.mode,
+                expected_deliveries,
+                original_sent_ns,
+                original_acked_ns: original.map(|a| a.acked_ns),
+                original_status: original.map(|a| a.status),
+                sent_ns: 0,
+                acked_ns: None,
+                status: None,
+                deliveries: None,
+                error: None,
+            };
+        match plan.mode {
+            RepeatMode::Concurrent => {
+                // The repeat leaves on its own clock, whether or not the original was answered.
+                let again = self.spawn_post(batch_id, body.clone(), first_at + plan.after);
+                let original = self.answered(batch_id, body).await?;
+                let rec = record(Some(&original), original.sent_ns);
+                Ok(Started {
+                    answered: Some(original),
+                    repeat: Some(finish(again, rec, false)),
+                })
+            }
+            RepeatMode::AfterAnswer => {
+                let original = self.answered(batch_id, body.clone()).await?;
+                let again = self.spawn_post(batch_id, body, Instant::now() + plan.after);
+                let rec = record(Some(&original), original.sent_ns);
+                Ok(Started {
+                    answered: Some(original),
+                    repeat: Some(finish(again, rec, false)),
+                })
+            }
+            RepeatMode::LostAnswer => {
+                let sent_ns = (self.now_ns)();
+                repeat::post_and_hang_up(&self.api_base, &body, plan.hang_up_after)
+                    .await
+                    .map_err(|e| fail(format!("request error: {e}")))?;
+                let again = self.spawn_post(batch_id, body, Instant::now() + plan.after);
+                Ok(Started {
+                    answered: None,
+                    repeat: Some(finish(again, record(None, sent_ns), true)),
+                })
+            }
         }
     }
-    Ok(Enqueued {
-        latency_us: hist,
-        batches,
+
+    /// [`Poster::post`] until the answer is 202 or 200, as a client does: a 5xx or no answer is
+    /// retried with the same `batch_id` (the contract makes that safe) for up to
+    /// [`RETRY_FOR`]; a 4xx is final. The answer's latency and send time are the client's: from
+    /// the first request to the accepted answer.
+    async fn answered(&self, batch_id: &str, body: Vec<u8>) -> Result<Answer, EnqueueError> {
+        let fail = |detail: String| EnqueueError {
+            batch_id: batch_id.to_string(),
+            detail,
+        };
+        let first = Instant::now();
+        let first_ns = (self.now_ns)();
+        let mut gap = Duration::from_millis(200);
+        loop {
+            let why = match self.post(batch_id, body.clone()).await {
+                Ok(a) if a.accepted() => {
+                    return Ok(Answer {
+                        latency_us: first.elapsed().as_micros() as u64,
+                        sent_ns: first_ns,
+                        ..a
+                    })
+                }
+                Ok(a) => {
+                    let why = format!(
+                        "HTTP {}: {}",
+                        a.status,
+                        a.body.chars().take(500).collect::<String>()
+                    );
+                    if a.status < 500 {
+                        return Err(fail(why));
+                    }
+                    why
+                }
+                Err(e) => e,
+            };
+            if first.elapsed() + gap > RETRY_FOR {
+                return Err(fail(format!(
+                    "{why} (retried for {}s)",
+                    first.elapsed().as_secs()
+                )));
+            }
+            tracing::warn!("enqueue of batch {batch_id}: {why}; retrying");
+            tokio::time::sleep(gap).await;
+            gap = (gap * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    fn spawn_post(
+        &self,
+        batch_id: &str,
+        body: Vec<u8>,
+        at: Instant,
+    ) -> tokio::task::JoinHandle<(u64, Result<Answer, String>)> {
+        let (me, batch_id) = (self.clone(), batch_id.to_string());
+        tokio::spawn(async move {
+            repeat::until(at).await;
+            let sent_ns = (me.now_ns)();
+            (sent_ns, me.post(&batch_id, body).await)
+        })
+    }
+}
+
+/// Completes a repeat's record with its answer. `lost_answer`: the repeat is the batch's
+/// enqueue (its send time the dropped original's).
+fn finish(
+    again: tokio::task::JoinHandle<(u64, Result<Answer, String>)>,
+    mut rec: crate::report::RepeatRecord,
+    lost_answer: bool,
+) -> tokio::task::JoinHandle<Repeated> {
+    tokio::spawn(async move {
+        let (sent_ns, answer) = match again.await {
+            Ok(r) => r,
+            Err(e) => (0, Err(format!("repeat task failed: {e}"))),
+        };
+        rec.sent_ns = sent_ns;
+        let answered = match answer {
+            Ok(a) => {
+                rec.acked_ns = Some(a.acked_ns);
+                rec.status = Some(a.status);
+                rec.deliveries = a.deliveries;
+                let sent_ns = rec.original_sent_ns;
+                (lost_answer && a.accepted()).then_some(Answer { sent_ns, ..a })
+            }
+            Err(e) => {
+                rec.sent_ns = sent_ns;
+                rec.error = Some(e);
+                None
+            }
+        };
+        Repeated {
+            answered,
+            record: rec,
+        }
     })
+}
+
+/// Enqueues every batch with the scenario's pacing; returns enqueue latencies, when each batch's
+/// request was sent and answered, and the answers to the repeated ones.
+pub async fn enqueue(
+    poster: &Poster,
+    recipients: &[Recipient],
+    plan: &Plan,
+) -> Result<Enqueued, EnqueueError> {
+    let mut out = Enqueued::new();
+    let gap = match poster.scenario.load.pacing {
+        Pacing::Batches(_) => Duration::ZERO,
+        Pacing::Rate { per_second, .. } => Duration::from_secs_f64(1.0 / per_second),
+    };
+    let start = Instant::now();
+    let mut repeats = Vec::new();
+    for (k, (batch_id, range)) in plan.batches.iter().enumerate() {
+        // Paced from the intended start, so a slow enqueue does not hide behind the schedule.
+        let due = start + gap * k as u32;
+        tokio::time::sleep_until(due.into()).await;
+        let mut started = poster
+            .start(("batches", k), batch_id, &recipients[range.clone()])
+            .await?;
+        // A repeat never holds up the next batch.
+        repeats.push(started.repeat.take());
+        out.record_started(started, false).await?;
+    }
+    for repeat in repeats.into_iter().flatten() {
+        let only_repeat = Started {
+            answered: None,
+            repeat: Some(repeat),
+        };
+        out.record_started(only_repeat, false).await?;
+    }
+    out.batches.sort_by_key(|b| b.sent_ns);
+    Ok(out)
 }
 
 /// One batch's rows from the status API (`GET /v1/batches/{id}/deliveries`); `None` when the

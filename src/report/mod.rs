@@ -130,6 +130,9 @@ pub struct LoadSummary {
     /// Every batch's enqueue request, in order. Empty in reports written before it existed.
     #[serde(default)]
     pub batch_enqueues: Vec<BatchEnqueue>,
+    /// The batches POSTed again (`[load] repeat`) and the answers.
+    #[serde(default)]
+    pub repeats: Vec<RepeatRecord>,
 }
 
 /// One `POST /v1/batches` of the load, on the ledger clock (the timeline's `mono_ns`).
@@ -141,6 +144,32 @@ pub struct BatchEnqueue {
     pub sent_ns: u64,
     /// When the stack's answer had been read.
     pub acked_ns: u64,
+    /// One of the trickle's small orders (`[load] trickle`), not one of the batches.
+    #[serde(default)]
+    pub trickle: bool,
+}
+
+/// A batch POSTed again with the same `batch_id` (`[load] repeat`), and what the stack answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RepeatRecord {
+    pub batch_id: String,
+    pub mode: crate::load::RepeatMode,
+    /// Deliveries the batch holds (recipients × channels).
+    pub expected_deliveries: u64,
+    /// When the original request was sent (ledger clock).
+    pub original_sent_ns: u64,
+    /// When its answer was read; `None` for `lost_answer` (never read).
+    pub original_acked_ns: Option<u64>,
+    pub original_status: Option<u16>,
+    /// When the repeat was sent.
+    pub sent_ns: u64,
+    /// When its answer was read; `None` when it got none.
+    pub acked_ns: Option<u64>,
+    /// The repeat's HTTP status; `None` when it got no answer (`error` says why).
+    pub status: Option<u16>,
+    /// `deliveries` of the repeat's answer body, when it had one.
+    pub deliveries: Option<u64>,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

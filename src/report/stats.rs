@@ -490,11 +490,13 @@ mod tests {
                 batch_id: "b1".into(),
                 sent_ns: 1_000_000_000,
                 acked_ns: 1_050_000_000,
+                trickle: false,
             },
             BatchEnqueue {
                 batch_id: "b2".into(),
                 sent_ns: 60_000_000_000,
                 acked_ns: 60_040_000_000,
+                trickle: false,
             },
         ];
         let ledger = [

@@ -352,13 +352,20 @@ async fn execute(
 
     // The plan, the chaos schedule and the ledger hook exist before the stack starts, so that the
     // hook sees (and attributes) every connection the stack opens to the providers.
-    let people = recipients::generate(
+    // The trickle's recipients come after the batches', from the same seeded sequence.
+    let trickle_people = scenario.load.trickle.as_ref().map_or(0, |t| {
+        t.max_orders(scenario.expect.quiescence) * t.recipients
+    });
+    let mut people = recipients::generate(
         scenario.seed,
-        scenario.load.recipients,
+        scenario.load.recipients + trickle_people,
         scenario.load.tricky_names,
     );
+    let trickle_people = people.split_off(scenario.load.recipients as usize);
     let plan = Plan::new(scenario, people.len());
-    let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
+    let mut expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
+    // The batches' deliveries; the trickle's orders are appended after them as they start.
+    let batch_deliveries = expected.len();
     let acceptable = expected.iter().filter(|e| !e.bad).count() as u64;
     // Per channel, the deliveries the providers can accept: the progress display's "expected".
     let mut acceptable_by: BTreeMap<Channel, u64> = BTreeMap::new();
@@ -438,6 +445,16 @@ async fn execute(
         ),
     );
     chaos.start(load_start);
+    let clock = {
+        let ledger = ledger.clone();
+        Arc::new(move || ledger.now_ns()) as load::Clock
+    };
+    let poster = load::Poster::new(scenario, &api_base, clock);
+    let trickle = scenario
+        .load
+        .trickle
+        .as_ref()
+        .map(|t| load::TrickleRun::start(t, poster.clone(), trickle_people));
     // A crash is reported the moment it is seen, during the load too; a crash that leaves nothing
     // able to make progress ends the load and the wait for quiescence.
     let mut watch = watch::CrashWatch::new(world.clone(), chaos.clone());
@@ -451,21 +468,21 @@ async fn execute(
             }
         };
         tokio::select! {
-            r = load::enqueue(scenario, &api_base, &people, &plan, || ledger.now_ns()) => Ok(r),
+            r = load::enqueue(&poster, &people, &plan) => Ok(r),
             why = watching => Err(why),
         }
     };
-    let (enqueue, mut stopped_early) = match loaded {
+    let (mut enqueue, mut stopped_early) = match loaded {
         Ok(Ok(e)) => (e, None),
         // An enqueue that failed because the API crashed is the stack's failure, not ours.
         Ok(Err(e)) => {
             supervisor.wait_exit(api_pid, Duration::from_secs(1)).await;
             match watch.poll() {
-                Some(why) => (nothing_enqueued(), Some(why)),
+                Some(why) => (load::Enqueued::new(), Some(why)),
                 None => return Err(infra(format!("{e}"))),
             }
         }
-        Err(why) => (nothing_enqueued(), Some(why)),
+        Err(why) => (load::Enqueued::new(), Some(why)),
     };
     world.event(
         "load_done",
@@ -478,8 +495,9 @@ async fn execute(
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()?;
-    // Only batches the stack accepted (202/200): a 404 for one of them is a lost batch.
-    let batch_ids: Vec<String> = enqueue.batches.iter().map(|b| b.batch_id.clone()).collect();
+    // Only batches the stack accepted (202/200): a 404 for one of them is a lost batch. The
+    // trickle's orders join as they are accepted.
+    let mut batch_ids: Vec<String> = enqueue.batches.iter().map(|b| b.batch_id.clone()).collect();
     let callback_channels: Vec<Channel> = [
         (Channel::Sms, providers_cfg.sms.callbacks.enabled),
         (Channel::Email, providers_cfg.smtp.events.enabled),
@@ -497,6 +515,15 @@ async fn execute(
     let mut last_status: Option<Instant> = None;
     let mut calm_since: Option<Instant> = None;
     let quiescence = loop {
+        // Read before taking its orders: a trickle finished by now has published them all.
+        let trickling = trickle.as_ref().is_some_and(|t| !t.is_finished());
+        // The trickle's new orders are known before their requests are sent, so before the
+        // ledger can hold any of their sends.
+        for order in trickle.iter().flat_map(|t| t.take_new()) {
+            tracker.extend(&order.expected);
+            expected.extend(order.expected);
+        }
+        batch_ids.extend(trickle.iter().flat_map(|t| t.take_accepted()));
         tracker.feed(&ledger.since(tracker.next_seq()));
         if stopped_early.is_none() {
             stopped_early = watch.poll();
@@ -517,13 +544,32 @@ async fn execute(
             && !matches!(last_status, Some(t) if t.elapsed() < Duration::from_secs(1))
         {
             last_status = Some(Instant::now());
+            // Batches with a delivery the ledger has not settled are open whatever the stack says.
+            let unsettled: std::collections::HashSet<&str> =
+                tracker.open_batches(&expected).into_iter().collect();
             if let Err(e) = status_view
-                .poll(&client, &api_base, &batch_ids, world.now_ns())
+                .poll_some(
+                    &client,
+                    &api_base,
+                    &batch_ids,
+                    |id| !unsettled.contains(id),
+                    world.now_ns(),
+                )
                 .await
             {
                 tracing::warn!("status API: {e:#}");
             }
             status = status_view.rows();
+        }
+        if let Some(t) = &trickle {
+            // The trickle runs while the batches drain (and past that, up to its minimum).
+            let batches = &expected[..batch_deliveries];
+            if tracker
+                .open(batches, status.as_deref(), &callback_channels)
+                .is_empty()
+            {
+                t.stop();
+            }
         }
         let open = tracker.open(&expected, status.as_deref(), &callback_channels);
         let pending = res
@@ -531,7 +577,7 @@ async fn execute(
             .as_ref()
             .map(|p| p.pending_callbacks())
             .unwrap_or(0);
-        let calm = open.is_empty() && pending == 0 && !chaos.busy();
+        let calm = open.is_empty() && pending == 0 && !chaos.busy() && !trickling;
         calm_since = if calm {
             calm_since.or(Some(Instant::now()))
         } else {
@@ -583,6 +629,22 @@ async fn execute(
             format!("{} open", quiescence.open.len()),
         );
     }
+    match trickle {
+        // After a crash that stopped the run its orders would only wait for a dead API.
+        Some(t) if quiescence.stopped_early.is_some() => t.abort(),
+        Some(t) => {
+            // At the deadline the trickle may still be sending: its last orders are judged too.
+            let (orders, late) = t.finish().await.map_err(|e| infra(format!("{e}")))?;
+            for order in late {
+                expected.extend(order.expected);
+            }
+            batch_ids.extend(orders.batches.iter().map(|b| b.batch_id.clone()));
+            batch_ids.sort();
+            batch_ids.dedup();
+            enqueue.merge(orders);
+        }
+        None => {}
+    }
     if status_view.enabled() {
         if let Err(e) = status_view
             .poll(&client, &api_base, &batch_ids, world.now_ns())
@@ -617,6 +679,8 @@ async fn execute(
         timeline: &timeline,
         processes: &processes,
         enqueue_us: &enqueue.latency_us,
+        batches: &enqueue.batches,
+        repeats: &enqueue.repeats,
         quiescence: &quiescence,
         lost_batches: &lost_batches,
     };
@@ -668,6 +732,7 @@ async fn execute(
             bad_address_deliveries: expected.iter().filter(|e| e.bad).count() as u64,
             enqueue_latency_ms: report::Percentiles::from_us(&enqueue.latency_us),
             batch_enqueues: enqueue.batches.clone(),
+            repeats: enqueue.repeats.clone(),
         },
         ledger_summary: ledger_summary(&entries),
         callbacks_sent: entries
@@ -765,13 +830,6 @@ fn render_outputs(
 }
 
 /// The load's record when it was cut short before any batch was measured.
-fn nothing_enqueued() -> load::Enqueued {
-    load::Enqueued {
-        latency_us: hdrhistogram::Histogram::new(3).expect("histogram"),
-        batches: Vec::new(),
-    }
-}
-
 async fn server_version(url: &str) -> Option<String> {
     use sqlx::Connection;
     let mut c = sqlx::PgConnection::connect(url).await.ok()?;

@@ -44,6 +44,16 @@ impl Tracker {
         }
     }
 
+    /// Adds deliveries appended to `expected` after [`Tracker::new`] (the trickle's orders),
+    /// before any of their sends can have been fed.
+    pub fn extend(&mut self, more: &[Expected]) {
+        for e in more {
+            self.index
+                .insert((e.channel.provider(), e.address.clone()), self.seen.len());
+            self.seen.push(Seen::default());
+        }
+    }
+
     /// Folds in new ledger entries (`since` order).
     pub fn feed(&mut self, entries: &[LedgerEntry]) {
         for e in entries {
@@ -71,6 +81,18 @@ impl Tracker {
     fn ledger_final(&self, i: usize) -> bool {
         let s = self.seen[i];
         s.accepted > 0 || s.permanent > 0 || s.transient >= self.max_attempts
+    }
+
+    /// Batches with a delivery the ledger has not settled yet.
+    pub fn open_batches<'e>(&self, expected: &'e [Expected]) -> Vec<&'e str> {
+        let mut out: Vec<&str> = expected
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.ledger_final(*i))
+            .map(|(_, e)| e.batch_id.as_str())
+            .collect();
+        out.dedup();
+        out
     }
 
     /// Deliveries still open, as `recipient/channel`. `callbacks`: channels whose `submitted`

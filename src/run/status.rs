@@ -6,7 +6,9 @@
 //! for a batch the stack accepted (202/200) is not "no API" but a lost batch: it is recorded
 //! (`report.json` `lost_batches`, and a `no_loss` `batch_lost` violation), its rows are dropped
 //! from the status view, and polling goes on for the other batches. Must never turn the API off
-//! because of one batch.
+//! because of one batch. While the run settles a poll asks for a few batches at a time
+//! ([`StatusPoller::poll_some`]): a run with the trickle on has hundreds, and asking for each
+//! every second would compete with the stack for the CPU it is measured on.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +28,24 @@ pub struct StatusPoller {
     capability: Capability,
     rows: BTreeMap<String, Vec<StatusDelivery>>,
     lost: BTreeMap<String, u64>,
+    /// Where the next [`StatusPoller::poll_some`] starts among the batches not final yet that
+    /// the ledger has settled, and among the others.
+    turn: usize,
+    turn_rest: usize,
+}
+
+/// Batches one [`StatusPoller::poll_some`] asks for at most.
+pub const PER_POLL: usize = 20;
+
+/// No row of a batch whose rows are all final changes any more.
+fn is_final(rows: &[StatusDelivery]) -> bool {
+    !rows.is_empty()
+        && rows.iter().all(|d| {
+            matches!(
+                d.state.as_str(),
+                "delivered" | "permanent_failure" | "failed"
+            )
+        })
 }
 
 impl Default for StatusPoller {
@@ -40,6 +60,8 @@ impl StatusPoller {
             capability: Capability::Unknown,
             rows: BTreeMap::new(),
             lost: BTreeMap::new(),
+            turn: 0,
+            turn_rest: 0,
         }
     }
 
@@ -65,6 +87,39 @@ impl StatusPoller {
             self.record(id, page, now_ns);
         }
         Ok(())
+    }
+
+    /// [`StatusPoller::poll`] for at most [`PER_POLL`] of the batches not final yet (nor lost):
+    /// first those `ready` says the ledger has settled (their rows are what quiescence waits
+    /// for), taking turns, then the others, taking turns too.
+    pub async fn poll_some(
+        &mut self,
+        client: &reqwest::Client,
+        api_base: &str,
+        batch_ids: &[String],
+        ready: impl Fn(&str) -> bool,
+        now_ns: u64,
+    ) -> anyhow::Result<()> {
+        let due: Vec<&String> = batch_ids
+            .iter()
+            .filter(|id| !self.lost.contains_key(*id))
+            .filter(|id| !self.rows.get(*id).is_some_and(|r| is_final(r)))
+            .collect();
+        let (first, rest): (Vec<&String>, Vec<&String>) = due.into_iter().partition(|id| ready(id));
+        let mut now = Vec::new();
+        for (list, turn) in [(first, &mut self.turn), (rest, &mut self.turn_rest)] {
+            let start = if *turn < list.len() { *turn } else { 0 };
+            let take = PER_POLL.saturating_sub(now.len()).min(list.len());
+            now.extend(
+                list.iter()
+                    .cycle()
+                    .skip(start)
+                    .take(take)
+                    .map(|id| (*id).clone()),
+            );
+            *turn = start + take;
+        }
+        self.poll(client, api_base, &now, now_ns).await
     }
 
     /// Takes one batch's answer: its rows, or `None` for "not found".

@@ -47,6 +47,8 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "subject-header-injection",
     "no-backoff-cap",
     "attempts-off-by-one",
+    "fifo-by-batch",
+    "non-idempotent-batch",
 ];
 
 /// A validated experiment.
@@ -124,6 +126,49 @@ pub struct Load {
     pub pacing: Pacing,
     pub template: RawTemplate,
     pub tricky_names: f64,
+    /// Small orders enqueued at a steady rate beside the batches.
+    pub trickle: Option<Trickle>,
+    /// Batches POSTed again, as clients do after a timeout or a lost answer.
+    pub repeat: Option<Repeat>,
+}
+
+/// `[load] trickle`: `per_second` orders of `recipients` each, from the start of the load until
+/// the batches' deliveries are done and at least [`Trickle::MIN_ORDERS`] were sent, for
+/// [`Trickle::WINDOW`] at most.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trickle {
+    pub per_second: f64,
+    pub recipients: u32,
+}
+
+impl Trickle {
+    /// Orders the trickle sends at least, whatever the batches do: a p99 over fewer samples than
+    /// 100 is the largest sample, not a percentile.
+    pub const MIN_ORDERS: u32 = 100;
+
+    /// How long the trickle runs at most (unless [`Trickle::MIN_ORDERS`] takes longer): long
+    /// enough to span a campaign's drain, short enough that a stack slowed down by a loaded
+    /// machine is not fed orders until the run's deadline.
+    pub const WINDOW: Duration = Duration::from_secs(30);
+
+    /// The most orders a run sends: its rate over [`Trickle::WINDOW`] (or the quiescence
+    /// deadline, if shorter), at least [`Trickle::MIN_ORDERS`].
+    pub fn max_orders(&self, quiescence: Duration) -> u32 {
+        let window = quiescence.min(Self::WINDOW);
+        let n = (self.per_second * window.as_secs_f64()).ceil() as u32;
+        n.max(Self::MIN_ORDERS)
+    }
+}
+
+/// `[load] repeat`: `share` of the batches is POSTed again between `after_min` and `after_max`
+/// after the original request was sent.
+#[derive(Debug, Clone, Serialize)]
+pub struct Repeat {
+    pub share: f64,
+    #[serde(with = "ms")]
+    pub after_min: Duration,
+    #[serde(with = "ms")]
+    pub after_max: Duration,
 }
 
 /// How the recipients are enqueued.
@@ -201,6 +246,8 @@ pub struct Expect {
     pub retry_growth: bool,
     #[serde(with = "ms_opt")]
     pub enqueue_p99: Option<Duration>,
+    #[serde(with = "ms_opt")]
+    pub order_e2e_p99: Option<Duration>,
     #[serde(with = "ms")]
     pub quiescence: Duration,
     pub max_unknown: u32,

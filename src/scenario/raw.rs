@@ -189,6 +189,129 @@ pub struct RawLoad {
     /// Share of recipients whose address on each channel is permanently bad.
     #[serde(default)]
     pub bad_addresses: RawBadAddresses,
+    /// A steady stream of small orders enqueued beside the batches, e.g.
+    /// `{ rate = "20/s", recipients = 1 }`.
+    pub trickle: Option<RawTrickle>,
+    /// Re-POST a share of the batches, as a client does after a timeout or a lost answer, e.g.
+    /// `{ share = "5%", after = "0ms..2s" }`.
+    pub repeat: Option<RawRepeat>,
+}
+
+/// `[load] trickle`: small orders (their own batch ids, the same channels and template) enqueued
+/// at a steady rate from the start of the load until the batches' deliveries are done.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTrickle {
+    /// Orders per second or per minute: `"20/s"`, `"300/min"`.
+    pub rate: PerSecond,
+    /// Recipients per order (1..=100).
+    #[serde(default = "one")]
+    pub recipients: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `[load] repeat`: a seeded share of the batches (and trickle orders) is POSTed again, `after`
+/// the original was sent: concurrently with it, after its answer, or with the first answer dropped.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawRepeat {
+    /// Share of batches repeated.
+    pub share: Ratio,
+    /// When the repeat is sent, after the original request: `"0ms..2s"` (uniform, seeded).
+    pub after: DurationRange,
+}
+
+/// An event rate written `"20/s"` or `"300/min"`, kept as events per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerSecond(pub f64);
+
+impl<'de> Deserialize<'de> for PerSecond {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_per_second(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `"20/s"`, `"0.5/s"`, `"300/min"` → events per second (finite, greater than 0).
+pub fn parse_per_second(s: &str) -> Result<PerSecond, String> {
+    let bad =
+        || format!("invalid rate `{s}`: write a count per unit such as \"20/s\" or \"300/min\"");
+    let (n, unit) = s.split_once('/').ok_or_else(bad)?;
+    let n: f64 = n.trim().parse().map_err(|_| bad())?;
+    let per = match unit.trim() {
+        "s" => 1.0,
+        "min" | "m" => 60.0,
+        _ => return Err(bad()),
+    };
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("rate `{s}` must be greater than 0"));
+    }
+    Ok(PerSecond(n / per))
+}
+
+impl JsonSchema for PerSecond {
+    fn schema_name() -> String {
+        "PerSecond".into()
+    }
+    fn json_schema(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        let mut s = schemars::schema::SchemaObject {
+            instance_type: Some(schemars::schema::InstanceType::String.into()),
+            ..Default::default()
+        };
+        s.string().pattern = Some(r"^\s*[0-9]+(\.[0-9]+)?\s*/\s*(s|m|min)\s*$".into());
+        s.metadata().description = Some("A rate such as \"20/s\" or \"300/min\".".into());
+        s.into()
+    }
+}
+
+/// A range of durations written `"0ms..2s"` (both ends included, `min` at most `max`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DurationRange {
+    pub min: std::time::Duration,
+    pub max: std::time::Duration,
+}
+
+impl<'de> Deserialize<'de> for DurationRange {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration_range(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `"0ms..2s"` → its two ends; a single duration `"1s"` is the range `1s..1s`.
+pub fn parse_duration_range(s: &str) -> Result<DurationRange, String> {
+    use mock_providers::units::parse_duration;
+    let (min, max) = match s.split_once("..") {
+        Some((a, b)) => (parse_duration(a)?, parse_duration(b)?),
+        None => {
+            let d = parse_duration(s)?;
+            (d, d)
+        }
+    };
+    if min > max {
+        return Err(format!(
+            "range `{s}` starts after it ends: write the shorter duration first"
+        ));
+    }
+    Ok(DurationRange { min, max })
+}
+
+impl JsonSchema for DurationRange {
+    fn schema_name() -> String {
+        "DurationRange".into()
+    }
+    fn json_schema(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        let mut s = schemars::schema::SchemaObject {
+            instance_type: Some(schemars::schema::InstanceType::String.into()),
+            ..Default::default()
+        };
+        s.metadata().description =
+            Some("A range of durations such as \"0ms..2s\", or one duration.".into());
+        s.into()
+    }
 }
 
 fn default_tricky() -> Ratio {
@@ -319,6 +442,10 @@ pub struct RawExpect {
     pub retry_growth: bool,
     /// Enqueue latency SLO (responsiveness).
     pub enqueue_p99: Option<HumanDuration>,
+    /// End-to-end SLO of the trickle's small orders, each from its enqueue to the provider's
+    /// last acceptance of its deliveries, while the batches drain (fairness). Needs
+    /// `[load] trickle`.
+    pub order_e2e_p99: Option<HumanDuration>,
     /// Deadline for quiescence after the load is enqueued.
     pub quiescence: HumanDuration,
     /// Deliveries allowed to end `unknown` (held for review).
@@ -355,6 +482,7 @@ impl Default for RawExpect {
             min_retry_gap: None,
             retry_growth: true,
             enqueue_p99: None,
+            order_e2e_p99: None,
             quiescence: HumanDuration::from_millis(60_000),
             max_unknown: 0,
             recovery_slack: HumanDuration::from_millis(5_000),

@@ -129,6 +129,34 @@ pub(super) fn validate(
     if e.quiescence.0.is_zero() {
         return Err(cx.at("expect.quiescence", "`quiescence` must be greater than 0"));
     }
+    if let Some(slo) = e.order_e2e_p99 {
+        if slo.0.is_zero() {
+            return Err(cx.at(
+                "expect.order_e2e_p99",
+                "`order_e2e_p99` must be greater than 0",
+            ));
+        }
+        if load.trickle.is_none() {
+            return Err(cx.at(
+                "expect.order_e2e_p99",
+                "`order_e2e_p99` judges the small orders of `[load] trickle`; add e.g. `trickle = { rate = \"20/s\", recipients = 1 }` to [load]",
+            ));
+        }
+    }
+    if let Some(t) = &load.trickle {
+        let most = u64::from(load.recipients)
+            + u64::from(t.max_orders(e.quiescence.0)) * u64::from(t.recipients);
+        if most > 1_000_000 {
+            return Err(cx.at(
+                "load.trickle.rate",
+                format!(
+                    "the trickle may send up to {} orders (`rate` over 30 s), \
+                     {most} recipients with the batches' — more than 1000000; lower the rate",
+                    t.max_orders(e.quiescence.0)
+                ),
+            ));
+        }
+    }
     let max_attempts = e.max_attempts.unwrap_or(stack.max_attempts);
     if max_attempts == 0 {
         return Err(cx.at("expect.max_attempts", "`max_attempts` must be at least 1"));
@@ -163,6 +191,7 @@ pub(super) fn validate(
             .unwrap_or(stack.backoff.base / 2),
         retry_growth: e.retry_growth,
         enqueue_p99: e.enqueue_p99.map(|d| d.0),
+        order_e2e_p99: e.order_e2e_p99.map(|d| d.0),
         quiescence: e.quiescence.0,
         max_unknown: e.max_unknown,
         recovery_slack: e.recovery_slack.0,
@@ -441,6 +470,58 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad, stack: &StackSpec) -> Result<Load, 
         pacing,
         template: l.template.clone(),
         tricky_names: l.tricky_names.get(),
+        trickle: l
+            .trickle
+            .as_ref()
+            .map(|t| validate_trickle(cx, t))
+            .transpose()?,
+        repeat: l
+            .repeat
+            .as_ref()
+            .map(|r| validate_repeat(cx, r))
+            .transpose()?,
+    })
+}
+
+fn validate_trickle(cx: &Ctx, t: &raw::RawTrickle) -> Result<Trickle, ScenarioError> {
+    if t.rate.0 > 1000.0 {
+        return Err(cx.at(
+            "load.trickle.rate",
+            format!("trickle `rate` must be at most 1000/s (got {}/s)", t.rate.0),
+        ));
+    }
+    if !(1..=100).contains(&t.recipients) {
+        return Err(cx.at(
+            "load.trickle.recipients",
+            format!(
+                "trickle `recipients` must be between 1 and 100: its orders are small (got {})",
+                t.recipients
+            ),
+        ));
+    }
+    Ok(Trickle {
+        per_second: t.rate.0,
+        recipients: t.recipients,
+    })
+}
+
+fn validate_repeat(cx: &Ctx, r: &raw::RawRepeat) -> Result<Repeat, ScenarioError> {
+    if r.share.get() <= 0.0 {
+        return Err(cx.at(
+            "load.repeat.share",
+            "repeat `share` must be greater than 0%; leave `repeat` out to repeat nothing",
+        ));
+    }
+    if r.after.max > Duration::from_secs(60) {
+        return Err(cx.at(
+            "load.repeat.after",
+            "repeat `after` must end within 60s of the original request",
+        ));
+    }
+    Ok(Repeat {
+        share: r.share.get(),
+        after_min: r.after.min,
+        after_max: r.after.max,
     })
 }
 

@@ -56,10 +56,12 @@ pub enum Flaw {
     SubjectHeaderInjection,
     NoBackoffCap,
     AttemptsOffByOne,
+    FifoByBatch,
+    NonIdempotentBatch,
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 21] = [
+    pub const ALL: [(&'static str, Flaw); 23] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -81,6 +83,8 @@ impl Flaw {
         ("subject-header-injection", Flaw::SubjectHeaderInjection),
         ("no-backoff-cap", Flaw::NoBackoffCap),
         ("attempts-off-by-one", Flaw::AttemptsOffByOne),
+        ("fifo-by-batch", Flaw::FifoByBatch),
+        ("non-idempotent-batch", Flaw::NonIdempotentBatch),
     ];
 
     pub fn name(self) -> &'static str {

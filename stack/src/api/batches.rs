@@ -2,7 +2,8 @@
 //! and insert the batch and all its deliveries in one transaction with one multi-row INSERT.
 //!
 //! Nothing is written unless everything is valid; a repeated batch id answers 200 and creates
-//! nothing. This handler must never call a provider.
+//! nothing. A batch of at most [`SMALL_BATCH`] recipients (a transactional order) is claimed
+//! before larger ones (campaigns). This handler must never call a provider.
 
 use std::collections::HashSet;
 
@@ -17,6 +18,11 @@ use super::{ApiError, AppState};
 use crate::channels::Channel;
 use crate::config::Flaw;
 use crate::render::{self, Renderer, TemplateIn};
+
+/// Batches of at most this many recipients are transactional orders: their deliveries get
+/// priority 0 and are claimed before any campaign's (priority 1), so an order confirmation never
+/// waits for a newsletter to drain (`claim::CLAIM_SQL`).
+pub const SMALL_BATCH: usize = 100;
 
 #[derive(Deserialize)]
 struct BatchIn {
@@ -80,6 +86,28 @@ pub(crate) async fn create(
     .bind(n)
     .fetch_optional(&mut *tx)
     .await?;
+    if inserted.is_none() && st.cfg.flaws.has(Flaw::NonIdempotentBatch) {
+        // Flaw: a repeated batch id inserts its deliveries again, under fresh keys.
+        tx.rollback().await?;
+        let mut tx = st.pool.begin().await?;
+        let (n_before,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM deliveries WHERE batch_id = $1")
+                .bind(&batch.batch_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        let mut again = rows;
+        for (k, key) in again.key.iter_mut().enumerate() {
+            *key = format!("{key}#{n_before}");
+            let ch = Channel::parse(&again.channel[k]).unwrap_or(Channel::Line);
+            again.correlation[k] = render::correlation_id(key, ch);
+        }
+        insert_deliveries(&mut tx, &batch, &again).await?;
+        tx.commit().await?;
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"batch_id": batch.batch_id, "deliveries": n})),
+        ));
+    }
     if inserted.is_none() {
         tx.rollback().await?;
         let (count,): (i32,) = sqlx::query_as("SELECT deliveries FROM batches WHERE id = $1")
@@ -101,23 +129,7 @@ pub(crate) async fn create(
             Json(json!({"batch_id": batch.batch_id, "deliveries": count})),
         ));
     }
-    sqlx::query(
-        "INSERT INTO deliveries (batch_id, template_version, key, recipient, channel, address, \
-         payload, payload_sha256, correlation_id) \
-         SELECT $1, $2, * FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], \
-         $8::text[], $9::text[])",
-    )
-    .bind(&batch.batch_id)
-    .bind(batch.template.version)
-    .bind(&rows.key)
-    .bind(&rows.recipient)
-    .bind(&rows.channel)
-    .bind(&rows.address)
-    .bind(&rows.payload)
-    .bind(&rows.sha)
-    .bind(&rows.correlation)
-    .execute(&mut *tx)
-    .await?;
+    insert_deliveries(&mut tx, &batch, &rows).await?;
     tx.commit().await?;
     tracing::info!(batch = %batch.batch_id, deliveries = n, "batch accepted");
     if st.cfg.flaws.has(Flaw::InlineSend) {
@@ -152,6 +164,38 @@ async fn wait_for_sends(pool: &sqlx::PgPool, batch_id: &str) {
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// Inserts a batch's deliveries in one statement, small batches with priority 0.
+async fn insert_deliveries(
+    tx: &mut sqlx::PgConnection,
+    batch: &BatchIn,
+    rows: &Rows,
+) -> Result<(), sqlx::Error> {
+    let priority: i16 = if batch.recipients.len() <= SMALL_BATCH {
+        0
+    } else {
+        1
+    };
+    sqlx::query(
+        "INSERT INTO deliveries (batch_id, template_version, priority, key, recipient, channel, \
+         address, payload, payload_sha256, correlation_id) \
+         SELECT $1, $2, $10, * FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], \
+         $7::jsonb[], $8::text[], $9::text[])",
+    )
+    .bind(&batch.batch_id)
+    .bind(batch.template.version)
+    .bind(&rows.key)
+    .bind(&rows.recipient)
+    .bind(&rows.channel)
+    .bind(&rows.address)
+    .bind(&rows.payload)
+    .bind(&rows.sha)
+    .bind(&rows.correlation)
+    .bind(priority)
+    .execute(tx)
+    .await?;
+    Ok(())
 }
 
 /// JSON → `BatchIn`, naming the offending field on error.

@@ -296,6 +296,9 @@ async fn claim_some(w: &Worker, n: i64) -> anyhow::Result<Vec<claim::Claimed>> {
     let mut conn = w.pool.acquire().await.context("acquiring a connection")?;
     let rows = if w.cfg.flaws.has(Flaw::RacyClaim) {
         claim::claim_racy(&mut conn, &w.cfg.worker_id, n, w.cfg.lease).await
+    } else if w.cfg.flaws.has(Flaw::FifoByBatch) {
+        // Flaw: due order alone; a small order waits for every campaign enqueued before it.
+        claim::claim_fifo(&mut conn, &w.cfg.worker_id, n, w.cfg.lease).await
     } else {
         claim::claim(&mut conn, &w.cfg.worker_id, n, w.cfg.lease).await
     };

@@ -1,0 +1,277 @@
+//! `fairness`: small orders are not stuck behind a campaign.
+//!
+//! Each of the trickle's orders (`[load] trickle`) is timed on its own, from the moment its
+//! `POST /v1/batches` was sent to the provider's first acceptance of the *last* of its
+//! deliveries — when the customer had everything. The p99 of those times must be within
+//! `expect.order_e2e_p99` (nearest rank, over the orders whose deliveries were all accepted: a
+//! delivery never accepted is `no_loss`'s to judge, and a permanently bad address has no
+//! acceptance to wait for). A p99 needs at least [`MIN_ORDERS`] orders; fewer is not a pass.
+//! The counterexamples name the orders that waited longest: batch id, when it was enqueued, its
+//! first and last acceptance. Reads only the harness's own clock and the providers' ledger.
+
+use std::collections::HashMap;
+
+use mock_providers::ledger::{EntryKind, Outcome, Provider};
+use serde_json::json;
+
+use super::common::{figures, ms, not_checked, Findings};
+use super::{Input, Status, Verdict};
+
+pub const NAME: &str = "fairness";
+
+/// Orders a p99 needs: over fewer, the "p99" is just the slowest one.
+pub const MIN_ORDERS: usize = 100;
+
+/// One order's end-to-end time.
+struct Order<'a> {
+    batch_id: &'a str,
+    sent_ns: u64,
+    first_accept_ns: u64,
+    last_accept_ns: u64,
+    /// The delivery accepted last (`recipient/channel`).
+    last: String,
+}
+
+impl Order<'_> {
+    fn e2e_ns(&self) -> u64 {
+        self.last_accept_ns.saturating_sub(self.sent_ns)
+    }
+}
+
+pub fn check(input: &Input) -> Verdict {
+    let orders: Vec<_> = input.batches.iter().filter(|b| b.trickle).collect();
+    if orders.is_empty() {
+        return not_checked(NAME, "no trickle in [load]: no small orders to time");
+    }
+    let mut first_accept: HashMap<(Provider, &str), u64> = HashMap::new();
+    for e in input
+        .ledger
+        .iter()
+        .filter(|e| e.kind == EntryKind::Send && e.outcome == Outcome::Accepted)
+    {
+        let t = first_accept
+            .entry((e.provider, e.recipient.as_str()))
+            .or_insert(e.mono_ns);
+        *t = (*t).min(e.mono_ns);
+    }
+    let mut deliveries: HashMap<&str, Vec<&super::Expected>> = HashMap::new();
+    for e in input.expected.iter().filter(|e| !e.bad) {
+        deliveries.entry(e.batch_id.as_str()).or_default().push(e);
+    }
+    let mut timed = Vec::new();
+    let mut unfinished = 0usize;
+    for b in &orders {
+        let Some(ds) = deliveries.get(b.batch_id.as_str()) else {
+            continue; // every address bad: nothing to wait for
+        };
+        let accepts: Option<Vec<(u64, String)>> = ds
+            .iter()
+            .map(|e| {
+                let at = first_accept.get(&(e.channel.provider(), e.address.as_str()))?;
+                Some((*at, format!("{}/{}", e.recipient, e.channel.as_str())))
+            })
+            .collect();
+        let Some(accepts) = accepts else {
+            unfinished += 1;
+            continue;
+        };
+        let (last_accept_ns, last) = accepts.iter().max().cloned().unwrap_or_default();
+        timed.push(Order {
+            batch_id: &b.batch_id,
+            sent_ns: b.sent_ns,
+            first_accept_ns: accepts.iter().map(|a| a.0).min().unwrap_or_default(),
+            last_accept_ns,
+            last,
+        });
+    }
+    timed.sort_by_key(|o| std::cmp::Reverse(o.e2e_ns()));
+    let e2e_ms: Vec<f64> = timed
+        .iter()
+        .rev()
+        .map(|o| o.e2e_ns() as f64 / 1e6)
+        .collect();
+    let pct = |p: f64| nearest_rank(&e2e_ms, p);
+    let mut figs = figures(json!({
+        "orders": orders.len(),
+        "judged": timed.len(),
+        "unfinished": unfinished,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "max_ms": e2e_ms.last().copied().unwrap_or(0.0),
+    }));
+    let stats = format!(
+        "{} orders timed: e2e p50 {} ms, p99 {} ms, max {} ms",
+        timed.len(),
+        pct(0.50),
+        pct(0.99),
+        e2e_ms.last().copied().unwrap_or(0.0)
+    );
+    let Some(slo) = input.scenario.expect.order_e2e_p99 else {
+        return Findings::default().verdict_with(
+            NAME,
+            Status::NotChecked,
+            format!("no order_e2e_p99 in [expect]; {stats}"),
+            figs,
+        );
+    };
+    let slo_ms = slo.as_secs_f64() * 1e3;
+    figs.insert("slo_p99_ms".into(), json!(slo_ms));
+    let mut findings = Findings::default();
+    findings.judged_at_least(
+        "order_e2e_p99_over_slo",
+        timed.len() as u64,
+        MIN_ORDERS as u64,
+    );
+    if timed.len() < MIN_ORDERS {
+        // Holds on too little: insufficient, never a pass.
+        return findings.verdict(
+            NAME,
+            format!(
+                "{stats}: a p99 needs at least {MIN_ORDERS} orders whose deliveries were all accepted"
+            ),
+            figs,
+        );
+    }
+    let p99 = pct(0.99);
+    if p99 <= slo_ms {
+        return findings.verdict(
+            NAME,
+            format!("{stats}: p99 within the {slo_ms} ms SLO"),
+            figs,
+        );
+    }
+    findings.push(json!({
+        "rule": "order_e2e_p99_over_slo",
+        "p99_ms": p99,
+        "slo_ms": slo_ms,
+        "orders": timed.len(),
+    }));
+    for o in timed
+        .iter()
+        .take_while(|o| o.e2e_ns() as f64 / 1e6 > slo_ms)
+    {
+        findings.push(json!({
+            "rule": "order_waited",
+            "batch_id": o.batch_id,
+            "enqueued_at_ms": ms(o.sent_ns),
+            "first_accept_ms": ms(o.first_accept_ns),
+            "last_accept_ms": ms(o.last_accept_ns),
+            "e2e_ms": o.e2e_ns() as f64 / 1e6,
+            "last_delivery": o.last,
+        }));
+    }
+    let waited = findings.total() - 1;
+    findings.verdict(
+        NAME,
+        format!("{stats}: p99 over the {slo_ms} ms SLO; {waited} orders waited longer"),
+        figs,
+    )
+}
+
+/// The nearest-rank percentile `p` of ascending `sorted` (0 when empty).
+fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use mock_providers::ledger::Outcome::*;
+
+    use super::*;
+    use crate::check::testkit::*;
+    use crate::scenario::Channel::*;
+
+    /// `n` one-recipient orders on LINE and SMS, order `k` enqueued at `k × 50` ms and its last
+    /// delivery accepted `wait(k)` ms later (the first 10 ms after enqueue).
+    fn orders(n: u64, wait: impl Fn(u64) -> u64) -> World {
+        let mut w = World::new();
+        w.scenario.expect.order_e2e_p99 = Some(Duration::from_millis(2_000));
+        for k in 0..n {
+            let r = format!("r{k}");
+            let batch = format!("o{k}");
+            let at = k * 50;
+            w.enqueued(&batch, at, true);
+            let line = w.expect_in(&r, Line, &batch);
+            let sms = w.expect_in(&r, Sms, &batch);
+            w.send(Line, &line, Accepted, at + 5);
+            w.send(Sms, &sms, Transient, at + 5);
+            w.send(Sms, &sms, Accepted, at + wait(k) - LATENCY_MS);
+        }
+        w
+    }
+
+    #[test]
+    fn orders_within_the_slo_hold_at_its_edge() {
+        // Every order waits just under the SLO: a slower correct stack, not flagged.
+        let w = orders(120, |_| 1_999);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["judged"], 120);
+        assert_eq!(v.figures["p99_ms"], 1_999.0);
+        // One order in a hundred may wait longer: a p99, not a max.
+        let w = orders(120, |k| if k == 7 { 9_000 } else { 100 });
+        assert_eq!(check(&w.input()).status, Status::Holds);
+    }
+
+    #[test]
+    fn orders_stuck_behind_a_campaign_are_named() {
+        // The later an order, the longer it waits: FIFO behind a campaign.
+        let w = orders(120, |k| 100 + k * 100);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated, "{v:#?}");
+        let r = rules(&v);
+        assert_eq!(r[0], "order_e2e_p99_over_slo");
+        assert!(r[1..].iter().all(|r| r == "order_waited"), "{r:?}");
+        // Slowest first, naming the order, when it was enqueued and its accepts.
+        let worst = &v.counterexamples[1];
+        assert_eq!(worst["batch_id"], "o119");
+        assert_eq!(worst["enqueued_at_ms"], 5_950.0);
+        assert_eq!(worst["first_accept_ms"], 5_960.0);
+        assert_eq!(worst["last_accept_ms"], 5_950.0 + 12_000.0);
+        assert_eq!(worst["last_delivery"], "r119/sms");
+        // Orders 20..=119 waited over 2 s.
+        assert_eq!(v.total_counterexamples, 1 + 100);
+    }
+
+    #[test]
+    fn too_few_orders_or_no_slo_is_not_a_pass() {
+        let w = orders(99, |k| 100 + k * 100);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert!(v.summary.contains("at least 100 orders"), "{}", v.summary);
+        let mut w = orders(120, |_| 100);
+        w.scenario.expect.order_e2e_p99 = None;
+        assert_eq!(check(&w.input()).status, Status::NotChecked);
+        assert_eq!(check(&World::new().input()).status, Status::NotChecked);
+    }
+
+    #[test]
+    fn unaccepted_and_bad_deliveries_are_not_timed() {
+        let mut w = orders(110, |_| 100);
+        // An order whose SMS was never accepted: no_loss's business, not timed here.
+        w.enqueued("o-lost", 10, true);
+        w.expect_in("lost", Sms, "o-lost");
+        // An order to a bad address only: nothing to wait for.
+        w.enqueued("o-bad", 10, true);
+        w.expect_in("bad", Line, "o-bad");
+        w.expected.last_mut().unwrap().bad = true;
+        // A campaign batch is not an order.
+        w.enqueued("campaign", 0, false);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(
+            (
+                &v.figures["orders"],
+                &v.figures["judged"],
+                &v.figures["unfinished"]
+            ),
+            (&json!(112), &json!(110), &json!(1))
+        );
+    }
+}

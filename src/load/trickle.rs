@@ -1,0 +1,180 @@
+//! The trickle: small orders (their own batch ids, the batches' channels and template) enqueued at
+//! a steady rate beside the batches, from the start of the load until the run says the batches'
+//! deliveries are done and at least [`Trickle::MIN_ORDERS`] were sent, or its bound.
+//!
+//! Each order is its own task, started on schedule whatever the previous ones are doing, as
+//! independent customers would: a slow API delays answers, not arrivals — up to
+//! [`MAX_IN_FLIGHT`] orders waiting for their answers; past that the next order waits for one of
+//! them (an open stream that outruns the stack would only measure a collapse the harness itself
+//! caused, and every waiting order's latency is already recorded). An order's expected
+//! deliveries are published before its request is sent, so the quiescence tracker knows them
+//! before any provider can see them. It never decides when the run is done.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::{EnqueueError, Enqueued, Poster, Recipient};
+use crate::check::Expected;
+use crate::scenario::{Scenario, Trickle};
+
+/// Orders awaiting their answer at most.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// A running trickle.
+pub struct TrickleRun {
+    stop: watch::Sender<Stop>,
+    fresh: Arc<Mutex<Vec<Order>>>,
+    /// Batch ids of the orders the stack accepted, not yet taken.
+    accepted: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<Result<Enqueued, EnqueueError>>,
+}
+
+/// What the run asked of the trickle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stop {
+    No,
+    /// Once at least [`Trickle::MIN_ORDERS`] were sent.
+    WhenEnough,
+    /// At once (the run's deadline).
+    Now,
+}
+
+/// An order the trickle is enqueueing: its batch id and its deliveries.
+pub struct Order {
+    pub batch_id: String,
+    pub expected: Vec<Expected>,
+}
+
+/// The batch id of the trickle's `k`-th order (0-based).
+pub fn order_id(scenario: &Scenario, k: usize) -> String {
+    format!("{}-{}-o{}", scenario.name, scenario.seed, k + 1)
+}
+
+impl TrickleRun {
+    /// Starts the trickle. `people` are its recipients (`recipients` per order, in order; at
+    /// most `people.len() / recipients` orders are sent).
+    pub fn start(trickle: &Trickle, poster: Poster, people: Vec<Recipient>) -> TrickleRun {
+        let (stop, mut stop_rx) = watch::channel(Stop::No);
+        let fresh: Arc<Mutex<Vec<Order>>> = Arc::default();
+        let per = trickle.recipients as usize;
+        let gap = Duration::from_secs_f64(1.0 / trickle.per_second);
+        let publish = fresh.clone();
+        let accepted: Arc<Mutex<Vec<String>>> = Arc::default();
+        let accept = accepted.clone();
+        let task = tokio::spawn(async move {
+            let scenario = poster.scenario.clone();
+            let people = Arc::new(people);
+            let mut posts = JoinSet::new();
+            let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+            let start = Instant::now();
+            for (k, chunk) in (0..people.len() / per).map(|k| (k, k * per..(k + 1) * per)) {
+                let enough = k as u32 >= Trickle::MIN_ORDERS;
+                let stopped = |s: Stop| s == Stop::Now || (enough && s == Stop::WhenEnough);
+                // On schedule from the intended start: a slow answer never delays an arrival.
+                let due = tokio::time::sleep_until((start + gap * k as u32).into());
+                tokio::pin!(due);
+                // The run dropped its handle (it failed or was interrupted): stop too.
+                let mut gone = false;
+                loop {
+                    if stopped(*stop_rx.borrow_and_update()) {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = &mut due => break,
+                        changed = stop_rx.changed() => if changed.is_err() {
+                            gone = true;
+                            break;
+                        },
+                    }
+                }
+                if gone || stopped(*stop_rx.borrow()) {
+                    break;
+                }
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break;
+                };
+                let batch_id = order_id(&scenario, k);
+                let expected =
+                    super::recipients::expected(&scenario, &people[chunk.clone()], |_| {
+                        batch_id.clone()
+                    });
+                publish.lock().unwrap().push(Order {
+                    batch_id: batch_id.clone(),
+                    expected,
+                });
+                let (poster, people, accept) = (poster.clone(), people.clone(), accept.clone());
+                posts.spawn(async move {
+                    let _permit = permit;
+                    let started = poster
+                        .start(("trickle", k), &batch_id, &people[chunk])
+                        .await?;
+                    let mut one = Enqueued::new();
+                    one.record_started(started, true).await?;
+                    let ids = one.batches.iter().map(|b| b.batch_id.clone());
+                    accept.lock().unwrap().extend(ids);
+                    Ok::<_, EnqueueError>(one)
+                });
+            }
+            let mut out = Enqueued::new();
+            while let Some(joined) = posts.join_next().await {
+                let one = joined.map_err(|e| EnqueueError {
+                    batch_id: "trickle".into(),
+                    detail: format!("order task failed: {e}"),
+                })??;
+                out.merge(one);
+            }
+            Ok(out)
+        });
+        TrickleRun {
+            stop,
+            fresh,
+            accepted,
+            task,
+        }
+    }
+
+    /// Orders started since the last call, in order.
+    pub fn take_new(&self) -> Vec<Order> {
+        std::mem::take(&mut *self.fresh.lock().unwrap())
+    }
+
+    /// Batch ids of the orders accepted (202/200) since the last call.
+    pub fn take_accepted(&self) -> Vec<String> {
+        std::mem::take(&mut *self.accepted.lock().unwrap())
+    }
+
+    /// Asks the trickle to stop once it has sent at least [`Trickle::MIN_ORDERS`] orders.
+    pub fn stop(&self) {
+        self.stop.send_if_modified(|s| {
+            let was = *s;
+            *s = was.max(Stop::WhenEnough);
+            *s != was
+        });
+    }
+
+    /// Every order has been sent and answered (or one failed).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Stops the trickle and its orders in flight, recording nothing.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+
+    /// Stops the trickle at once and waits for the last answers: the orders' latencies and enqueue
+    /// times, and the orders started since the last [`TrickleRun::take_new`].
+    pub async fn finish(self) -> Result<(Enqueued, Vec<Order>), EnqueueError> {
+        let _ = self.stop.send(Stop::Now);
+        let fresh = self.fresh;
+        let sent = self.task.await.map_err(|e| EnqueueError {
+            batch_id: "trickle".into(),
+            detail: format!("trickle task failed: {e}"),
+        })??;
+        let late = std::mem::take(&mut *fresh.lock().unwrap());
+        Ok((sent, late))
+    }
+}
