@@ -77,7 +77,8 @@ in_flight_allowance = "3s"
 
 #[test]
 fn correct_stack_passes_and_report_matches_schema() {
-    let case = Case::new("e2e-pass", PASSING);
+    // One batch is one enqueue: too few for an enqueue p99 (see below).
+    let case = Case::new("e2e-pass", &PASSING.replace("enqueue_p99 = \"5s\"\n", ""));
     let out = case.run(&[]);
     assert_eq!(code(&out), 0, "{}", text(&out));
     let report = case.report();
@@ -708,4 +709,16 @@ fn a_worker_that_crashes_at_startup_is_reported_at_once() {
         "stopped {waited:.1}s after the API was ready"
     );
     assert!(took < std::time::Duration::from_secs(55), "took {took:?}");
+}
+
+/// One batch is one enqueue: its "p99" says nothing about the enqueue SLO, so a run that sets
+/// `enqueue_p99` and enqueues once is INCONCLUSIVE (exit 4), never a pass.
+#[test]
+fn one_enqueue_cannot_hold_an_enqueue_p99() {
+    let case = Case::new("one-enqueue", PASSING);
+    let out = case.run(&[]);
+    let report = case.report();
+    assert_eq!(verdict(&report, "responsiveness")["status"], "insufficient");
+    assert_eq!(code(&out), 4, "{}", text(&out));
+    assert_eq!(report["verdict"], "inconclusive");
 }
