@@ -52,7 +52,8 @@ pub fn check(input: &Input) -> Verdict {
         .map(|e| e.address.to_ascii_lowercase())
         .collect();
     let load = &input.scenario.load;
-    let people = recipients::generate(input.scenario.seed, load.recipients, load.tricky_names);
+    // The trickle's orders too: their recipients follow the batches' in one seeded sequence.
+    let people = recipients::of_run(input.scenario);
     let by_email: HashMap<String, &Recipient> = people
         .iter()
         .map(|r| (r.email.to_ascii_lowercase(), r))

@@ -92,6 +92,20 @@ const ITEMS: &[&str] = &[
     "Notebook ×3",
 ];
 
+/// Everyone a run of `scenario` may enqueue: the batches' recipients, then the trickle's orders'
+/// (as many as it can send before the quiescence deadline), from one seeded sequence. The run and
+/// the checkers that need a recipient's data (the subject a template renders) read the same list.
+pub fn of_run(scenario: &crate::scenario::Scenario) -> Vec<Recipient> {
+    let trickle = scenario.load.trickle.as_ref().map_or(0, |t| {
+        t.max_orders(scenario.expect.quiescence) * t.recipients
+    });
+    generate(
+        scenario.seed,
+        scenario.load.recipients + trickle,
+        scenario.load.tricky_names,
+    )
+}
+
 /// Builds `n` recipients from `seed`: the same seed gives the same people.
 pub fn generate(seed: u64, n: u32, tricky_share: f64) -> Vec<Recipient> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x7469_6e67_6c6f_6164);

@@ -353,14 +353,7 @@ async fn execute(
     // The plan, the chaos schedule and the ledger hook exist before the stack starts, so that the
     // hook sees (and attributes) every connection the stack opens to the providers.
     // The trickle's recipients come after the batches', from the same seeded sequence.
-    let trickle_people = scenario.load.trickle.as_ref().map_or(0, |t| {
-        t.max_orders(scenario.expect.quiescence) * t.recipients
-    });
-    let mut people = recipients::generate(
-        scenario.seed,
-        scenario.load.recipients + trickle_people,
-        scenario.load.tricky_names,
-    );
+    let mut people = recipients::of_run(scenario);
     let trickle_people = people.split_off(scenario.load.recipients as usize);
     let plan = Plan::new(scenario, people.len());
     let mut expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
