@@ -13,5 +13,6 @@ pub mod load;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod stalls;
 pub mod supervise;
 pub mod verdict;

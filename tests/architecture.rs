@@ -69,3 +69,31 @@ fn fakes_import_neither() {
         bad.join("\n")
     );
 }
+
+/// `[stack].flaws` is validated against the harness's list, and the stack switches on its own:
+/// the two lists, the flaws documented in docs/flaws.md and the flaws tests/flaws.rs proves
+/// caught are one set, so a new flaw cannot be refused by `validate` or go unproven.
+#[test]
+fn every_flaw_is_known_documented_and_proven_caught() {
+    let stack: std::collections::BTreeSet<&str> =
+        stack::config::Flaw::ALL.iter().map(|(n, _)| *n).collect();
+    let harness: std::collections::BTreeSet<&str> =
+        ting_chaos::scenario::KNOWN_FLAWS.iter().copied().collect();
+    assert_eq!(
+        harness, stack,
+        "KNOWN_FLAWS and stack::config::Flaw::ALL differ"
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = std::fs::read_to_string(root.join("docs/flaws.md")).unwrap();
+    let tests = std::fs::read_to_string(root.join("tests/flaws.rs")).unwrap();
+    for flaw in stack {
+        assert!(
+            docs.contains(&format!("`{flaw}`")),
+            "docs/flaws.md does not document `{flaw}`"
+        );
+        assert!(
+            tests.contains(&format!("\"{flaw}\"")),
+            "tests/flaws.rs never runs `{flaw}`"
+        );
+    }
+}

@@ -170,6 +170,16 @@ pub struct LedgerEntry {
     /// Callbacks only: 1 for the first try of this callback, 2.. for retries after a 5xx/timeout.
     #[serde(default)]
     pub callback_try: Option<u32>,
+    /// Callbacks only: how late this try began, in milliseconds, against when it was due (its
+    /// planned delay for the first try, the retry gap after the previous answer for the others).
+    /// The dispatcher's own lateness, not the stack's: a try that timed out after starting late
+    /// says nothing against the stack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_late_ms: Option<u64>,
+    /// Callbacks only: milliseconds from writing the request to reading the whole answer (or
+    /// giving up at the timeout, or the connection error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_took_ms: Option<u64>,
     /// Sends only: the sender hung up before the provider answered (HTTP: the connection closed
     /// while the request was being served). The provider still decided and committed the send;
     /// the sender cannot know how it ended. A worker abandoning in-flight sends shows up here.
@@ -213,6 +223,8 @@ impl LedgerEntry {
             callback_url: None,
             callback_response: None,
             callback_try: None,
+            callback_late_ms: None,
+            callback_took_ms: None,
             client_hung_up: false,
             email: None,
         }

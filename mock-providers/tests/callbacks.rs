@@ -418,6 +418,47 @@ async fn retries_on_5xx_and_timeout() {
             );
         }
         assert_eq!(rx.got.lock().unwrap().len(), 2);
+        for e in &cbs {
+            // Every try says how late it began and how long the answer took: a timed-out try
+            // took the whole timeout, an answered one less.
+            let took = e.callback_took_ms.expect("took_ms on every try");
+            assert!(e.callback_late_ms.is_some(), "late_ms on every try");
+            if e.callback_response.is_none() {
+                assert!(took >= 1_900, "a timeout is the whole 2 s: {took}");
+            } else {
+                assert!(took < 1_900, "answered: {took}");
+            }
+        }
+    }
+}
+
+/// The reports go out from their own runtime: a harness that blocks its own runtime's threads
+/// (a long serialisation, a busy check) does not make them late.
+#[tokio::test(flavor = "current_thread")]
+async fn a_blocked_harness_runtime_does_not_delay_the_reports() {
+    let mut cfg = ProvidersConfig::default();
+    cfg.sms.callbacks = CallbackConfig {
+        delay_min: ms(100),
+        delay_max: ms(100),
+        ..variants(0.0)
+    };
+    let rx = receiver(First::Ok, &cfg).await;
+    let w = world(9, cfg).await;
+    w.sms_send(&phone(1), "x", Some(&format!("{}/sms", rx.url)))
+        .await;
+    // Block the only thread of the test's runtime for 1.5 s, across the reports' due time.
+    std::thread::sleep(Duration::from_millis(1_500));
+    quiesce(&w).await;
+    let entries = w.entries();
+    let cbs = callbacks(&entries);
+    assert_eq!(cbs.len(), 2);
+    for e in &cbs {
+        assert_eq!(e.callback_response, Some(200));
+        let late = e.callback_late_ms.unwrap_or(u64::MAX);
+        assert!(
+            late < 1_000,
+            "report began {late} ms late behind the harness"
+        );
     }
 }
 

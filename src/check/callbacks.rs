@@ -32,6 +32,10 @@
 //! same message (`late_non_final_acked`): how often out-of-order arrival was actually put to it.
 //! A regression's counterexample lists those late reports about its message.
 //!
+//! `delivery_timing` says how the reports went out: tries, tries the stack did not answer in
+//! time, and how many of those the fakes themselves began more than [`HARNESS_LATE_MS`] late (the
+//! harness's fault, not the stack's), with the fakes' lateness and the stack's answer times.
+//!
 //! Needs the status API: without it the verdict is `NotChecked`, never `Holds`.
 
 use std::collections::{BTreeMap, HashMap};
@@ -46,6 +50,9 @@ use crate::scenario::Channel;
 pub const NAME: &str = "callbacks";
 
 const TERMINAL: [&str; 3] = ["delivered", "permanent_failure", "failed"];
+
+/// A try the fakes began this much later than due says the harness's machine was starved.
+pub const HARNESS_LATE_MS: u64 = 250;
 
 /// A message id as both sides may write it (`<id@host>` or `id@host`).
 fn norm(id: &str) -> &str {
@@ -274,8 +281,38 @@ pub fn check(input: &Input) -> Verdict {
         "duplicates_applied": duplicates,
         "genuine_by_type": by_type,
         "late_non_final_acked": late.values().map(Vec::len).sum::<usize>(),
+        "delivery_timing": delivery_timing(&cbs),
     }));
     findings.verdict(NAME, summary, figs)
+}
+
+/// How the reports went out: tries, unanswered tries (timeouts and connection errors) and how
+/// many of those began late on the fakes' side, the fakes' lateness (p99, max) and the stack's
+/// answer time (p99) over the answered tries.
+fn delivery_timing(cbs: &[&LedgerEntry]) -> Value {
+    let unanswered = |cb: &&&LedgerEntry| cb.callback_response.is_none();
+    let begun_late = |cb: &&&LedgerEntry| cb.callback_late_ms.unwrap_or(0) > HARNESS_LATE_MS;
+    let mut late: Vec<u64> = cbs.iter().filter_map(|c| c.callback_late_ms).collect();
+    let mut took: Vec<u64> = cbs
+        .iter()
+        .filter(|c| c.callback_response.is_some())
+        .filter_map(|c| c.callback_took_ms)
+        .collect();
+    json!({
+        "tries": cbs.len(),
+        "unanswered": cbs.iter().filter(unanswered).count(),
+        "unanswered_begun_late": cbs.iter().filter(unanswered).filter(begun_late).count(),
+        "begun_late": cbs.iter().filter(begun_late).count(),
+        "late_p99_ms": p99(&mut late),
+        "late_max_ms": late.iter().max(),
+        "answer_p99_ms": p99(&mut took),
+    })
+}
+
+fn p99(v: &mut [u64]) -> Option<u64> {
+    v.sort_unstable();
+    let sorted: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+    (!v.is_empty()).then(|| crate::report::stats::percentile(&sorted, 0.99) as u64)
 }
 
 /// Genuine non-final reports (SMS `sent`; e-mail `processed`, `deferred`, `complained`) the stack
@@ -505,6 +542,43 @@ mod tests {
                 assert_eq!(r["late_reports"].as_array().unwrap().len(), 3, "{r}");
             }
         }
+    }
+
+    #[test]
+    fn a_report_the_fakes_began_late_and_the_stack_never_answered_is_the_harness_s_not_the_stack_s()
+    {
+        // The final report timed out on a try the fakes began 900 ms late, and the stack never
+        // acknowledged it: not judged (insufficient), never a violation, and counted as late.
+        let mut w = healthy();
+        for e in w
+            .ledger
+            .iter_mut()
+            .filter(|e| e.callback_status.as_deref() == Some("delivered"))
+        {
+            e.callback_response = None;
+            e.callback_late_ms = Some(900);
+            e.callback_took_ms = Some(2_000);
+        }
+        w.status.as_mut().unwrap()[0].state = "submitted".into();
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        let t = &v.figures["delivery_timing"];
+        assert!(t["unanswered"].as_u64() > Some(0), "{t}");
+        assert_eq!(t["unanswered_begun_late"], t["unanswered"], "{t}");
+        assert_eq!(t["late_max_ms"], 900, "{t}");
+        // On time and answered: nothing late, the answer time measured.
+        let mut w = healthy();
+        for e in w.ledger.iter_mut().filter(|e| e.callback_try.is_some()) {
+            e.callback_late_ms = Some(3);
+            e.callback_took_ms = Some(12);
+        }
+        let v = check(&w.input());
+        let t = &v.figures["delivery_timing"];
+        assert_eq!(
+            (t["unanswered"].as_u64(), t["begun_late"].as_u64()),
+            (Some(0), Some(0))
+        );
+        assert_eq!(t["answer_p99_ms"], 12, "{t}");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! The allowance covers sends the worker had started when the signal landed (waiting for a
 //! connection from its pool, an SMTP transaction between RCPT and DATA) on a loaded machine; it is
 //! far below the grace period, so a worker that keeps claiming new work after SIGTERM still shows
-//! up. Rule **abandoned_in_flight**: a send of the process that arrived before it exited but that
+//! up. It grows by the machine's stalls after the signal (`crate::stalls`): a send delayed by a
+//! machine that stopped running processes is not a new one. Rule **abandoned_in_flight**: a send of the process that arrived before it exited but that
 //! it hung up on before the provider answered (`client_hung_up`, answered after SIGTERM): it
 //! dropped a send in flight instead of finishing it, leaving its outcome unknowable to itself.
 //! Attempts are
@@ -93,7 +94,9 @@ pub fn check(input: &Input) -> Verdict {
         }
 
         let allowance = input.scenario.expect.in_flight_allowance;
-        let limit = term + allowance.as_nanos() as u64;
+        // The machine's stalls after the signal delay a send already in flight as much as a
+        // slow sender would: the allowance grows by them.
+        let limit = crate::stalls::extended(input.stalls, term, term + allowance.as_nanos() as u64);
         let alive = p.started_ns..=p.exited_ns.unwrap_or(u64::MAX);
         for e in input.ledger.iter().filter(|e| {
             e.kind == EntryKind::Send && e.received_ns > limit && alive.contains(&e.received_ns)
@@ -122,6 +125,7 @@ pub fn check(input: &Input) -> Verdict {
                 "sent_after_sigterm",
                 json!({
                     "allowance_ms": input.scenario.expect.in_flight_allowance.as_millis() as u64,
+                    "allowance_with_stalls_ms": gap_ms(limit, term),
                     "count": late.len(),
                     "sends": late.into_iter().take(20).collect::<Vec<_>>(),
                 }),
@@ -266,6 +270,39 @@ mod tests {
             let v = check(&w.input());
             assert_eq!(v.status, Status::Holds, "{case}: {v:#?}");
         }
+    }
+
+    #[test]
+    fn a_send_held_up_by_a_stalled_machine_is_not_a_new_one() {
+        // A send 450 ms after SIGTERM, past the 200 ms allowance: a new send on a quiet machine,
+        // but the machine stalled 300 ms right after the signal, so it is within the allowance
+        // on this machine. A stall before the signal gives nothing.
+        let late = |w: &mut World| {
+            let a = addr("r9", Sms);
+            w.send(Sms, &a, Accepted, 1_450).pid(7);
+        };
+        let stall = |from_ms: u64, to_ms: u64| crate::stalls::Stall {
+            from_ns: ns(from_ms),
+            to_ns: ns(to_ms),
+        };
+        let mut w = world();
+        late(&mut w);
+        assert_eq!(check(&w.input()).status, Status::Violated);
+        w.stalls = vec![stall(400, 700)];
+        assert_eq!(
+            check(&w.input()).status,
+            Status::Violated,
+            "stall before SIGTERM"
+        );
+        w.stalls = vec![stall(1_050, 1_350)];
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        // The stall covers only part of the delay: still too late.
+        w.stalls = vec![stall(1_050, 1_100)];
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated, "{v:#?}");
+        let c = &v.counterexamples[0];
+        assert_eq!(c["detail"]["allowance_with_stalls_ms"], 250.0, "{c}");
     }
 
     #[test]

@@ -164,6 +164,9 @@ pub struct Input<'a> {
     pub quiescence: &'a Quiescence,
     /// Batches the stack accepted and its status API later answered 404 for.
     pub lost_batches: &'a [LostBatch],
+    /// When the machine stopped running processes on time ([`crate::stalls`]): time allowances
+    /// grow by the stalls inside the window they judge.
+    pub stalls: &'a [crate::stalls::Stall],
 }
 
 /// A batch the stack accepted (202/200) that its status API later said it did not know (404),

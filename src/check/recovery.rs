@@ -10,7 +10,8 @@
 //! replacement started later, or P itself after its SIGCONT. So a stop shorter than the lease is
 //! judged like a kill, and when the only worker was killed the clock starts at its replacement.
 //! When the last answer before T was a transient failure, the nominal backoff (plus jitter, or a
-//! longer `Retry-After` as sent) from that answer also extends the deadline.
+//! longer `Retry-After` as sent) from that answer also extends the deadline, and so does every
+//! stall of the machine between T and the deadline (`crate::stalls`).
 //!
 //! Released means claimable again, whoever then gets to it and when:
 //! - the stack's status API records a transition out of `sending` after the answer to P's
@@ -257,6 +258,8 @@ pub fn check(input: &Input) -> Verdict {
                 let gap = (gap as u64).max(last.retry_after_ms.unwrap_or(0) * 1_000_000);
                 deadline = deadline.max(last.mono_ns + gap + slack);
             }
+            // A machine that stopped running processes after T gives the stack that much longer.
+            let deadline = crate::stalls::extended(input.stalls, t, deadline);
             // Progress on the ledger: a later attempt's arrival, or a final answer to one in
             // flight at T.
             let next_attempt = all

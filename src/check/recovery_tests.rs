@@ -70,6 +70,30 @@ fn sole_worker_is_judged_from_its_replacement() {
 }
 
 #[test]
+fn a_stalled_machine_extends_the_deadline_by_the_stall() {
+    // Rescued at 2600 ms, 100 ms past the 2500 ms deadline: late on a quiet machine, in time
+    // when the machine stalled 200 ms after the kill; a stall before the kill gives nothing.
+    for (stall, status) in [
+        (None, Status::Violated),
+        (Some((500, 900)), Status::Violated),
+        (Some((1_200, 1_400)), Status::Holds),
+    ] {
+        let mut w = kill_rescued();
+        w.ledger[1].received_ns = ns(2_600);
+        w.ledger[1].mono_ns = ns(2_605);
+        w.stalls = stall
+            .map(|(from, to)| crate::stalls::Stall {
+                from_ns: ns(from),
+                to_ns: ns(to),
+            })
+            .into_iter()
+            .collect();
+        let v = check(&w.input());
+        assert_eq!(v.status, status, "stall {stall:?}: {v:#?}");
+    }
+}
+
+#[test]
 fn each_rule_can_be_broken() {
     type Tweak = fn(&mut World);
     let cases: [(&str, Tweak, &str, serde_json::Value); 3] = [

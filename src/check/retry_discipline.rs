@@ -24,7 +24,8 @@
 //! - **gap_above_cap**: after a `Transient` failure the next attempt must arrive within
 //!   `max(backoff.max × (1 + jitter), Retry-After as sent) + expect.retry_cap_slack` of the
 //!   answer, not counting time in which no correct stack could have made it: no worker running
-//!   and awake, the database down or locked by chaos (`check::availability`). Not judged when
+//!   and awake, the database down or locked by chaos (`check::availability`), the machine
+//!   stalled (`crate::stalls`). Not judged when
 //!   the failed attempt's sender was SIGKILLed or SIGSTOPped before the next attempt (its answer
 //!   may be lost and its lease must lapse first: `recovery` judges that). A delivery that fell
 //!   due (answer + cap + jitter, or the Retry-After) while the stack kept working through a queue
@@ -318,7 +319,9 @@ fn above_cap(
     }
     n.cap_judged += 1;
     let slack = input.scenario.expect.retry_cap_slack.as_nanos() as u64;
-    let blocked = blocked_ns(input, prev.mono_ns, next.received_ns);
+    // Time the stack could not have sent in: the database down, the machine stalled.
+    let stalled = crate::stalls::stalled_ns(input.stalls, prev.mono_ns, next.received_ns);
+    let blocked = blocked_ns(input, prev.mono_ns, next.received_ns) + stalled;
     let late = gap.saturating_sub(blocked);
     if late <= due + slack {
         queue.add(next.received_ns, due_at);
@@ -498,7 +501,7 @@ mod tests {
         type Tweak = fn(&mut World);
         let none: Tweak = |_| {};
         // (case, retry at ms, tweak, flagged?)
-        let cases: [(&str, u64, Tweak, bool); 10] = [
+        let cases: [(&str, u64, Tweak, bool); 12] = [
             ("at the cap plus slack", 3_205, none, false),
             ("past it", 3_300, none, true),
             (
@@ -582,6 +585,28 @@ mod tests {
                     for i in 1..12 {
                         w.send(Email, &a, Transient, i * 700).pid(8);
                     }
+                },
+                true,
+            ),
+            (
+                "the machine stalled for 2 s",
+                5_000,
+                |w| {
+                    w.stalls = vec![crate::stalls::Stall {
+                        from_ns: ns(1_000),
+                        to_ns: ns(3_000),
+                    }]
+                },
+                false,
+            ),
+            (
+                "the machine stalled for 1 s: not enough",
+                5_000,
+                |w| {
+                    w.stalls = vec![crate::stalls::Stall {
+                        from_ns: ns(1_000),
+                        to_ns: ns(2_000),
+                    }]
                 },
                 true,
             ),

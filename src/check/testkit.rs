@@ -77,6 +77,7 @@ pub struct World {
     pub repeats: Vec<crate::report::RepeatRecord>,
     pub quiescence: Quiescence,
     pub lost_batches: Vec<crate::check::LostBatch>,
+    pub stalls: Vec<crate::stalls::Stall>,
     attempts: HashMap<(Provider, String), u32>,
 }
 
@@ -107,6 +108,7 @@ impl World {
                 stopped_early: None,
             },
             lost_batches: Vec::new(),
+            stalls: Vec::new(),
             attempts: HashMap::new(),
         }
     }
@@ -315,6 +317,7 @@ impl World {
             repeats: &self.repeats,
             quiescence: &self.quiescence,
             lost_batches: &self.lost_batches,
+            stalls: &self.stalls,
         }
     }
 }

@@ -96,6 +96,9 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
     if let Some(u) = report.uncertain.as_ref().filter(|u| !u.is_empty()) {
         let _ = writeln!(out, "Uncertain sends: {}.\n", md(&u.line()));
     }
+    if let Some(line) = report.machine.as_ref().and_then(|m| m.line()) {
+        let _ = writeln!(out, "Machine: {}.\n", md(&line));
+    }
     out.push_str("| checker | status | summary |\n|---|---|---|\n");
     for v in &report.checks {
         let status = match v.status {

@@ -19,7 +19,7 @@ mod html_parts;
 pub mod junit;
 pub mod markdown;
 mod render;
-mod stats;
+pub(crate) mod stats;
 
 pub use render::{read_ledger, rerender, step_summary_path, write_all, write_rendered};
 pub use stats::{
@@ -91,6 +91,10 @@ pub struct Report {
     /// `sends_unattributed`.
     #[serde(default)]
     pub sends_sender_gone: Option<u64>,
+    /// The machine's stalls during the run (`crate::stalls`): how long, in all and at worst, it
+    /// stopped running processes on time. Null when the run stopped before its verdict.
+    #[serde(default)]
+    pub machine: Option<crate::stalls::StallSummary>,
     /// Performance figures the regression gate compares (`report::metrics`). All zero in reports
     /// written before it existed.
     #[serde(default)]
@@ -305,6 +309,9 @@ pub fn summary_text(r: &Report) -> String {
     }
     if let Some(note) = attribution_note(r) {
         out.push_str(&format!("  senders: {note}\n"));
+    }
+    if let Some(line) = r.machine.as_ref().and_then(|m| m.line()) {
+        out.push_str(&format!("  machine: {line}\n"));
     }
     out
 }

@@ -198,6 +198,7 @@ impl Resources {
             sends_by_pid: Default::default(),
             sends_unattributed: None,
             sends_sender_gone: None,
+            machine: None,
             metrics: Default::default(),
             latency: None,
             uncertain: None,
@@ -259,6 +260,10 @@ async fn execute(
     // The ledger's clock is the run's clock: every timeline event and progress line uses it.
     let ledger = Ledger::new();
     let t0 = Instant::now();
+    let probe = {
+        let ledger = ledger.clone();
+        crate::stalls::StallProbe::start(move || ledger.now_ns())
+    };
 
     // 1. Database.
     let server_url = opts
@@ -269,7 +274,7 @@ async fn execute(
     let keep = opts.keep || scenario.database.keep;
     res.keep = keep;
     let pg_opts = throwaway_pg::ClusterOptions {
-        max_connections: 60 + scenario.stack.workers * 12,
+        max_connections: 60 + scenario.stack.workers * 16,
         ..Default::default()
     };
     let database = throwaway_pg::Database::provision(server_url.as_deref(), pg_opts, keep)
@@ -663,6 +668,7 @@ async fn execute(
     let pids = world.pids();
     let timeline = world.timeline();
     let processes = supervisor.records();
+    let stalls = probe.finish();
     let input = check::Input {
         scenario,
         expected: &expected,
@@ -676,6 +682,7 @@ async fn execute(
         repeats: &enqueue.repeats,
         quiescence: &quiescence,
         lost_batches: &lost_batches,
+        stalls: &stalls,
     };
     let checks = check::run_all(&input);
 
@@ -745,6 +752,7 @@ async fn execute(
         sends_by_pid: report::sends_by_pid(&entries, &pids),
         sends_unattributed: Some(report::sends_unattributed(&entries, &pids)),
         sends_sender_gone: Some(world.sends_sender_gone()),
+        machine: Some(crate::stalls::StallSummary::of(&stalls)),
         metrics: Default::default(),
         latency: Some(report::latency(
             &entries,

@@ -259,6 +259,104 @@ async fn sigterm_releases_unstarted_claims_at_once_and_drains() {
     pool.close().await;
 }
 
+/// What the worker processes logged, for tests that must wait on a step nothing else shows.
+fn worker_log() -> &'static std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOG: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || LogSink(sink.clone()))
+            .try_init();
+        buf
+    })
+}
+
+struct LogSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut v) = self.0.lock() {
+            v.extend_from_slice(b);
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn logged(needle: &str) -> bool {
+    worker_log()
+        .lock()
+        .map(|v| String::from_utf8_lossy(&v).contains(needle))
+        .unwrap_or(false)
+}
+
+/// A SIGTERM that lands while a claim is on its way to the database: the rows that claim took
+/// are given back untouched, none is sent (issue 14, item 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_claimed_as_sigterm_arrives_go_back_unsent() {
+    worker_log();
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let (fake, fakes) = common::start_fakes().await;
+    let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
+    enqueue(&api, "late", 12, &["line"]).await;
+
+    // Hold the table so the worker's first claim waits for it.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let mut cfg = worker_cfg(&db.url, &fakes, &api, "wlate");
+    cfg.shutdown_grace = Duration::from_secs(20);
+    let claim_batch = cfg.claim_batch;
+    let (stop_tx, stop) = common::shutdown_pair();
+    let w = tokio::spawn(stack::worker::run(cfg, stop));
+    common::wait_for(
+        "a claim waiting for the lock",
+        Duration::from_secs(20),
+        || async {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%picked AS MATERIALIZED%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n > 0
+        },
+    )
+    .await;
+    stop_tx.send(true).unwrap();
+    common::wait_for(
+        "the worker saw SIGTERM",
+        Duration::from_secs(10),
+        || async { logged("SIGTERM during a claim") },
+    )
+    .await;
+    lock.commit().await.unwrap();
+
+    w.await.unwrap().unwrap();
+    assert_eq!(fake.commits_per_address().len(), 0, "nothing was sent");
+    assert_eq!(
+        count_where(&pool, "state = 'pending' AND attempts = 0").await,
+        12
+    );
+    let (released,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM delivery_events WHERE detail = 'released on shutdown before start'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(released, claim_batch.min(12));
+    pool.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn email_outcomes_are_classified_and_resends_are_byte_identical() {
     let db = common::fresh_db().await;

@@ -2,9 +2,14 @@
 //! delivery events, on the seeded schedule of [`plan`], with retries when the stack answers 5xx or
 //! times out.
 //!
-//! Every try of every callback is a ledger entry (`EntryKind::Callback`). The dispatcher counts the
-//! reports still due ([`Dispatcher::pending`]) so the harness can wait for quiescence before it
-//! judges a run. It must never block a provider's request path: scheduling only spawns tasks.
+//! Every try of every callback is a ledger entry (`EntryKind::Callback`) with how late it began
+//! and how long the stack took to answer. The dispatcher counts the reports still due
+//! ([`Dispatcher::pending`]) so the harness can wait for quiescence before it judges a run. It
+//! must never block a provider's request path: scheduling only spawns tasks.
+//!
+//! The reports go out from a thread and runtime of their own. The fakes share the harness's
+//! runtime with its status polls, ledger serialisation and checks; a report waiting behind those
+//! would time out for the harness's sake and be blamed on the stack.
 
 pub mod plan;
 
@@ -57,6 +62,29 @@ struct Inner {
     /// Bumped by [`Dispatcher::cancel_all`]; every job watches it and drops out when it moves.
     epoch: watch::Sender<u64>,
     handle: Option<tokio::runtime::Handle>,
+    /// Dropped with the dispatcher: the reports' own runtime then stops.
+    _stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// A current-thread runtime on a thread of its own, running until the returned sender is
+/// dropped. `None` when the thread or runtime cannot be created (the caller falls back to the
+/// runtime it is on).
+fn own_runtime() -> Option<(tokio::runtime::Handle, tokio::sync::oneshot::Sender<()>)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let handle = rt.handle().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("callbacks".into())
+        .spawn(move || {
+            rt.block_on(async {
+                let _ = stopped.await;
+            })
+        })
+        .ok()?;
+    Some((handle, stop))
 }
 
 /// Schedules and sends delivery reports. Cheap to clone.
@@ -77,9 +105,13 @@ impl Drop for PendingGuard {
 }
 
 impl Dispatcher {
-    /// Creates a dispatcher. Call it inside a tokio runtime: its jobs are spawned on that runtime
-    /// even when a report is scheduled from a thread outside it.
+    /// Creates a dispatcher with its own runtime thread for the reports (falling back to the
+    /// runtime it is created in, if any, should that thread not start).
     pub fn new(seed: u64, ledger: Ledger) -> Dispatcher {
+        let (handle, stop) = match own_runtime() {
+            Some((h, s)) => (Some(h), Some(s)),
+            None => (tokio::runtime::Handle::try_current().ok(), None),
+        };
         let client = reqwest::Client::builder()
             .no_proxy()
             .pool_idle_timeout(Duration::from_secs(30))
@@ -93,7 +125,8 @@ impl Dispatcher {
                 pending: AtomicUsize::new(0),
                 idle: Notify::new(),
                 epoch: watch::Sender::new(0),
-                handle: tokio::runtime::Handle::try_current().ok(),
+                handle,
+                _stop: stop,
             }),
         }
     }
@@ -244,13 +277,16 @@ impl Dispatcher {
 
 /// Sends one report at `due`, retrying on 5xx / timeout / connection errors.
 async fn deliver(inner: &Inner, job: Job, due: Instant) {
-    tokio::time::sleep_until(due).await;
     let tries = if job.retry_on_error {
         1 + job.max_retries
     } else {
         1
     };
+    let mut due = due;
     for n in 1..=tries {
+        tokio::time::sleep_until(due).await;
+        let started = Instant::now();
+        let late = started.saturating_duration_since(due);
         let result = inner
             .client
             .post(&job.url)
@@ -278,6 +314,7 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
             Err(e) if e.is_timeout() => (None, Some("timeout".to_string())),
             Err(e) => (None, Some(format!("connection error: {e}"))),
         };
+        let answered = Instant::now();
         let mut d = LedgerEntry::draft(job.provider, EntryKind::Callback, job.recipient.clone());
         d.attempt = job.attempt;
         d.outcome = Outcome::Info;
@@ -294,12 +331,14 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
         d.callback_url = Some(job.url.clone());
         d.callback_response = code;
         d.callback_try = Some(n);
+        d.callback_late_ms = Some(late.as_millis() as u64);
+        d.callback_took_ms = Some(answered.duration_since(started).as_millis() as u64);
         inner.ledger.record(d);
         let retryable = code.is_none_or(|c| c >= 500);
         if !retryable || n == tries {
             return;
         }
-        tokio::time::sleep(backoff(n)).await;
+        due = answered + backoff(n);
     }
 }
 

@@ -75,7 +75,7 @@ pub(crate) async fn create(
     let rows = validate(&st, &batch)?;
     let n = rows.key.len() as i32;
 
-    let mut tx = st.pool.begin().await?;
+    let mut tx = st.front.begin().await?;
     let inserted: Option<(String,)> = sqlx::query_as(
         "INSERT INTO batches (id, template_id, template_version, deliveries) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (id) DO NOTHING RETURNING id",
@@ -89,7 +89,7 @@ pub(crate) async fn create(
     if inserted.is_none() && st.cfg.flaws.has(Flaw::NonIdempotentBatch) {
         // Flaw: a repeated batch id inserts its deliveries again, under fresh keys.
         tx.rollback().await?;
-        let mut tx = st.pool.begin().await?;
+        let mut tx = st.front.begin().await?;
         let (n_before,): (i64,) =
             sqlx::query_as("SELECT count(*) FROM deliveries WHERE batch_id = $1")
                 .bind(&batch.batch_id)
@@ -112,7 +112,7 @@ pub(crate) async fn create(
         tx.rollback().await?;
         let (count,): (i32,) = sqlx::query_as("SELECT deliveries FROM batches WHERE id = $1")
             .bind(&batch.batch_id)
-            .fetch_one(&st.pool)
+            .fetch_one(&st.front)
             .await?;
         if st.cfg.flaws.has(Flaw::WholeBatchReplay) {
             // Flaw: a repeated batch replays every delivery, delivered ones included.
@@ -121,7 +121,7 @@ pub(crate) async fn create(
                  lease_expires_at = NULL WHERE batch_id = $1",
             )
             .bind(&batch.batch_id)
-            .execute(&st.pool)
+            .execute(&st.front)
             .await?;
         }
         return Ok((
@@ -137,10 +137,10 @@ pub(crate) async fn create(
         // when this order's sends are done. Workers polling the queue may claim some rows first;
         // the request waits for those too, as a handler awaiting its provider calls would, so its
         // latency is the provider's whoever wins the race.
-        if let Err(e) = crate::worker::send_inline(st.cfg.clone(), st.pool.clone()).await {
+        if let Err(e) = crate::worker::send_inline(st.cfg.clone(), st.front.clone()).await {
             tracing::warn!(error = %format!("{e:#}"), "inline send failed");
         }
-        wait_for_sends(&st.pool, &batch.batch_id).await;
+        wait_for_sends(&st.front, &batch.batch_id).await;
     }
     Ok((
         StatusCode::ACCEPTED,

@@ -25,8 +25,17 @@ use crate::config::Config;
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub cfg: Arc<Config>,
+    /// Callbacks, status and metrics.
     pub pool: PgPool,
+    /// Taking batches, and nothing else: a storm of delivery reports must never make an order
+    /// wait for a connection.
+    pub front: PgPool,
 }
+
+/// Connections the API keeps for callbacks, status and metrics, and apart for taking batches:
+/// together within the contract's budget of about 40 for the API.
+const POOL: u32 = 24;
+const FRONT_POOL: u32 = 6;
 
 /// An error answer: status, message, and the request field it is about (if any).
 #[derive(Debug)]
@@ -106,15 +115,18 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let pool = crate::pool(&cfg.database_url, 10).await?;
+    let pool = crate::pool(&cfg.database_url, POOL).await?;
+    let front = crate::pool(&cfg.database_url, FRONT_POOL).await?;
     let state = AppState {
         cfg: Arc::new(cfg),
         pool: pool.clone(),
+        front: front.clone(),
     };
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await?;
     pool.close().await;
+    front.close().await;
     Ok(())
 }

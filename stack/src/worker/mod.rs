@@ -182,15 +182,24 @@ pub async fn run(
                 biased;
                 r = &mut claimed => r,
                 _ = terminated() => {
+                    // Senders waiting for a slot give their rows back from this moment on.
+                    stopped = Some(Instant::now());
+                    let _ = stop_tx.send(true);
+                    tracing::info!(worker = %cfg.worker_id, "SIGTERM during a claim: its rows go back");
                     // A claim already sent may have taken rows: wait for it a little (a quarter
                     // of the grace period), so they are given back at once, not left to expire.
-                    stopped = Some(Instant::now());
                     tokio::time::timeout(cfg.shutdown_grace / 4, claimed)
                         .await
                         .unwrap_or_else(|_| Ok(Vec::new()))
                 }
             };
             match rows {
+                Ok(rows) if stopped.is_some() => {
+                    // Claimed as the signal arrived: never started, so straight back.
+                    for d in rows {
+                        senders.spawn(send::give_back_unstarted(w.clone(), d));
+                    }
+                }
                 Ok(rows) => {
                     full = rows.len() as i64 == n;
                     for d in rows {
@@ -208,7 +217,10 @@ pub async fn run(
         }
         tokio::select! {
             biased;
-            _ = terminated() => break Instant::now(),
+            _ = terminated() => {
+                let _ = stop_tx.send(true);
+                break Instant::now();
+            }
             Some(r) = senders.join_next(), if !senders.is_empty() && !full => log_join(r),
             _ = tokio::time::sleep(cfg.poll_interval), if !full => {}
             _ = std::future::ready(()), if full => {}
@@ -222,7 +234,6 @@ pub async fn run(
         background.shutdown().await;
         return Ok(());
     }
-    let _ = stop_tx.send(true);
     let drain = async {
         while let Some(r) = senders.join_next().await {
             log_join(r);

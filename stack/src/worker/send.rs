@@ -261,6 +261,10 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
     if too_late() {
         return give_back(w, d, "lease too close to expiry to start").await;
     }
+    if *w.stopping.borrow() {
+        // SIGTERM arrived while connecting: the attempt has not started, so it is not in flight.
+        return give_back(w, d, "released on shutdown before start").await;
+    }
     let attempts = if zombie {
         // Flaw: send without proving the lease is still ours.
         d.attempts + 1
@@ -562,6 +566,14 @@ async fn abandon_start(w: &Worker, d: &Claimed) -> anyhow::Result<()> {
     .await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// Gives back a row claimed as SIGTERM arrived, before any sender touched it.
+pub(crate) async fn give_back_unstarted(w: Arc<Worker>, d: Claimed) {
+    if let Err(e) = give_back(&w, &d, "released on shutdown before start").await {
+        // The lease lapses on its own and the rescuer takes the row then.
+        tracing::warn!(key = %d.key, error = %format!("{e:#}"), "could not give a row back");
+    }
 }
 
 async fn give_back(w: &Worker, d: &Claimed, why: &str) -> anyhow::Result<()> {
