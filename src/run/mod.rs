@@ -380,10 +380,13 @@ async fn execute(
         acceptable,
     );
     res.chaos = Some(chaos.clone());
-    ledger.add_hook(Arc::new(world::Observer {
-        world: world.clone(),
-        chaos: chaos.clone(),
-    }));
+    ledger.add_hook(Arc::new(world::Observer::new(
+        world.clone(),
+        chaos.clone(),
+        expected
+            .iter()
+            .map(|e| (e.channel.provider(), e.address.clone())),
+    )));
 
     let spec = |role: &str, argv: Vec<String>| Spec {
         role: role.into(),

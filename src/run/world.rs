@@ -283,6 +283,28 @@ impl World {
 pub struct Observer {
     pub world: Arc<World>,
     pub chaos: Arc<super::chaos::Chaos>,
+    /// The batches' addresses per provider: only their accepts count as progress (the
+    /// trickle's orders are not part of the campaign a `progress` trigger or bar is about).
+    pub campaign: [std::collections::HashSet<String>; 3],
+}
+
+impl Observer {
+    /// `campaign` holds the batches' (provider, address) pairs.
+    pub fn new(
+        world: Arc<World>,
+        chaos: Arc<super::chaos::Chaos>,
+        campaign: impl IntoIterator<Item = (Provider, String)>,
+    ) -> Observer {
+        let mut by_provider: [std::collections::HashSet<String>; 3] = Default::default();
+        for (p, address) in campaign {
+            by_provider[idx(p)].insert(address);
+        }
+        Observer {
+            world,
+            chaos,
+            campaign: by_provider,
+        }
+    }
 }
 
 impl Hook for Observer {
@@ -303,7 +325,8 @@ impl Hook for Observer {
             if e.fault.is_some() {
                 w.faults.fetch_add(1, Ordering::Relaxed);
             }
-            if e.outcome == Outcome::Accepted {
+            let campaign = self.campaign[idx(e.provider)].contains(e.recipient.as_str());
+            if e.outcome == Outcome::Accepted && campaign {
                 let n = w.accepted[idx(e.provider)].fetch_add(1, Ordering::Relaxed) + 1;
                 w.accepted_total.fetch_add(1, Ordering::Relaxed);
                 self.chaos.note_accept(e, n);

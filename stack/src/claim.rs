@@ -124,12 +124,25 @@ fn check_columns<'a>(names: impl ExactSizeIterator<Item = &'a str>) -> Result<()
     Ok(())
 }
 
-impl From<Row> for Claimed {
-    fn from(r: Row) -> Claimed {
-        Claimed {
+impl TryFrom<Row> for Claimed {
+    type Error = sqlx::Error;
+
+    /// A channel or state this code does not know is a decode error, never a guess: the claim
+    /// fails, its rows keep the lease until it lapses, and the rescuer logs them again.
+    fn try_from(r: Row) -> Result<Claimed, sqlx::Error> {
+        let channel = Channel::parse(&r.channel).ok_or_else(|| {
+            sqlx::Error::Decode(
+                format!("delivery {}: unknown channel {:?}", r.id, r.channel).into(),
+            )
+        })?;
+        let from_state = r
+            .from_state
+            .parse()
+            .map_err(|e: String| sqlx::Error::Decode(format!("delivery {}: {e}", r.id).into()))?;
+        Ok(Claimed {
             id: r.id,
             key: r.key,
-            channel: Channel::parse(&r.channel).unwrap_or(Channel::Line),
+            channel,
             address: r.address,
             payload: r.payload.0,
             payload_sha256: r.payload_sha256,
@@ -140,8 +153,8 @@ impl From<Row> for Claimed {
             created_at: r.created_at,
             last_error_class: r.last_error_class,
             attempt_started_at: r.attempt_started_at,
-            from_state: r.from_state.parse().unwrap_or(State::Pending),
-        }
+            from_state,
+        })
     }
 }
 
@@ -251,10 +264,10 @@ async fn claim_with(
         .bind(lease.as_millis() as f64)
         .fetch_all(conn)
         .await?;
-    Ok(Row::decode_all(&rows)?
+    Row::decode_all(&rows)?
         .into_iter()
-        .map(Claimed::from)
-        .collect())
+        .map(Claimed::try_from)
+        .collect()
 }
 
 /// The `racy-claim` flaw: read ready rows, then take them without locking or re-checking.
@@ -289,10 +302,10 @@ pub async fn claim_racy(
         .bind(&states)
         .fetch_all(conn)
         .await?;
-    Ok(Row::decode_all(&rows)?
+    Row::decode_all(&rows)?
         .into_iter()
-        .map(Claimed::from)
-        .collect())
+        .map(Claimed::try_from)
+        .collect()
 }
 
 /// Records the start of an attempt (attempts + 1) if `d` is still leased to its owner under
@@ -422,6 +435,41 @@ pub async fn renew(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(channel: &str, from_state: &str) -> Row {
+        Row {
+            from_state: from_state.into(),
+            id: 7,
+            key: "k".into(),
+            channel: channel.into(),
+            address: "a".into(),
+            payload: sqlx::types::Json(Payload::default()),
+            payload_sha256: String::new(),
+            correlation_id: String::new(),
+            attempts: 0,
+            lease_owner: Some("w".into()),
+            lease_token: 1,
+            created_at: Utc::now(),
+            last_error_class: None,
+            attempt_started_at: None,
+        }
+    }
+
+    #[test]
+    fn an_unknown_channel_or_state_is_a_decode_error_never_a_guess() {
+        let ok = Claimed::try_from(row("sms", "retryable")).unwrap();
+        assert_eq!(
+            (ok.channel, ok.from_state),
+            (Channel::Sms, State::Retryable)
+        );
+        let err = Claimed::try_from(row("whatsapp", "pending")).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown channel \"whatsapp\""),
+            "{err}"
+        );
+        let err = Claimed::try_from(row("line", "limbo")).unwrap_err();
+        assert!(err.to_string().contains("unknown state \"limbo\""), "{err}");
+    }
 
     #[test]
     fn claim_rows_are_decoded_only_in_the_expected_column_order() {

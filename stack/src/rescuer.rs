@@ -110,7 +110,11 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
     .await?;
     for e in expired {
         let owner = e.lease_owner.clone().unwrap_or_default();
-        let channel = Channel::parse(&e.channel).unwrap_or(Channel::Line);
+        let Some(channel) = Channel::parse(&e.channel) else {
+            // Never guess a channel: a wrong guess would reconcile against the wrong provider.
+            tracing::error!(id = e.id, channel = %e.channel, "expired row with an unknown channel; left for a human");
+            continue;
+        };
         let (to, set, detail) = if !e.started {
             let to = if e.attempts == 0 {
                 State::Pending

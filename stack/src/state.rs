@@ -257,7 +257,11 @@ pub async fn transition(
         .bind(t.set.outcome_class)
         .fetch_optional(conn)
         .await?;
-    Ok(row.map(|(s,)| s.parse().unwrap_or(State::Unknown)))
+    row.map(|(s,)| {
+        s.parse()
+            .map_err(|e: String| sqlx::Error::Decode(e.into()).into())
+    })
+    .transpose()
 }
 
 #[cfg(test)]

@@ -98,7 +98,9 @@ pub(crate) async fn create(
         let mut again = rows;
         for (k, key) in again.key.iter_mut().enumerate() {
             *key = format!("{key}#{n_before}");
-            let ch = Channel::parse(&again.channel[k]).unwrap_or(Channel::Line);
+            let ch = Channel::parse(&again.channel[k]).ok_or_else(|| {
+                ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "unknown channel")
+            })?;
             again.correlation[k] = render::correlation_id(key, ch);
         }
         insert_deliveries(&mut tx, &batch, &again).await?;
