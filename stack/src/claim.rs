@@ -402,8 +402,8 @@ pub async fn complete(
     Ok(state::transition(conn, &t).await?.is_some())
 }
 
-/// Extends the unexpired leases `worker_id` holds among `held` and stamps its heartbeat. Returns
-/// the ids whose lease was extended: an expired lease is never revived (it belongs to the
+/// Extends the unexpired leases `worker_id` holds among `held` (delivery id, lease token) and
+/// stamps its heartbeat. Returns the claims whose lease was extended: an expired lease is never revived (it belongs to the
 /// rescuer), so a caller must not assume every held row was. The new expiry counts from the
 /// statement's start (`now()`), never from when a lock it waited for was released, so a renewal
 /// stuck behind a lock cannot push a lease past what its caller recorded locally.
@@ -411,25 +411,29 @@ pub async fn renew(
     conn: &mut PgConnection,
     worker_id: &str,
     lease: Duration,
-    held: &[i64],
-) -> Result<Vec<i64>, sqlx::Error> {
+    held: &[(i64, i64)],
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
     sqlx::query("UPDATE workers SET heartbeat_at = now() WHERE id = $1")
         .bind(worker_id)
         .execute(&mut *conn)
         .await?;
     // Only the rows a live task is working on: a row whose task died (say, on a dropped database
     // connection) must lapse and be rescued, not be kept alive by a healthy heartbeat forever.
-    let renewed: Vec<(i64,)> = sqlx::query_as(
-        "UPDATE deliveries SET lease_expires_at = now() + $2 * interval '1 millisecond' \
-         WHERE id = ANY($3) AND state = 'sending' AND lease_owner = $1 \
-         AND lease_expires_at > clock_timestamp() RETURNING id",
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = held.iter().copied().unzip();
+    let renewed: Vec<(i64, i64)> = sqlx::query_as(
+        "UPDATE deliveries d SET lease_expires_at = now() + $2 * interval '1 millisecond' \
+         FROM UNNEST($3::bigint[], $4::bigint[]) AS held(id, token) \
+         WHERE d.id = held.id AND d.lease_token = held.token AND d.state = 'sending' \
+         AND d.lease_owner = $1 AND d.lease_expires_at > clock_timestamp() \
+         RETURNING d.id, d.lease_token",
     )
     .bind(worker_id)
     .bind(lease.as_millis() as f64)
-    .bind(held)
+    .bind(&ids)
+    .bind(&tokens)
     .fetch_all(conn)
     .await?;
-    Ok(renewed.into_iter().map(|(id,)| id).collect())
+    Ok(renewed)
 }
 
 #[cfg(test)]

@@ -161,10 +161,15 @@ async fn lost_lease_blocks_the_attempt_start() {
     );
     // A renewal does not revive an expired lease.
     assert_eq!(
-        claim::renew(&mut conn, "w1", Duration::from_secs(60), &[rows[1].id])
-            .await
-            .unwrap(),
-        Vec::<i64>::new()
+        claim::renew(
+            &mut conn,
+            "w1",
+            Duration::from_secs(60),
+            &[(rows[1].id, rows[1].lease_token)]
+        )
+        .await
+        .unwrap(),
+        Vec::<(i64, i64)>::new()
     );
     // A stale token is refused even with time left.
     let mut stale = rows[1].clone();

@@ -33,13 +33,17 @@ pub(crate) struct Worker {
     /// Sends in flight per worker (`concurrency`) and per channel (`channel_concurrency`).
     pub slots: Arc<Semaphore>,
     pub channel_slots: HashMap<Channel, Arc<Semaphore>>,
-    /// Per held delivery, when the last renewal that extended *its* lease started: its lease
-    /// runs at least `lease` from then. Per row, because a renewal never revives an expired
+    /// Per held claim, when the last renewal that extended *its* lease started: its lease
+    /// runs at least `lease` from then. Per claim, because a renewal never revives an expired
     /// lease: a worker-wide "last renewed" let a row whose lease had lapsed look alive.
     pub renewed_at: Mutex<Renewals>,
-    /// Deliveries a live sender task is working on: the only leases the heartbeat renews.
-    pub held: Mutex<std::collections::HashSet<i64>>,
+    /// Claims a live sender task is working on: the only leases the heartbeat renews.
+    pub held: Mutex<std::collections::HashSet<ClaimId>>,
 }
+
+/// One claim of one row: (delivery id, lease token). A row rescued and claimed again by the
+/// same worker is a new claim; the old task's bookkeeping never touches the new one's.
+pub(crate) type ClaimId = (i64, i64);
 
 impl Worker {
     /// The shared state of one worker process, nothing held yet.
@@ -63,10 +67,10 @@ impl Worker {
         })
     }
 
-    /// The local view of when the claim of delivery `id`, taken at `claimed_at`, expires.
-    pub fn local_deadline(&self, id: i64, claimed_at: Instant) -> Instant {
+    /// The local view of when `claim`, taken at `claimed_at`, expires.
+    pub fn local_deadline(&self, claim: ClaimId, claimed_at: Instant) -> Instant {
         match self.renewed_at.lock() {
-            Ok(r) => r.deadline(id, claimed_at, self.cfg.lease),
+            Ok(r) => r.deadline(claim, claimed_at, self.cfg.lease),
             Err(_) => claimed_at + self.cfg.lease,
         }
     }
@@ -77,35 +81,38 @@ impl Worker {
     }
 }
 
-/// When each held delivery's lease was last extended: the start of the renewal that extended
-/// it. A delivery whose lease a renewal skipped (it had expired: the rescuer's now) keeps its
-/// older time, so its local deadline passes and its sender does not send.
+/// When each held claim's lease was last extended: the start of the renewal that extended it.
+/// A claim whose lease a renewal skipped (it had expired: the rescuer's now) keeps its older
+/// time, so its local deadline passes and its sender does not send.
 #[derive(Debug, Default)]
-pub(crate) struct Renewals(HashMap<i64, Instant>);
+pub(crate) struct Renewals(HashMap<ClaimId, Instant>);
 
 impl Renewals {
-    /// When the claim of `id`, taken at `claimed_at` (before the claim statement was sent),
-    /// expires at the latest.
-    pub fn deadline(&self, id: i64, claimed_at: Instant, lease: Duration) -> Instant {
-        self.0.get(&id).map_or(claimed_at, |r| (*r).max(claimed_at)) + lease
+    /// When `claim`, taken at `claimed_at` (before the claim statement was sent), expires at the
+    /// latest.
+    pub fn deadline(&self, claim: ClaimId, claimed_at: Instant, lease: Duration) -> Instant {
+        self.0
+            .get(&claim)
+            .map_or(claimed_at, |r| (*r).max(claimed_at))
+            + lease
     }
 
     /// Records a renewal that started at `started` and extended the leases of `renewed`; forgets
-    /// deliveries no longer `held`.
+    /// claims no longer `held`.
     pub fn record(
         &mut self,
-        renewed: &[i64],
+        renewed: &[ClaimId],
         started: Instant,
-        held: &std::collections::HashSet<i64>,
+        held: &std::collections::HashSet<ClaimId>,
     ) {
-        self.0.retain(|id, _| held.contains(id));
-        for id in renewed.iter().filter(|id| held.contains(id)) {
-            self.0.insert(*id, started);
+        self.0.retain(|c, _| held.contains(c));
+        for c in renewed.iter().filter(|c| held.contains(c)) {
+            self.0.insert(*c, started);
         }
     }
 
-    pub fn forget(&mut self, id: i64) {
-        self.0.remove(&id);
+    pub fn forget(&mut self, claim: ClaimId) {
+        self.0.remove(&claim);
     }
 }
 
@@ -203,10 +210,24 @@ pub async fn run(
                 Ok(rows) => {
                     full = rows.len() as i64 == n;
                     for d in rows {
-                        if let Ok(mut held) = w.held.lock() {
-                            held.insert(d.id);
+                        // A row rescued from under a task of ours that is still alive (stalled
+                        // in a lookup, say) is not taken twice by one process: back it goes.
+                        let busy = w
+                            .held
+                            .lock()
+                            .map(|mut held| {
+                                let busy = held.iter().any(|(id, _)| *id == d.id);
+                                if !busy {
+                                    held.insert((d.id, d.lease_token));
+                                }
+                                busy
+                            })
+                            .unwrap_or(false);
+                        if busy {
+                            senders.spawn(send::give_back_busy(w.clone(), d));
+                        } else {
+                            senders.spawn(send::send_one(w.clone(), d, now));
                         }
-                        senders.spawn(send::send_one(w.clone(), d, now));
                     }
                 }
                 Err(e) => tracing::warn!(error = %format!("{e:#}"), "claim failed"),
@@ -324,7 +345,7 @@ async fn heartbeat(w: Arc<Worker>) {
         let started = Instant::now();
         let renewed = async {
             let mut conn = w.pool.acquire().await?;
-            let held: Vec<i64> = if w.cfg.flaws.has(Flaw::NoHeartbeat) {
+            let held: Vec<ClaimId> = if w.cfg.flaws.has(Flaw::NoHeartbeat) {
                 // Flaw: the worker is stamped alive but no lease is renewed, so a send that
                 // outlasts one lease is rescued (and resent) while it is still in flight.
                 Vec::new()
@@ -389,30 +410,58 @@ mod tests {
     fn a_renewal_only_extends_the_leases_it_renewed() {
         let lease = Duration::from_secs(1);
         let t0 = Instant::now();
-        let held: std::collections::HashSet<i64> = [1, 2].into_iter().collect();
+        let (c1, c2) = ((1, 1), (2, 1));
+        let held: std::collections::HashSet<ClaimId> = [c1, c2].into_iter().collect();
         let mut r = Renewals::default();
         assert_eq!(
-            r.deadline(1, t0, lease),
+            r.deadline(c1, t0, lease),
             t0 + lease,
             "claimed, never renewed"
         );
         let later = t0 + Duration::from_millis(1_500);
-        r.record(&[2], later, &held);
+        r.record(&[c2], later, &held);
         assert_eq!(
-            r.deadline(1, t0, lease),
+            r.deadline(c1, t0, lease),
             t0 + lease,
             "1 was skipped: lapsed"
         );
-        assert_eq!(r.deadline(2, t0, lease), later + lease);
+        assert_eq!(r.deadline(c2, t0, lease), later + lease);
         // A claim newer than the renewal counts from the claim.
         let fresh = later + Duration::from_millis(10);
-        assert_eq!(r.deadline(2, fresh, lease), fresh + lease);
-        // Rows no longer held are forgotten.
-        let only_1: std::collections::HashSet<i64> = [1].into_iter().collect();
+        assert_eq!(r.deadline(c2, fresh, lease), fresh + lease);
+        // Claims no longer held are forgotten.
+        let only_1: std::collections::HashSet<ClaimId> = [c1].into_iter().collect();
         r.record(&[], later, &only_1);
-        assert_eq!(r.deadline(2, t0, lease), t0 + lease);
-        r.record(&[1], later, &only_1);
-        r.forget(1);
-        assert_eq!(r.deadline(1, t0, lease), t0 + lease);
+        assert_eq!(r.deadline(c2, t0, lease), t0 + lease);
+        r.record(&[c1], later, &only_1);
+        r.forget(c1);
+        assert_eq!(r.deadline(c1, t0, lease), t0 + lease);
+    }
+
+    /// Issue 14, item 1: row 1 claimed under token 1 by a task that stalls; the row is rescued and
+    /// this worker claims it again under token 2. Keyed by delivery id, the old task's exit
+    /// dropped the new claim's renewal, and the new claim's renewal moved the old task's deadline
+    /// forward, so its last check could pass on a lease it had lost. Keyed by claim, neither.
+    #[test]
+    fn a_row_claimed_again_is_a_new_claim_for_renewals() {
+        let lease = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let (old, new) = ((1, 1), (1, 2));
+        let both: std::collections::HashSet<ClaimId> = [old, new].into_iter().collect();
+        let mut r = Renewals::default();
+        let renewal = t0 + Duration::from_millis(2_000);
+        r.record(&[new], renewal, &both);
+        assert_eq!(
+            r.deadline(old, t0, lease),
+            t0 + lease,
+            "the lost claim stays lost"
+        );
+        assert_eq!(r.deadline(new, t0, lease), renewal + lease);
+        r.forget(old);
+        assert_eq!(
+            r.deadline(new, t0, lease),
+            renewal + lease,
+            "the old task's exit leaves the new claim's renewal alone"
+        );
     }
 }

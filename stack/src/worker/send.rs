@@ -220,10 +220,10 @@ pub(crate) async fn send_one(w: Arc<Worker>, d: Claimed, claimed_at: Instant) {
         tracing::warn!(key = %d.key, error = %format!("{e:#}"), "attempt failed to complete");
     }
     if let Ok(mut held) = w.held.lock() {
-        held.remove(&d.id);
+        held.remove(&(d.id, d.lease_token));
     }
     if let Ok(mut renewed) = w.renewed_at.lock() {
-        renewed.forget(d.id);
+        renewed.forget((d.id, d.lease_token));
     }
 }
 
@@ -248,7 +248,10 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
     }
     let zombie = w.cfg.flaws.has(Flaw::ZombieSend);
     // Whether the local lease deadline is too close to act under the lease (never, with the flaw).
-    let too_late = || !zombie && Instant::now() + w.margin() >= w.local_deadline(d.id, claimed_at);
+    let too_late = || {
+        !zombie
+            && Instant::now() + w.margin() >= w.local_deadline((d.id, d.lease_token), claimed_at)
+    };
     if too_late() {
         return give_back(w, d, "lease too close to expiry to start").await;
     }
@@ -566,6 +569,13 @@ async fn abandon_start(w: &Worker, d: &Claimed) -> anyhow::Result<()> {
     .await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// Gives back a row claimed again while an older task of this worker still works on it.
+pub(crate) async fn give_back_busy(w: Arc<Worker>, d: Claimed) {
+    if let Err(e) = give_back(&w, &d, "released: an older claim of ours is still at work").await {
+        tracing::warn!(key = %d.key, error = %format!("{e:#}"), "could not give a row back");
+    }
 }
 
 /// Gives back a row claimed as SIGTERM arrived, before any sender touched it.
