@@ -436,27 +436,35 @@ pub async fn enqueue(
     Ok(out)
 }
 
-/// One batch's rows from the status API (`GET /v1/batches/{id}/deliveries`); `None` when the
-/// stack answers 404, 405 or 501 for it (what that means is `run/status.rs`'s business: no
-/// status API at all on the first batch, a lost batch after that).
+/// One answer of the status API for a batch.
+#[derive(Debug, serde::Deserialize)]
+pub struct StatusPage {
+    pub deliveries: Vec<crate::check::StatusDelivery>,
+    /// The incremental form's cursor: the next request may pass it as `?since=` and get only
+    /// the deliveries that changed after it. Absent: the stack has no incremental form.
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+/// One batch's rows from the status API (`GET /v1/batches/{id}/deliveries`, with `?since=` when
+/// a cursor is given); `None` when the stack answers 404, 405 or 501 for it (what that means is
+/// `run/status.rs`'s business: no status API at all on the first batch, a lost batch after
+/// that).
 pub async fn fetch_batch_status(
     client: &reqwest::Client,
     api_base: &str,
     batch_id: &str,
-) -> anyhow::Result<Option<Vec<crate::check::StatusDelivery>>> {
-    #[derive(serde::Deserialize)]
-    struct Page {
-        deliveries: Vec<crate::check::StatusDelivery>,
+    since: Option<&str>,
+) -> anyhow::Result<Option<StatusPage>> {
+    let mut req = client.get(format!("{api_base}/v1/batches/{batch_id}/deliveries"));
+    if let Some(cursor) = since {
+        req = req.query(&[("since", cursor)]);
     }
-    let resp = client
-        .get(format!("{api_base}/v1/batches/{batch_id}/deliveries"))
-        .send()
-        .await
-        .context("status API request")?;
+    let resp = req.send().await.context("status API request")?;
     if matches!(resp.status().as_u16(), 404 | 405 | 501) {
         return Ok(None);
     }
     let resp = resp.error_for_status().context("status API")?;
-    let page: Page = resp.json().await.context("status API body")?;
-    Ok(Some(page.deliveries))
+    let page: StatusPage = resp.json().await.context("status API body")?;
+    Ok(Some(page))
 }

@@ -648,7 +648,7 @@ async fn execute(
     }
     if status_view.enabled() {
         if let Err(e) = status_view
-            .poll(&client, &api_base, &batch_ids, world.now_ns())
+            .poll(&client, &api_base, &batch_ids, true, world.now_ns())
             .await
         {
             tracing::warn!("status API: {e:#}");

@@ -9,6 +9,11 @@
 //! because of one batch. While the run settles a poll asks for a few batches at a time
 //! ([`StatusPoller::poll_some`]): a run with the trickle on has hundreds, and asking for each
 //! every second would compete with the stack for the CPU it is measured on.
+//!
+//! A stack whose answer carries a `cursor` is asked incrementally (`?since=<cursor>`): its
+//! answer lists the deliveries that changed, merged here by key over the rows already held. Every
+//! [`FULL_EVERY`]th request for a batch, and the last poll of the run, ask for the whole list, so
+//! an incremental answer that missed a change can delay the view, never decide the verdict.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +33,12 @@ pub struct StatusPoller {
     capability: Capability,
     rows: BTreeMap<String, Vec<StatusDelivery>>,
     lost: BTreeMap<String, u64>,
+    /// Per batch, the cursor of its last answer and the incremental requests made since the last
+    /// whole one.
+    cursors: BTreeMap<String, (String, u32)>,
+    /// Requests made, and of them incremental ones (`report.json` figures).
+    pub requests: u64,
+    pub incremental: u64,
     /// Where the next [`StatusPoller::poll_some`] starts among the batches not final yet that
     /// the ledger has settled, and among the others.
     turn: usize,
@@ -36,6 +47,9 @@ pub struct StatusPoller {
 
 /// Batches one [`StatusPoller::poll_some`] asks for at most.
 pub const PER_POLL: usize = 20;
+
+/// Of the requests for one batch, every this many asks for the whole list even with a cursor.
+pub const FULL_EVERY: u32 = 10;
 
 /// No row of a batch whose rows are all final changes any more.
 fn is_final(rows: &[StatusDelivery]) -> bool {
@@ -60,6 +74,9 @@ impl StatusPoller {
             capability: Capability::Unknown,
             rows: BTreeMap::new(),
             lost: BTreeMap::new(),
+            cursors: BTreeMap::new(),
+            requests: 0,
+            incremental: 0,
             turn: 0,
             turn_rest: 0,
         }
@@ -70,21 +87,26 @@ impl StatusPoller {
         self.capability != Capability::Absent
     }
 
-    /// Asks for every batch once; `now_ns` (ledger clock) stamps a batch first found missing.
-    /// A transport or server error leaves the view as it was (the next poll tries again).
+    /// Asks for every batch once, incrementally where the stack offers it unless `whole`;
+    /// `now_ns` (ledger clock) stamps a batch first found missing. A transport or server error
+    /// leaves the view as it was (the next poll tries again).
     pub async fn poll(
         &mut self,
         client: &reqwest::Client,
         api_base: &str,
         batch_ids: &[String],
+        whole: bool,
         now_ns: u64,
     ) -> anyhow::Result<()> {
         for id in batch_ids {
             if !self.enabled() {
                 return Ok(());
             }
-            let page = load::fetch_batch_status(client, api_base, id).await?;
-            self.record(id, page, now_ns);
+            let since = self.since(id, whole);
+            self.requests += 1;
+            self.incremental += u64::from(since.is_some());
+            let page = load::fetch_batch_status(client, api_base, id, since.as_deref()).await?;
+            self.record(id, page, since.is_some(), now_ns);
         }
         Ok(())
     }
@@ -119,18 +141,48 @@ impl StatusPoller {
             );
             *turn = start + take;
         }
-        self.poll(client, api_base, &now, now_ns).await
+        self.poll(client, api_base, &now, false, now_ns).await
     }
 
-    /// Takes one batch's answer: its rows, or `None` for "not found".
-    fn record(&mut self, batch_id: &str, page: Option<Vec<StatusDelivery>>, now_ns: u64) {
+    /// The cursor to ask for `batch_id` with: none for a whole list (asked for, or due).
+    fn since(&self, batch_id: &str, whole: bool) -> Option<String> {
+        self.cursors
+            .get(batch_id)
+            .filter(|(_, n)| !whole && n + 1 < FULL_EVERY)
+            .map(|(c, _)| c.clone())
+    }
+
+    /// Takes one batch's answer: its rows (all of them, or those changed since the cursor when
+    /// `incremental`), or `None` for "not found".
+    fn record(
+        &mut self,
+        batch_id: &str,
+        page: Option<load::StatusPage>,
+        incremental: bool,
+        now_ns: u64,
+    ) {
         match (page, self.capability) {
             // Decided once: a stack without the API stays without it.
             (_, Capability::Absent) => {}
-            (Some(rows), _) => {
+            (Some(page), _) => {
                 self.capability = Capability::Present;
-                if !self.lost.contains_key(batch_id) {
-                    self.rows.insert(batch_id.to_string(), rows);
+                if self.lost.contains_key(batch_id) {
+                    return;
+                }
+                let rows = match self.rows.remove(batch_id) {
+                    Some(held) if incremental => merge(held, page.deliveries),
+                    _ => page.deliveries,
+                };
+                self.rows.insert(batch_id.to_string(), rows);
+                match page.cursor {
+                    Some(c) => {
+                        let n = self.cursors.get(batch_id).map_or(0, |(_, n)| *n);
+                        let n = if incremental { n + 1 } else { 0 };
+                        self.cursors.insert(batch_id.to_string(), (c, n));
+                    }
+                    None => {
+                        self.cursors.remove(batch_id);
+                    }
                 }
             }
             (None, Capability::Unknown) => self.capability = Capability::Absent,
@@ -159,16 +211,93 @@ impl StatusPoller {
     }
 }
 
+/// `held` with each row of `changed` in place of the held row with its key (appended if new).
+fn merge(mut held: Vec<StatusDelivery>, changed: Vec<StatusDelivery>) -> Vec<StatusDelivery> {
+    let at: std::collections::HashMap<String, usize> = held
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.key.clone(), i))
+        .collect();
+    for row in changed {
+        match at.get(&row.key) {
+            Some(i) => held[*i] = row,
+            None => held.push(row),
+        }
+    }
+    held
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn rows(n: usize) -> Option<Vec<StatusDelivery>> {
-        let row: StatusDelivery = serde_json::from_value(serde_json::json!({
-            "key": "k", "recipient": "r1", "channel": "line", "state": "delivered"
+    fn row(key: &str, state: &str) -> StatusDelivery {
+        serde_json::from_value(serde_json::json!({
+            "key": key, "recipient": "r1", "channel": "line", "state": state
         }))
-        .unwrap();
-        Some(vec![row; n])
+        .unwrap()
+    }
+
+    fn rows(n: usize) -> Option<load::StatusPage> {
+        Some(load::StatusPage {
+            deliveries: vec![row("k", "delivered"); n],
+            cursor: None,
+        })
+    }
+
+    fn page(rows: &[(&str, &str)], cursor: &str) -> Option<load::StatusPage> {
+        Some(load::StatusPage {
+            deliveries: rows.iter().map(|(k, s)| row(k, s)).collect(),
+            cursor: Some(cursor.into()),
+        })
+    }
+
+    #[test]
+    fn incremental_answers_merge_by_key_and_every_tenth_request_is_whole() {
+        let mut p = StatusPoller::new();
+        p.record(
+            "b1",
+            page(&[("a", "sending"), ("b", "pending")], "c1"),
+            false,
+            0,
+        );
+        assert_eq!(p.since("b1", false).as_deref(), Some("c1"));
+        assert_eq!(
+            p.since("b1", true),
+            None,
+            "the last poll asks for everything"
+        );
+        // Only `a` changed; `c` is new.
+        p.record(
+            "b1",
+            page(&[("a", "delivered"), ("c", "pending")], "c2"),
+            true,
+            1,
+        );
+        let states: Vec<(String, String)> = p
+            .rows()
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.key, r.state))
+            .collect();
+        assert_eq!(
+            states,
+            [("a", "delivered"), ("b", "pending"), ("c", "pending")]
+                .map(|(k, s)| (k.to_string(), s.to_string()))
+        );
+        assert_eq!(p.since("b1", false).as_deref(), Some("c2"));
+        // After FULL_EVERY - 1 incremental requests, the next one is whole.
+        for n in 2..FULL_EVERY {
+            p.record("b1", page(&[], &format!("c{}", n + 1)), true, n as u64);
+        }
+        assert_eq!(p.since("b1", false), None);
+        // A whole answer replaces the rows and starts counting again.
+        p.record("b1", page(&[("a", "delivered")], "z"), false, 99);
+        assert_eq!(p.rows().unwrap().len(), 1);
+        assert_eq!(p.since("b1", false).as_deref(), Some("z"));
+        // A stack that stops sending a cursor is asked for everything.
+        p.record("b1", rows(1), false, 100);
+        assert_eq!(p.since("b1", false), None);
     }
 
     /// (answers for batches in order: rows or 404, API on at the end, rows kept, lost batches)
@@ -196,7 +325,7 @@ mod tests {
         for (i, (answers, on, kept, lost)) in cases.into_iter().enumerate() {
             let mut p = StatusPoller::new();
             for (at, (id, page)) in answers.iter().enumerate() {
-                p.record(id, page.and_then(rows), at as u64);
+                p.record(id, page.and_then(rows), false, at as u64);
             }
             assert_eq!(p.enabled(), on, "case {i}");
             assert_eq!(p.rows().map_or(0, |r| r.len()), kept, "case {i}");

@@ -246,6 +246,36 @@ async fn batch_is_enqueued_once_rendered_and_visible() {
     assert_eq!(d["payload_sha256"], json!(stored.sha256()));
     assert_eq!(d["transitions"], json!([]));
     assert_eq!(v["deliveries"].as_array().unwrap().len(), 6000);
+    // The incremental form: `?since=` the answer's cursor lists only rows changed after it.
+    let cursor = v["cursor"].as_str().expect("a cursor").to_string();
+    sqlx::query("UPDATE deliveries SET updated_at = now() - interval '1 hour'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE deliveries SET state = 'delivered', updated_at = now() \
+         WHERE key = 'big-1:r000007:sms'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let since = |c: String| {
+        let http = http.clone();
+        let url = format!("http://{addr}/v1/batches/big-1/deliveries");
+        async move { http.get(url).query(&[("since", c)]).send().await.unwrap() }
+    };
+    let inc: Value = since(cursor.clone()).await.json().await.unwrap();
+    let keys: Vec<&str> = inc["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["big-1:r000007:sms"]);
+    assert_eq!(inc["deliveries"][0]["state"], json!("delivered"));
+    assert!(inc["cursor"].as_str().unwrap() >= cursor.as_str());
+    let bad = since("yesterday".into()).await;
+    assert_eq!(bad.status().as_u16(), 422);
     let r = http
         .get(format!("http://{addr}/v1/batches/nope"))
         .send()
