@@ -17,7 +17,9 @@
 //!   to the same address claimed.
 //! - **regression**: any transition out of `delivered`, `permanent_failure` or `failed` (a stale or
 //!   out-of-order report applied), on any row.
-//! - **duplicate_applied**: two transitions with source `callback` to the same state on one row.
+//! - **duplicate_applied**: two transitions with source `callback` into the same state on one row
+//!   (each from another state: a same-state entry the stack logged for a report it ignored
+//!   changed nothing).
 //! - **forged_answered_2xx**: a report with a forged signature answered 2xx (the contract says
 //!   403: a stack that accepts it would accept anyone's).
 //!
@@ -228,7 +230,9 @@ pub fn check(input: &Input) -> Verdict {
                     findings.push(c);
                 }
             }
-            if t.source == "callback" {
+            // A history entry that left the state as it was (a duplicate the stack logged and
+            // ignored) changed nothing; only moves into a state count.
+            if t.source == "callback" && from != Some(t.to.as_str()) {
                 *by_callback.entry(t.to.as_str()).or_default() += 1;
             }
             prev = Some(t.to.as_str());
@@ -439,6 +443,21 @@ mod tests {
     }
 
     #[test]
+    fn a_duplicate_logged_in_the_history_without_a_move_holds() {
+        let mut w = healthy();
+        let rows = w.status.as_mut().unwrap();
+        rows.remove(0);
+        w.status_row(
+            "r1",
+            Sms,
+            Some("SM1"),
+            &["submitted", "delivered@callback", "delivered@callback"],
+        );
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+    }
+
+    #[test]
     fn each_rule_can_be_broken() {
         // (case, new path of r1's SMS row, rules expected)
         let cases: [(&str, &[&str], &[&str]); 4] = [
@@ -459,8 +478,13 @@ mod tests {
             ),
             (
                 "twice",
-                &["submitted", "delivered@callback", "delivered@callback"],
-                &["duplicate_applied"],
+                &[
+                    "submitted",
+                    "delivered@callback",
+                    "failed@callback",
+                    "delivered@callback",
+                ],
+                &["duplicate_applied", "regression"],
             ),
         ];
         for (case, path, want) in cases {

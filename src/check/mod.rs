@@ -136,6 +136,15 @@ pub struct Quiescence {
     pub at_ns: u64,
     /// Deliveries still without a final outcome at the deadline (`recipient/channel`).
     pub open: Vec<String>,
+    /// Of `open`, the `submitted` rows on a channel with delivery reports when the fakes had no
+    /// report left to send them (delivered, or given up after its retries): open only because
+    /// the stack never applied a report, which `callbacks` judges.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting_report: Vec<String>,
+    /// How long after `expect.quiescence` the run settled or gave up: past the deadline it waits
+    /// on while deliveries keep settling (at most twice the deadline more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub past_deadline_ms: Option<u64>,
     /// Callbacks the providers still had due.
     pub callbacks_pending: usize,
     /// Why the harness stopped waiting before the deadline (a crash left nothing that could make

@@ -5,6 +5,15 @@
 //! this checker only reports that decision, with the open deliveries as counterexamples. Must
 //! never re-derive it from the ledger: the other checkers already judge each delivery's end.
 //! Judged: every expected delivery (needs one).
+//!
+//! Past the deadline the harness waits on while deliveries keep settling (a slow stack is not a
+//! stuck one), at most twice the deadline more: settling then holds, and says how late.
+//!
+//! A row open at the deadline only because it is `submitted` and waits for a delivery report the
+//! fakes no longer had to send (the stack answered every try with an error or not at all, and
+//! they gave up) is not a stuck stack: it never learned the outcome. Those rows are unjudged
+//! (`awaiting_report`): with nothing else open the verdict is insufficient, and `callbacks`
+//! judges the reports (a report the stack acknowledged and did not apply is its violation).
 
 use serde_json::json;
 
@@ -23,6 +32,8 @@ pub fn check(input: &Input) -> Verdict {
         "at_ms": ms(q.at_ns),
         "open": q.open.len(),
         "callbacks_pending": q.callbacks_pending,
+        "awaiting_report": q.awaiting_report.len(),
+        "past_deadline_ms": q.past_deadline_ms,
         "deadline_ms": deadline_ms,
         "stopped_early": q.stopped_early,
     }));
@@ -35,14 +46,29 @@ pub fn check(input: &Input) -> Verdict {
         return findings.verdict_with(NAME, Status::NotChecked, summary, figs);
     }
     if q.reached {
+        let late = q
+            .past_deadline_ms
+            .map(|l| {
+                format!(" ({l} ms past the {deadline_ms} ms deadline, still settling deliveries)")
+            })
+            .unwrap_or_default();
         let summary = format!(
-            "settled at {} ms: all deliveries final, no callbacks due",
+            "settled at {} ms{late}: all deliveries final, no callbacks due",
             ms(q.at_ns)
         );
         return findings.verdict(NAME, summary, figs);
     }
-    for d in &q.open {
+    let awaiting: std::collections::HashSet<&String> = q.awaiting_report.iter().collect();
+    for d in q.open.iter().filter(|d| !awaiting.contains(d)) {
         findings.push(json!({"rule": "open_delivery", "delivery": d}));
+    }
+    if findings.total() == 0 && q.callbacks_pending == 0 {
+        let summary = format!(
+            "not settled within {deadline_ms} ms only by {} submitted rows whose delivery report \
+             the fakes had given up on (see callbacks): not judged",
+            awaiting.len()
+        );
+        return findings.verdict_with(NAME, Status::Insufficient, summary, figs);
     }
     if q.callbacks_pending > 0 {
         findings.push(json!({"rule": "callbacks_pending", "count": q.callbacks_pending}));
@@ -100,6 +126,35 @@ mod tests {
             "{}",
             v.summary
         );
+    }
+
+    #[test]
+    fn rows_waiting_for_a_report_the_fakes_gave_up_on_are_not_judged() {
+        let mut w = World::new();
+        w.expect("r1", crate::scenario::Channel::Sms);
+        w.quiescence.reached = false;
+        w.quiescence.open = vec!["r1/sms".into(), "r2/sms".into()];
+        w.quiescence.awaiting_report = vec!["r1/sms".into(), "r2/sms".into()];
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert_eq!(v.figures["awaiting_report"], 2);
+        // Anything else open is still a stuck stack.
+        w.quiescence.open.push("r3/line".into());
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated);
+        assert_eq!(v.total_counterexamples, 1);
+        assert_eq!(v.counterexamples[0]["delivery"], "r3/line");
+    }
+
+    #[test]
+    fn settling_past_the_deadline_while_progressing_holds_and_says_so() {
+        let mut w = World::new();
+        w.expect("r1", crate::scenario::Channel::Line);
+        w.quiescence.past_deadline_ms = Some(4_200);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds);
+        assert!(v.summary.contains("4200 ms past the"), "{}", v.summary);
+        assert_eq!(v.figures["past_deadline_ms"], 4_200);
     }
 
     #[test]

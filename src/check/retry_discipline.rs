@@ -12,15 +12,17 @@
 //!   attempt past the limit is the stack reconciling, not ignoring it, when the answer to the last
 //!   allowed attempt may never have reached it (as for `attempt_after_permanent` below): counted
 //!   in `beyond_limit_lost_answer`.
-//! - **gap_below_floor**: after the k-th `Transient` failure of the delivery, the gap from that
-//!   answer (`mono_ns`) to the next attempt's arrival (`received_ns`) must be at least
+//! - **gap_below_floor**: after the k-th `Transient` failure of the delivery (429s not counted, as
+//!   the contract's attempts do not count them; at least 1), the gap from that attempt's arrival
+//!   to the next attempt's arrival (`received_ns` both: a stack may time its gap from either end
+//!   of the failed attempt, and the floor holds under both readings) must be at least
 //!   `min(expect.min_retry_gap × factor^(k−1), backoff.max × (1 − jitter))`. The floor growing with
 //!   k is how "growing gaps" is checked: a stack that restarts its backoff from the first step (or
 //!   never grows it) falls under the floor by the second or third retry, while any jittered
 //!   exponential schedule stays above it because `min_retry_gap` defaults to half the base gap.
 //!   The cap keeps a correct schedule that has reached `backoff.max` from being flagged. With
-//!   `expect.retry_growth = false` the floor is just `min_retry_gap`. A negative gap (two
-//!   attempts in flight at once) is always below the floor.
+//!   `expect.retry_growth = false` the floor is just `min_retry_gap`. A retry that arrived before
+//!   the failed attempt was answered (two attempts in flight at once) is always below the floor.
 //! - **gap_above_cap**: after a `Transient` failure the next attempt must arrive within
 //!   `max(backoff.max × (1 + jitter), Retry-After as sent) + expect.retry_cap_slack` of the
 //!   answer, not counting time in which no correct stack could have made it: no worker running
@@ -35,8 +37,9 @@
 //!   so a drained backlog of overdue retries excuses itself in due order); it must have arrived
 //!   at most the slack before the delivery fell due and then with no pause longer than the slack
 //!   until its retry. A late retry that is not excused never excuses another.
-//! - **retry_after_ignored**: the gap is shorter than the `Retry-After` the provider sent (the
-//!   ledger records the header as sent: whole seconds for LINE and Twilio).
+//! - **retry_after_ignored**: the gap (as above, from the failed attempt's arrival) is shorter than
+//!   the `Retry-After` the provider sent (the ledger records the header as sent: whole seconds for
+//!   LINE and Twilio).
 //! - **attempt_after_permanent**: any attempt after a `Permanent` answer — unless that answer was
 //!   lost: its sender was SIGKILLed or SIGSTOPped within one lease after it (the process may never
 //!   have recorded it), or the stack's status shows the delivery went through its rescuer. One
@@ -178,17 +181,23 @@ pub fn check(input: &Input) -> Verdict {
             }
         }
 
+        // Failures so far that count as attempts (a 429 does not, as in the contract's formula).
         let mut k = 0u32;
         for w in chain.windows(2) {
             let (prev, next) = (w[0], w[1]);
             if prev.outcome != Outcome::Transient {
                 continue;
             }
-            k += 1;
+            k += u32::from(prev.status != "429");
             n.retries += 1;
-            let gap = next.received_ns as i128 - prev.mono_ns as i128;
+            // From the start of one attempt to the start of the next: a stack may time its gap
+            // from either end of the failed attempt, and the floor holds under both readings.
+            let gap = next.received_ns as i128 - prev.received_ns as i128;
+            let k = k.max(1);
             let fl = floor(input, k);
-            if gap < fl.as_nanos() as i128 {
+            // A retry that arrived before the failure was answered: two in flight at once.
+            let overlapping = next.received_ns < prev.mono_ns;
+            if overlapping || gap < fl.as_nanos() as i128 {
                 let mut c = pair(e, "gap_below_floor", prev, next, input);
                 c["failure_no"] = json!(k);
                 c["floor_ms"] = json!(fl.as_secs_f64() * 1e3);
@@ -410,6 +419,41 @@ mod tests {
         let v = check(&w.input());
         assert_eq!(v.status, Status::Holds, "{v:#?}");
         assert_eq!(v.figures["retries_checked"], 9);
+    }
+
+    #[test]
+    fn gaps_timed_from_the_attempt_start_and_429s_not_counted_hold() {
+        // A slow answer (90 ms) and a stack timing its gap from the attempt's start: 100 ms after
+        // the 5xx's start is 10 ms after its answer. Then a 429 (not an attempt), a
+        // 500, and a gap at the second step (160 ms floor), not the third.
+        let mut w = World::new();
+        let a = w.expect("r1", Sms);
+        w.send(Sms, &a, Transient, 0).latency(90);
+        w.send(Sms, &a, Transient, 100).status("429");
+        w.send(Sms, &a, Transient, 1_200);
+        w.send(Sms, &a, Accepted, 1_370);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        // The same chain with the 429 counted would need 320 ms before the last attempt.
+        let mut w = World::new();
+        let a = w.expect("r1", Sms);
+        w.send(Sms, &a, Transient, 0);
+        w.send(Sms, &a, Transient, 100);
+        w.send(Sms, &a, Transient, 1_200);
+        w.send(Sms, &a, Accepted, 1_370);
+        assert_eq!(
+            crate::check::testkit::rules(&check(&w.input())),
+            ["gap_below_floor"]
+        );
+        // Timing from the start never hides a retry sent before the failure was answered.
+        let mut w = World::new();
+        let a = w.expect("r1", Sms);
+        w.send(Sms, &a, Transient, 0).latency(2_000);
+        w.send(Sms, &a, Accepted, 500);
+        assert_eq!(
+            crate::check::testkit::rules(&check(&w.input())),
+            ["gap_below_floor"]
+        );
     }
 
     #[test]

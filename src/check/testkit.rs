@@ -104,6 +104,8 @@ impl World {
                 reached: true,
                 at_ns: 0,
                 open: Vec::new(),
+                awaiting_report: Vec::new(),
+                past_deadline_ms: None,
                 callbacks_pending: 0,
                 stopped_early: None,
             },
@@ -343,6 +345,12 @@ impl SendMut<'_> {
     pub fn latency(self, ms: u64) -> Self {
         self.entry.mono_ns = self.entry.received_ns + ns(ms);
         self.entry.wall = wall(self.entry.mono_ns / 1_000_000);
+        self
+    }
+
+    /// The provider's answer as recorded ("429", "503", "451 4.3.0").
+    pub fn status(self, status: &str) -> Self {
+        self.entry.status = status.into();
         self
     }
 
