@@ -81,3 +81,59 @@ async fn hang_up_before_the_answer_is_recorded() {
         );
     }
 }
+
+/// The same for SMTP: a client that closes the connection after its final `.` while the fake
+/// holds the 250 is recorded as having hung up (the message still commits); one that reads the
+/// reply is not.
+#[tokio::test]
+async fn smtp_client_closing_before_the_final_reply_is_recorded() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut cfg = ProvidersConfig::default();
+    cfg.smtp.latency = Latency::Fixed {
+        value: ms(LATENCY_MS),
+    };
+    let w = world(2, cfg).await;
+    for (i, waits) in [true, false].into_iter().enumerate() {
+        let to = format!("hang{i}@example.test");
+        let stream = tokio::net::TcpStream::connect(w.p.smtp_addr).await.unwrap();
+        let (r, mut wr) = stream.into_split();
+        let mut r = BufReader::new(r);
+        let mut line = String::new();
+        // Reads one reply (possibly multi-line) and returns its code.
+        async fn reply(
+            r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+            line: &mut String,
+        ) -> String {
+            loop {
+                line.clear();
+                r.read_line(line).await.unwrap();
+                if line.len() < 4 || line.as_bytes()[3] != b'-' {
+                    return line.get(..3).unwrap_or("").to_string();
+                }
+            }
+        }
+        assert_eq!(reply(&mut r, &mut line).await, "220");
+        for (cmd, want) in [
+            ("EHLO t.example\r\n".to_string(), "250"),
+            ("MAIL FROM:<s@t.example>\r\n".to_string(), "250"),
+            (format!("RCPT TO:<{to}>\r\n"), "250"),
+            ("DATA\r\n".to_string(), "354"),
+        ] {
+            wr.write_all(cmd.as_bytes()).await.unwrap();
+            assert_eq!(reply(&mut r, &mut line).await, want, "{cmd}");
+        }
+        wr.write_all(b"Subject: x\r\nMessage-ID: <m@t.example>\r\n\r\nhi\r\n.\r\n")
+            .await
+            .unwrap();
+        if waits {
+            assert_eq!(reply(&mut r, &mut line).await, "250");
+        } else {
+            drop(wr);
+            drop(r);
+        }
+        until(20, || w.entries().iter().any(|e| e.recipient == to)).await;
+        let e = w.entries().into_iter().find(|e| e.recipient == to).unwrap();
+        assert_eq!(e.outcome, Outcome::Accepted, "{e:?}");
+        assert_eq!(e.client_hung_up, !waits, "waits={waits}: {e:?}");
+    }
+}

@@ -200,11 +200,14 @@ async fn receive_data(
         return Ok(true);
     };
     let end = policy.end_of_data(&env, data.finish(), received_ns);
-    pause(writer, end.delay).await?;
+    let hung_up = pause_watching(reader, writer, end.delay).await?;
     let entries: Vec<_> = end
         .records
         .into_iter()
-        .map(|d| ctx.ledger.record(d))
+        .map(|mut d| {
+            d.client_hung_up = hung_up;
+            ctx.ledger.record(d)
+        })
         .collect();
     if !end.accepted {
         writer.write_all(&end.reply.to_wire()).await?;
@@ -254,6 +257,36 @@ async fn pause(writer: &mut Writer, delay: Duration) -> io::Result<()> {
         tokio::time::sleep(delay).await;
     }
     Ok(())
+}
+
+/// [`pause`] after the final `.`, watching the client meanwhile: true when it closed the
+/// connection before the reply (it gave up waiting, as an HTTP sender hanging up does; the ledger
+/// marks the entries `client_hung_up`). Bytes it sends early stay buffered for the next command.
+async fn pause_watching(
+    reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: &mut Writer,
+    delay: Duration,
+) -> io::Result<bool> {
+    if delay.is_zero() {
+        return Ok(false);
+    }
+    writer.flush().await?;
+    let sleep = tokio::time::sleep(delay);
+    tokio::pin!(sleep);
+    tokio::select! {
+        _ = &mut sleep => Ok(false),
+        r = reader.fill_buf() => match r {
+            // End of stream (or a reset): the client is gone.
+            Ok([]) | Err(_) => {
+                sleep.await;
+                Ok(true)
+            }
+            Ok(_) => {
+                sleep.await;
+                Ok(false)
+            }
+        },
+    }
 }
 
 async fn goodbye(mut writer: Writer, reply: Reply) -> io::Result<()> {
