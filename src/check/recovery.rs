@@ -21,8 +21,9 @@
 //!
 //! A released delivery then waits for its backoff and for the queue: that wait is reported as a
 //! figure (`slowest_wait_after_release_ms`), never judged here (`no_loss` judges that it ends).
-//! Where the stack records no timed transitions for the delivery, the ledger's next attempt is
-//! the only sign; one after the deadline is still not a failure to recover when the stack kept
+//! Where the stack records no release for the delivery (no status API, no timed transitions, or
+//! none found after the answer: a stack with a status API gets no less leeway than one without),
+//! the ledger's next attempt is the only sign; one after the deadline is still not a failure to recover when the stack kept
 //! starting never-tried deliveries (first attempts) from the deadline until it, never pausing
 //! longer than `recovery_slack` (`check::backlog`): it was waiting its turn. Rule
 //! **no_progress** otherwise.
@@ -299,7 +300,10 @@ pub fn check(input: &Input) -> Verdict {
                 }
                 continue;
             }
-            if let (None, Some(p)) = (&moved, on_ledger) {
+            // With no release of its own on record (no status API, or none found after the
+            // answer), the ledger alone judges, and a next attempt that waited its turn behind
+            // queue work is excused the same way for every stack.
+            if let (None, Some(p)) = (released, on_ledger) {
                 if first_attempts.cover(deadline, p, slack, u64::MAX) {
                     n.behind_backlog += 1;
                     n.worst_wait_ns = n.worst_wait_ns.max(p - deadline);
