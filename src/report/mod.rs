@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::Context;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::check::{ProcessRecord, Quiescence, Status, TimelineEvent, Verdict};
 
+pub mod atomic;
 pub mod chaos_steps;
 mod charts;
 pub mod gate;
@@ -226,11 +226,9 @@ pub fn json_schema() -> serde_json::Value {
 
 /// Writes `value` as pretty JSON to `path` atomically.
 pub fn write_json_atomic(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    let data = serde_json::to_vec_pretty(value).context("serialize report")?;
-    std::fs::write(&tmp, data).with_context(|| format!("write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))?;
-    Ok(())
+    atomic::write_atomic(path, |w| {
+        serde_json::to_writer_pretty(w, value).map_err(std::io::Error::other)
+    })
 }
 
 /// One sentence on sends the harness could not tie to a process, when there were any.

@@ -34,11 +34,7 @@ pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<LedgerEntry>, usize)> {
 }
 
 fn write_atomic(path: &Path, data: &[u8]) -> anyhow::Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&tmp, data).with_context(|| format!("write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))?;
-    Ok(())
+    super::atomic::write_atomic(path, |w| w.write_all(data))
 }
 
 /// Renders `report.html`, `junit.xml` and `summary.md` into `dir` from `report` and `ledger`,

@@ -725,9 +725,7 @@ async fn execute(
     // 7. Files.
     let mut files = BTreeMap::new();
     let ledger_path = report_dir.join("ledger.jsonl");
-    let tmp = ledger_path.with_extension("jsonl.tmp");
-    ledger.write_jsonl(std::io::BufWriter::new(std::fs::File::create(&tmp)?))?;
-    std::fs::rename(&tmp, &ledger_path)?;
+    report::atomic::write_atomic(&ledger_path, |w| ledger.write_jsonl(w))?;
     files.insert("ledger".into(), "ledger.jsonl".into());
     files.insert("logs".into(), "logs/".into());
     if let Some(rows) = &status {

@@ -1,0 +1,58 @@
+//! The one way the harness writes a file others read: a temporary file beside it, written,
+//! flushed and synced, then renamed over the target, every error surfaced. A reader sees the old
+//! file or the whole new one, never a truncated one.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+
+/// Writes `path` atomically with whatever `write` puts into the writer it is given.
+pub fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let result = (|| -> anyhow::Result<()> {
+        let file =
+            std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        write(&mut w).with_context(|| format!("write {}", tmp.display()))?;
+        let file = w
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(|| format!("flush {}", tmp.display()))?;
+        file.sync_all()
+            .with_context(|| format!("sync {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_whole_files_and_leaves_the_old_one_on_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("report.json");
+        write_atomic(&path, |w| w.write_all(b"first")).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+        let err = write_atomic(&path, |w| {
+            w.write_all(b"half")?;
+            Err(std::io::Error::other("disk full"))
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("disk full"), "{err:#}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"first", "old file kept");
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file left behind");
+        // A folder that does not exist is an error, not a panic.
+        assert!(write_atomic(&dir.path().join("no/such/file"), |w| w.write_all(b"x")).is_err());
+    }
+}
