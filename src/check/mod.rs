@@ -14,7 +14,7 @@ pub mod agreement;
 mod availability;
 mod backlog;
 pub mod callbacks;
-mod common;
+pub(crate) mod common;
 pub mod crashes;
 pub mod exactly_once;
 pub mod fairness;

@@ -9,16 +9,18 @@
 
 use std::collections::HashMap;
 
-use mock_providers::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+use mock_providers::ledger::{EntryKind, LedgerEntry, Provider};
 
+use crate::check::common::{is_failure, is_final};
 use crate::check::{Expected, StatusDelivery};
 use crate::scenario::Channel;
 
+/// What the ledger showed of one delivery, classified as `no_loss` classifies it
+/// (`check::common::is_final` / `is_failure`), so the two never disagree on when it ended.
 #[derive(Default, Clone, Copy)]
 struct Seen {
-    accepted: u32,
-    permanent: u32,
-    transient: u32,
+    ended: bool,
+    failures: u32,
 }
 
 /// Folds the ledger incrementally and answers "what is still open?".
@@ -65,12 +67,8 @@ impl Tracker {
                 continue;
             };
             let s = &mut self.seen[i];
-            match e.outcome {
-                Outcome::Accepted => s.accepted += 1,
-                Outcome::Permanent => s.permanent += 1,
-                Outcome::Transient => s.transient += 1,
-                _ => {}
-            }
+            s.ended |= is_final(e.outcome);
+            s.failures += u32::from(is_failure(e.outcome));
         }
     }
 
@@ -80,7 +78,7 @@ impl Tracker {
 
     fn ledger_final(&self, i: usize) -> bool {
         let s = self.seen[i];
-        s.accepted > 0 || s.permanent > 0 || s.transient >= self.max_attempts
+        s.ended || s.failures >= self.max_attempts
     }
 
     /// Batches with a delivery the ledger has not settled yet.
@@ -140,7 +138,7 @@ impl Tracker {
 mod tests {
     use super::*;
     use crate::check::StatusTransition;
-    use mock_providers::ledger::LedgerEntry;
+    use mock_providers::ledger::{LedgerEntry, Outcome};
 
     fn exp(r: &str) -> Expected {
         Expected {
@@ -208,6 +206,20 @@ mod tests {
         assert_eq!(t.open(&expected, Some(&rows), &[]), ["a/sms"]);
         // A second transient failure exhausts b in the ledger.
         t.feed(&[send(2, "b", Outcome::Transient)]);
+        assert_eq!(t.open(&expected, None, &[]), ["c/sms"]);
+        // Classified as `no_loss` classifies: protocol errors count towards exhaustion, a
+        // recognised repeat of an accepted send ends the delivery.
+        t.feed(&[
+            send(3, "c", Outcome::ProtocolError),
+            send(4, "c", Outcome::ProtocolError),
+        ]);
+        assert!(t.open(&expected, None, &[]).is_empty());
+        let mut t = Tracker::new(&expected, 2);
+        t.feed(&[
+            send(0, "a", Outcome::IdempotentRepeat),
+            send(1, "b", Outcome::Permanent),
+            send(2, "c", Outcome::Transient),
+        ]);
         assert_eq!(t.open(&expected, None, &[]), ["c/sms"]);
     }
 }
