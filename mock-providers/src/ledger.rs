@@ -127,6 +127,10 @@ pub struct LedgerEntry {
     /// [`Ledger::now_ns`] at arrival; `record` fills it with `mono_ns` when left at 0.
     #[serde(default)]
     pub received_ns: u64,
+    /// SMTP sends only: when their transaction began (`MAIL FROM` arrived), same clock; the
+    /// final dot's arrival is `received_ns`. A sender has started a send from this moment on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ns: Option<u64>,
     /// Wall-clock time, RFC 3339 with milliseconds.
     pub wall: String,
     pub provider: Provider,
@@ -201,6 +205,7 @@ impl LedgerEntry {
             seq: 0,
             mono_ns: 0,
             received_ns: 0,
+            started_ns: None,
             wall: String::new(),
             provider,
             kind,

@@ -135,5 +135,8 @@ async fn smtp_client_closing_before_the_final_reply_is_recorded() {
         let e = w.entries().into_iter().find(|e| e.recipient == to).unwrap();
         assert_eq!(e.outcome, Outcome::Accepted, "{e:?}");
         assert_eq!(e.client_hung_up, !waits, "waits={waits}: {e:?}");
+        // The transaction began (MAIL FROM) before its final dot arrived.
+        let started = e.started_ns.expect("started_ns on an SMTP send");
+        assert!(started > 0 && started < e.received_ns, "{e:?}");
     }
 }

@@ -4,7 +4,9 @@
 //! Rules per process the harness sent SIGTERM: **not_clean_exit** (no exit, a non-zero code, a
 //! signal, or the harness had to SIGKILL it after the grace period), **over_grace** (exited later
 //! than `sigterm + shutdown_grace`) and **sent_after_sigterm** (a send attempt attributed to its
-//! pid arrived at a provider more than `expect.in_flight_allowance` (default 1 s) after SIGTERM).
+//! pid began at a provider more than `expect.in_flight_allowance` (default 1 s) after SIGTERM:
+//! its request arrived, or for SMTP its transaction's `MAIL FROM` — the final dot of a message
+//! begun in time may come later on a loaded machine).
 //! The allowance covers sends the worker had started when the signal landed (waiting for a
 //! connection from its pool, an SMTP transaction between RCPT and DATA) on a loaded machine; it is
 //! far below the grace period, so a worker that keeps claiming new work after SIGTERM still shows
@@ -98,8 +100,10 @@ pub fn check(input: &Input) -> Verdict {
         // slow sender would: the allowance grows by them.
         let limit = crate::stalls::extended(input.stalls, term, term + allowance.as_nanos() as u64);
         let alive = p.started_ns..=p.exited_ns.unwrap_or(u64::MAX);
+        // A send began when its request (SMTP: its transaction) reached the provider.
+        let began = |e: &LedgerEntry| e.started_ns.unwrap_or(e.received_ns);
         for e in input.ledger.iter().filter(|e| {
-            e.kind == EntryKind::Send && e.received_ns > limit && alive.contains(&e.received_ns)
+            e.kind == EntryKind::Send && began(e) > limit && alive.contains(&e.received_ns)
         }) {
             window_sends += 1;
             window_unattributed += u64::from(!input.pids.contains_key(&e.seq));
@@ -108,7 +112,7 @@ pub fn check(input: &Input) -> Verdict {
             .ledger
             .iter()
             .filter(|e| {
-                e.kind == EntryKind::Send && e.received_ns > limit && alive.contains(&e.received_ns)
+                e.kind == EntryKind::Send && began(e) > limit && alive.contains(&e.received_ns)
             })
             .filter(|e| input.pids.get(&e.seq) == Some(&p.pid))
             .map(|e| {
@@ -303,6 +307,19 @@ mod tests {
         assert_eq!(v.status, Status::Violated, "{v:#?}");
         let c = &v.counterexamples[0];
         assert_eq!(c["detail"]["allowance_with_stalls_ms"], 250.0, "{c}");
+    }
+
+    #[test]
+    fn an_smtp_send_begun_in_time_whose_dot_came_late_is_in_flight() {
+        // MAIL FROM at 1100 ms (100 ms after SIGTERM, within the 200 ms allowance), the final
+        // dot at 1900 ms on a slow machine: a send begun in time. Begun at 1300: a new one.
+        for (began, status) in [(1_100, Status::Holds), (1_300, Status::Violated)] {
+            let mut w = world();
+            let a = addr("r9", Email);
+            w.send(Email, &a, Accepted, 1_450).pid(7).entry.started_ns = Some(ns(began));
+            let v = check(&w.input());
+            assert_eq!(v.status, status, "began at {began}: {v:#?}");
+        }
     }
 
     #[test]

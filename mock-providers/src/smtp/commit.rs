@@ -69,6 +69,7 @@ impl LivePolicy {
             let mut records = self.reject_all(&env.rcpts, outcome, &reply, fault);
             for d in &mut records {
                 d.received_ns = received_ns;
+                d.started_ns = Some(self.mail_ns);
             }
             EndOfData {
                 delay,
@@ -119,6 +120,7 @@ impl LivePolicy {
             .map(|r| {
                 let mut d = LedgerEntry::draft(Provider::Smtp, EntryKind::Send, r.addr.clone());
                 d.received_ns = received_ns;
+                d.started_ns = Some(self.mail_ns);
                 d.attempt = r.attempt;
                 d.outcome = Outcome::Accepted;
                 d.status = if drop { DROPPED.into() } else { reply.status() };

@@ -22,6 +22,8 @@ pub struct LivePolicy {
     pub(super) cfg: SmtpConfig,
     pub(super) ledger: Ledger,
     pub(super) peer: SocketAddr,
+    /// When the current transaction's `MAIL FROM` arrived (ledger clock).
+    pub(super) mail_ns: u64,
 }
 
 impl LivePolicy {
@@ -32,6 +34,7 @@ impl LivePolicy {
             cfg: SmtpConfig::default(),
             ledger: ctx.ledger.clone(),
             peer,
+            mail_ns: 0,
         };
         p.refresh();
         p
@@ -111,6 +114,7 @@ impl Policy for LivePolicy {
     }
 
     fn mail(&mut self, from: &str) -> Verdict<()> {
+        self.mail_ns = self.ledger.now_ns();
         self.refresh();
         let key = plan::mail_key(from);
         let n = self.ledger.next_attempt(Provider::Smtp, &key);
