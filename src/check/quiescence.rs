@@ -62,7 +62,7 @@ pub fn check(input: &Input) -> Verdict {
     for d in q.open.iter().filter(|d| !awaiting.contains(d)) {
         findings.push(json!({"rule": "open_delivery", "delivery": d}));
     }
-    if findings.total() == 0 && q.callbacks_pending == 0 {
+    if findings.total() == 0 && q.callbacks_pending == 0 && !awaiting.is_empty() {
         let summary = format!(
             "not settled within {deadline_ms} ms only by {} submitted rows whose delivery report \
              the fakes had given up on (see callbacks): not judged",
@@ -138,6 +138,12 @@ mod tests {
         let v = check(&w.input());
         assert_eq!(v.status, Status::Insufficient, "{v:#?}");
         assert_eq!(v.figures["awaiting_report"], 2);
+        // Nothing awaiting and nothing open, yet not settled (chaos still under way at the
+        // deadline): the old verdict, not an excuse.
+        let mut idle = World::new();
+        idle.expect("r1", crate::scenario::Channel::Sms);
+        idle.quiescence.reached = false;
+        assert_eq!(check(&idle.input()).status, Status::Violated);
         // Anything else open is still a stuck stack.
         w.quiescence.open.push("r3/line".into());
         let v = check(&w.input());

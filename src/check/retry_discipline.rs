@@ -193,13 +193,13 @@ pub fn check(input: &Input) -> Verdict {
             // From the start of one attempt to the start of the next: a stack may time its gap
             // from either end of the failed attempt, and the floor holds under both readings.
             let gap = next.received_ns as i128 - prev.received_ns as i128;
-            let k = k.max(1);
-            let fl = floor(input, k);
+            let step = k.max(1);
+            let fl = floor(input, step);
             // A retry that arrived before the failure was answered: two in flight at once.
             let overlapping = next.received_ns < prev.mono_ns;
             if overlapping || gap < fl.as_nanos() as i128 {
                 let mut c = pair(e, "gap_below_floor", prev, next, input);
-                c["failure_no"] = json!(k);
+                c["failure_no"] = json!(step);
                 c["floor_ms"] = json!(fl.as_secs_f64() * 1e3);
                 findings.push(c);
             }

@@ -626,12 +626,14 @@ async fn execute(
         }
         let progressing = last_progress.elapsed() < QUIESCENCE_PROGRESS;
         if Instant::now() >= deadline && (!progressing || Instant::now() >= hard_deadline) {
-            // Open only for a delivery report the fakes no longer have to send (delivered, or
-            // given up after its retries): the stack may be waiting for a report it never got.
+            // Open only for a delivery report the fakes did send and no longer have due
+            // (delivered, or given up after its retries): the stack may be waiting for a report
+            // it never got. A row no report was ever sent for stays open.
             let awaiting_report = if pending == 0 {
                 let without = tracker.open(&expected, status.as_deref(), &[]);
+                let reported = settle::reported(&ledger.snapshot(), &expected);
                 open.iter()
-                    .filter(|d| !without.contains(d))
+                    .filter(|d| !without.contains(d) && reported.contains(d.as_str()))
                     .cloned()
                     .collect()
             } else {

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use mock_providers::ledger::{EntryKind, LedgerEntry, Provider};
+use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Provider};
 
 use crate::check::common::{is_failure, is_final};
 use crate::check::{Expected, StatusDelivery};
@@ -134,6 +134,26 @@ impl Tracker {
     }
 }
 
+/// The deliveries (`recipient/channel`, as [`Tracker::open`] names them) that a genuine delivery
+/// report was sent for: a genuine `Callback` entry to their address.
+pub fn reported(
+    ledger: &[LedgerEntry],
+    expected: &[Expected],
+) -> std::collections::HashSet<String> {
+    let to: std::collections::HashSet<(Provider, &str)> = ledger
+        .iter()
+        .filter(|e| {
+            e.kind == EntryKind::Callback && e.callback_variant == Some(CallbackVariant::Genuine)
+        })
+        .map(|e| (e.provider, e.recipient.as_str()))
+        .collect();
+    expected
+        .iter()
+        .filter(|e| to.contains(&(e.channel.provider(), e.address.as_str())))
+        .map(|e| format!("{}/{}", e.recipient, e.channel.as_str()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +241,22 @@ mod tests {
             send(2, "c", Outcome::Transient),
         ]);
         assert_eq!(t.open(&expected, None, &[]), ["c/sms"]);
+    }
+
+    #[test]
+    fn reported_names_deliveries_a_genuine_report_was_sent_for() {
+        let expected = [exp("a"), exp("b"), exp("c")];
+        let cb = |r: &str, v: CallbackVariant| {
+            let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Callback, format!("+1{r}"));
+            e.callback_variant = Some(v);
+            e
+        };
+        let ledger = [
+            cb("a", CallbackVariant::Genuine),
+            cb("b", CallbackVariant::ForgedSignature),
+            send(9, "c", Outcome::Accepted),
+        ];
+        let got = reported(&ledger, &expected);
+        assert_eq!(got, ["a/sms".to_string()].into_iter().collect());
     }
 }

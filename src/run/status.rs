@@ -36,9 +36,6 @@ pub struct StatusPoller {
     /// Per batch, the cursor of its last answer and the incremental requests made since the last
     /// whole one.
     cursors: BTreeMap<String, (String, u32)>,
-    /// Requests made, and of them incremental ones (`report.json` figures).
-    pub requests: u64,
-    pub incremental: u64,
     /// Where the next [`StatusPoller::poll_some`] starts among the batches not final yet that
     /// the ledger has settled, and among the others.
     turn: usize,
@@ -75,8 +72,6 @@ impl StatusPoller {
             rows: BTreeMap::new(),
             lost: BTreeMap::new(),
             cursors: BTreeMap::new(),
-            requests: 0,
-            incremental: 0,
             turn: 0,
             turn_rest: 0,
         }
@@ -103,8 +98,6 @@ impl StatusPoller {
                 return Ok(());
             }
             let since = self.since(id, whole);
-            self.requests += 1;
-            self.incremental += u64::from(since.is_some());
             let page = load::fetch_batch_status(client, api_base, id, since.as_deref()).await?;
             self.record(id, page, since.is_some(), now_ns);
         }

@@ -204,7 +204,11 @@ pub async fn run(
                 Ok(rows) if stopped.is_some() => {
                     // Claimed as the signal arrived: never started, so straight back.
                     for d in rows {
-                        senders.spawn(send::give_back_unstarted(w.clone(), d));
+                        senders.spawn(send::give_back_unsent(
+                            w.clone(),
+                            d,
+                            "released on shutdown before start",
+                        ));
                     }
                 }
                 Ok(rows) => {
@@ -224,7 +228,11 @@ pub async fn run(
                             })
                             .unwrap_or(false);
                         if busy {
-                            senders.spawn(send::give_back_busy(w.clone(), d));
+                            senders.spawn(send::give_back_unsent(
+                                w.clone(),
+                                d,
+                                "released: an older claim of ours is still at work",
+                            ));
                         } else {
                             senders.spawn(send::send_one(w.clone(), d, now));
                         }

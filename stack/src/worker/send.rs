@@ -571,16 +571,10 @@ async fn abandon_start(w: &Worker, d: &Claimed) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Gives back a row claimed again while an older task of this worker still works on it.
-pub(crate) async fn give_back_busy(w: Arc<Worker>, d: Claimed) {
-    if let Err(e) = give_back(&w, &d, "released: an older claim of ours is still at work").await {
-        tracing::warn!(key = %d.key, error = %format!("{e:#}"), "could not give a row back");
-    }
-}
-
-/// Gives back a row claimed as SIGTERM arrived, before any sender touched it.
-pub(crate) async fn give_back_unstarted(w: Arc<Worker>, d: Claimed) {
-    if let Err(e) = give_back(&w, &d, "released on shutdown before start").await {
+/// Gives back a claimed row no sender will touch (claimed as SIGTERM arrived, or again while an
+/// older task of this worker still works on it), as its own task.
+pub(crate) async fn give_back_unsent(w: Arc<Worker>, d: Claimed, why: &'static str) {
+    if let Err(e) = give_back(&w, &d, why).await {
         // The lease lapses on its own and the rescuer takes the row then.
         tracing::warn!(key = %d.key, error = %format!("{e:#}"), "could not give a row back");
     }
