@@ -111,6 +111,7 @@ mod tests {
             figures: Default::default(),
             judged: Default::default(),
             main_rule: None,
+            violations_by_rule: Default::default(),
         };
         let judged = if status == Status::Insufficient { 0 } else { 5 };
         v.judged.insert(

@@ -12,7 +12,8 @@ use serde_json::{json, Map, Value};
 use super::{Expected, Input, Population, Status, StatusDelivery, Unjudged, Verdict};
 use crate::scenario::Channel;
 
-/// Counterexamples kept per verdict; `total_counterexamples` counts them all.
+/// Counterexamples kept per verdict; `total_counterexamples` counts them all and
+/// `violations_by_rule` counts them per rule.
 pub const MAX_KEPT: usize = 50;
 
 /// Nanoseconds on the ledger clock as milliseconds since the run started (the ledger's zero),
@@ -34,8 +35,9 @@ pub const MAX_UNATTRIBUTED_SHARE: f64 = 0.01;
 /// before it is `insufficient`.
 pub const MAX_UNJUDGED_SHARE: f64 = 0.01;
 
-/// Counterexamples of one checker (keeps the first [`MAX_KEPT`], counts them all) and the
-/// population each of its rules judged.
+/// Counterexamples of one checker (keeps at most [`MAX_KEPT`], shared fairly among the rules
+/// that were broken so no rule's proof is crowded out by another's; counts them all, per rule)
+/// and the population each of its rules judged.
 ///
 /// Every rule that applies to the run declares its population with [`Findings::judged`] before
 /// [`Findings::verdict`]: a verdict with no violation and a rule short of its minimum is
@@ -43,7 +45,11 @@ pub const MAX_UNJUDGED_SHARE: f64 = 0.01;
 /// simply not declared, or the whole checker is [`not_checked`] with the reason.
 #[derive(Default)]
 pub struct Findings {
-    kept: Vec<Value>,
+    /// Per rule (a counterexample's `"rule"`, empty when it names none): the first
+    /// [`MAX_KEPT`] counterexamples, each with its push order.
+    kept: BTreeMap<String, Vec<(usize, Value)>>,
+    /// Per rule: every counterexample pushed.
+    by_rule: BTreeMap<String, usize>,
     total: usize,
     judged: BTreeMap<String, Population>,
     main_rule: Option<String>,
@@ -51,10 +57,13 @@ pub struct Findings {
 
 impl Findings {
     pub fn push(&mut self, v: Value) {
-        self.total += 1;
-        if self.kept.len() < MAX_KEPT {
-            self.kept.push(v);
+        let rule = v["rule"].as_str().unwrap_or_default().to_string();
+        *self.by_rule.entry(rule.clone()).or_default() += 1;
+        let kept = self.kept.entry(rule).or_default();
+        if kept.len() < MAX_KEPT {
+            kept.push((self.total, v));
         }
+        self.total += 1;
     }
 
     pub fn total(&self) -> usize {
@@ -120,19 +129,44 @@ impl Findings {
         summary: String,
         figures: Map<String, Value>,
     ) -> Verdict {
+        let mut violations_by_rule = self.by_rule;
+        violations_by_rule.remove("");
         let mut v = Verdict {
             checker: checker.into(),
             status,
             summary,
-            counterexamples: self.kept,
+            counterexamples: fair_sample(self.kept),
             total_counterexamples: self.total,
             figures,
             judged: self.judged,
             main_rule: self.main_rule,
+            violations_by_rule,
         };
         settle(&mut v);
         v
     }
+}
+
+/// At most [`MAX_KEPT`] of `kept`, taken in turn from each rule (so a rule broken once is shown
+/// beside one broken a thousand times), in the order they were found.
+fn fair_sample(kept: BTreeMap<String, Vec<(usize, Value)>>) -> Vec<Value> {
+    let mut queues: Vec<std::vec::IntoIter<(usize, Value)>> =
+        kept.into_values().map(Vec::into_iter).collect();
+    let mut taken = Vec::new();
+    while taken.len() < MAX_KEPT {
+        let before = taken.len();
+        for q in &mut queues {
+            if taken.len() == MAX_KEPT {
+                break;
+            }
+            taken.extend(q.next());
+        }
+        if taken.len() == before {
+            break;
+        }
+    }
+    taken.sort_by_key(|(order, _)| *order);
+    taken.into_iter().map(|(_, v)| v).collect()
 }
 
 /// Turns a `holds` whose populations fall short into `insufficient`, saying why in the summary.
@@ -160,6 +194,7 @@ pub fn not_checked(checker: &str, reason: impl Into<String>) -> Verdict {
         figures: Map::new(),
         judged: BTreeMap::new(),
         main_rule: None,
+        violations_by_rule: BTreeMap::new(),
     }
 }
 
@@ -318,5 +353,39 @@ impl PerChannel {
             out.insert(c.as_str().into(), json!(m));
         }
         Value::Object(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_broken_once_is_kept_beside_one_broken_many_times() {
+        let mut f = Findings::default();
+        for i in 0..80 {
+            f.push(json!({"rule": "disagrees", "i": i}));
+        }
+        f.push(json!({"rule": "regression", "i": 80}));
+        f.push(json!({"note": "no rule", "i": 81}));
+        let v = f.verdict("callbacks", String::new(), Map::new());
+        assert_eq!(v.counterexamples.len(), MAX_KEPT);
+        assert_eq!(v.total_counterexamples, 82);
+        let rules: Vec<&str> = v
+            .counterexamples
+            .iter()
+            .filter_map(|c| c["rule"].as_str())
+            .collect();
+        assert!(rules.contains(&"regression"), "{rules:?}");
+        assert_eq!(v.violations_by_rule["disagrees"], 80);
+        assert_eq!(v.violations_by_rule["regression"], 1);
+        assert!(!v.violations_by_rule.contains_key(""));
+        // Kept in the order they were found.
+        let order: Vec<u64> = v
+            .counterexamples
+            .iter()
+            .map(|c| c["i"].as_u64().unwrap())
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
     }
 }

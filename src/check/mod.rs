@@ -286,6 +286,10 @@ pub struct Verdict {
     /// one: delivered reports for `callbacks`, deliveries for `no_loss`…).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub main_rule: Option<String>,
+    /// Counterexamples found per rule (all of them, not only those kept): a count per broken
+    /// rule, so one rule broken a thousand times cannot hide another broken once.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub violations_by_rule: BTreeMap<String, usize>,
 }
 
 impl Verdict {

@@ -250,9 +250,10 @@ fn checks(page: &mut String, verdicts: &[Verdict]) {
         if !v.counterexamples.is_empty() {
             let _ = write!(
                 page,
-                "<h3>Counterexamples ({} shown of {})</h3>",
+                "<h3>Counterexamples ({} shown of {}{})</h3>",
                 v.counterexamples.len(),
-                v.total_counterexamples.max(v.counterexamples.len())
+                v.total_counterexamples.max(v.counterexamples.len()),
+                esc(&super::by_rule(v))
             );
             for cx in &v.counterexamples {
                 page.push_str(&counterexample(cx));

@@ -140,9 +140,10 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
         for v in violated {
             let _ = writeln!(
                 out,
-                "\n**{}** ({} in all)\n",
+                "\n**{}** ({} in all{})\n",
                 md(&v.checker),
-                v.total_counterexamples.max(v.counterexamples.len())
+                v.total_counterexamples.max(v.counterexamples.len()),
+                md(&super::by_rule(v))
             );
             for cx in v.counterexamples.iter().take(SHOWN) {
                 let _ = writeln!(out, "- {}", md(&one_line(cx)));

@@ -266,10 +266,11 @@ pub fn summary_text(r: &Report) -> String {
             for c in v.counterexamples.iter().take(3) {
                 out.push_str(&format!("               e.g. {c}\n"));
             }
-            if v.total_counterexamples > 3 {
+            if v.total_counterexamples > 3 || v.violations_by_rule.len() > 1 {
                 out.push_str(&format!(
-                    "               … {} in all (see report.json)\n",
-                    v.total_counterexamples
+                    "               … {} in all{} (see report.json)\n",
+                    v.total_counterexamples,
+                    by_rule(v)
                 ));
             }
         }
@@ -315,6 +316,19 @@ pub fn summary_text(r: &Report) -> String {
 }
 
 /// One line naming why the verdict is FAIL when no invariant was violated: the failed gates.
+/// ": 55 disagrees, 55 regression" when a verdict broke more than one rule, else "".
+pub fn by_rule(v: &Verdict) -> String {
+    if v.violations_by_rule.len() < 2 {
+        return String::new();
+    }
+    let parts: Vec<String> = v
+        .violations_by_rule
+        .iter()
+        .map(|(rule, n)| format!("{n} {rule}"))
+        .collect();
+    format!(": {}", parts.join(", "))
+}
+
 pub fn gate_failure_line(r: &Report) -> Option<String> {
     if r.regressions.is_empty() {
         return None;

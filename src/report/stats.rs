@@ -585,6 +585,7 @@ mod tests {
             .clone(),
             judged: Default::default(),
             main_rule: None,
+            violations_by_rule: Default::default(),
         };
         let u = uncertain(&ledger, &[no_loss]);
         assert_eq!(
