@@ -248,6 +248,18 @@ pub trait Hook: Send + Sync {
         Box::pin(async {})
     }
 
+    /// Called when a send request has fully arrived (an HTTP send's body, an e-mail's final dot)
+    /// and before the fake decides, waits its latency or records anything: the sender is now
+    /// waiting for an answer, its send in flight. The fake waits for the returned future. The
+    /// harness uses this to signal a worker while it has a send in flight.
+    fn on_request<'a>(
+        &'a self,
+        _provider: Provider,
+        _peer: SocketAddr,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
     /// Called for every entry right after it is appended, before the provider answers. Runs on
     /// the provider's task: keep it short and never block on the network.
     fn on_entry(&self, _entry: &LedgerEntry) {}
@@ -402,6 +414,14 @@ impl Ledger {
                 timeout_ms = timeout.as_millis() as u64,
                 "connection hooks did not finish in time; serving the connection anyway"
             );
+        }
+    }
+
+    /// Awaits every hook's `on_request` for a send request from `peer` that has just arrived.
+    pub async fn on_request(&self, provider: Provider, peer: SocketAddr) {
+        let hooks = self.hooks();
+        for h in &hooks {
+            h.on_request(provider, peer).await;
         }
     }
 

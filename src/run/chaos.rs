@@ -1,9 +1,11 @@
 //! The chaos schedule: triggers (elapsed time, progress, the Nth accepted send) and actions on
 //! workers (signals, restarts). Every action lands on the timeline with its time and pid, and a
 //! step counts as applied only once its effect is observed ([`log`]): the process exited by the
-//! signal, `/proc` showed it stopped and then running again, the replacement started. The
-//! database actions live in [`db`].
+//! signal, `/proc` showed it stopped and then running again, the replacement started. A signal
+//! for one chosen worker is aimed at a moment it has a send in flight ([`aim`]). The database
+//! actions live in [`db`].
 
+mod aim;
 mod db;
 mod log;
 
@@ -12,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mock_providers::ledger::LedgerEntry;
+use mock_providers::ledger::{LedgerEntry, Provider};
 use nix::sys::signal::Signal;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -43,6 +45,8 @@ pub struct Chaos {
     triggers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Tasks started by actions (stop-then-continue, delayed restarts, held transactions).
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Workers a step waits to catch with a send in flight.
+    aims: aim::Aims,
 }
 
 impl Chaos {
@@ -60,6 +64,7 @@ impl Chaos {
             acceptable: acceptable.max(1),
             triggers: Mutex::default(),
             tasks: Mutex::default(),
+            aims: aim::Aims::default(),
         })
     }
 
@@ -87,6 +92,13 @@ impl Chaos {
             );
             self.execute(i, sender, &why).await;
         }
+    }
+
+    /// A send request from `peer` has arrived at `provider`'s fake: held while a step aimed at its
+    /// sender signals it.
+    pub async fn on_request(&self, provider: Provider, peer: std::net::SocketAddr) {
+        let attributor = &self.world.attributor;
+        self.aims.arrived(provider, || attributor.sender(peer)).await;
     }
 
     /// Starts the time and progress triggers; `load_start` is when enqueueing began.
@@ -194,8 +206,27 @@ impl Chaos {
             self.log(i).decide(ChaosOutcome::NoTarget, reason);
             return;
         }
+        let aimed = matches!(
+            step.target,
+            Target::Worker(_) | Target::Busiest | Target::Random
+        );
         for (slot, pid) in targets {
-            self.act_on_worker(i, &step, slot, pid, why).await;
+            if !aimed {
+                self.act_on_worker(i, &step, slot, pid, why).await;
+                continue;
+            }
+            let held = self.aims.catch(pid, aim::AIM_WITHIN).await;
+            let how = match &held {
+                Some(h) => format!("caught pid {pid} with a {} send in flight", h.provider.as_str()),
+                None => format!(
+                    "pid {pid} sent nothing within {}: signalled between sends",
+                    humantime::format_duration(aim::AIM_WITHIN)
+                ),
+            };
+            self.log(i).aimed(&how);
+            self.act_on_worker(i, &step, slot, pid, &format!("{why}; {how}"))
+                .await;
+            drop(held);
         }
     }
 

@@ -335,6 +335,14 @@ impl Hook for Observer {
         }
     }
 
+    fn on_request<'a>(
+        &'a self,
+        provider: Provider,
+        peer: SocketAddr,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(self.chaos.on_request(provider, peer))
+    }
+
     fn before_response<'a>(&'a self, e: &'a LedgerEntry) -> futures::future::BoxFuture<'a, ()> {
         Box::pin(self.chaos.fire_on_accept(e))
     }

@@ -405,7 +405,10 @@ pub struct RawChaos {
     pub on_accept: Option<RawOnAccept>,
     pub action: ChaosAction,
     /// `1`-based worker index, `"random"`, `"busiest"`, `"all"`, or `"sender"` (the process that
-    /// sent the triggering request; `on_accept` only). Default `"random"`.
+    /// sent the triggering request; `on_accept` only). Default `"random"`. A signal for one
+    /// chosen worker (an index, `random`, `busiest`) lands while it has a send in flight: the
+    /// harness waits up to 2 s for its next request and holds that request at the fake until the
+    /// signal is sent (a worker that sends nothing in that time is signalled anyway).
     #[serde(default)]
     #[schemars(with = "Option<serde_json::Value>")]
     pub target: Option<toml::Value>,

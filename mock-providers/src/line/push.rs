@@ -1,5 +1,5 @@
-//! The push handler: auth → retry-key syntax → body → attempt number → rate limit → retry-key
-//! repeat → seeded faults → latency → ledger → `before_response` hook → answer.
+//! The push handler: auth → retry-key syntax → body → `on_request` hook → attempt number → rate
+//! limit → retry-key repeat → seeded faults → latency → ledger → `before_response` hook → answer.
 //!
 //! Every request is recorded, protocol errors included. An accepted send is committed to the
 //! ledger before the hook runs and before a byte of the answer is written.
@@ -104,6 +104,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
     };
 
     let received_ns = hub.ledger.now_ns();
+    hub.ledger.on_request(Provider::Line, peer).await;
     let attempt = hub.ledger.next_attempt(Provider::Line, &push.to);
     let decision = decide_push(&st, &push, attempt, retry_key.as_deref(), &request_id);
     let delay = decide::latency(hub.seed, Provider::Line, &push.to, attempt, &cfg.latency);

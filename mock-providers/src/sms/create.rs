@@ -1,4 +1,5 @@
-//! `POST …/Messages.json`: auth → form → attempt number → rate limit → idempotency key (when on)
+//! `POST …/Messages.json`: auth → form → `on_request` hook → attempt number → rate limit →
+//! idempotency key (when on)
 //! → address syntax → seeded faults → latency → ledger → `before_response` hook → answer, then
 //! the status callbacks are scheduled.
 //!
@@ -133,6 +134,7 @@ async fn handle(
     };
 
     let received_ns = hub.ledger.now_ns();
+    hub.ledger.on_request(Provider::Sms, peer).await;
     let attempt = hub.ledger.next_attempt(Provider::Sms, &form.to);
     let decision = decide_create(&st, &cfg, &form, attempt, key.as_deref());
     let delay = decide::latency(hub.seed, Provider::Sms, &form.to, attempt, &cfg.latency);

@@ -20,6 +20,7 @@ use super::policy::LivePolicy;
 use super::reply::Reply;
 use super::session::{DataMode, Session, Then};
 use super::{Limits, SmtpContext};
+use crate::ledger::Provider;
 
 type Writer = BufWriter<OwnedWriteHalf>;
 
@@ -199,6 +200,7 @@ async fn receive_data(
     let Some(env) = session.finish_data() else {
         return Ok(true);
     };
+    ctx.ledger.on_request(Provider::Smtp, policy.peer).await;
     let end = policy.end_of_data(&env, data.finish(), received_ns);
     let hung_up = pause_watching(reader, writer, end.delay).await?;
     let entries: Vec<_> = end

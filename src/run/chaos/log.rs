@@ -25,6 +25,14 @@ impl StepLog {
         self.fired = Some((at_ns, why.to_string()));
     }
 
+    /// Adds how the step was aimed ("caught pid 7 with an SMS send in flight") to what fired it.
+    pub fn aimed(&mut self, what: &str) {
+        if let Some((_, why)) = &mut self.fired {
+            why.push_str("; ");
+            why.push_str(what);
+        }
+    }
+
     /// Decides the outcome now (nothing more will be observed).
     pub fn decide(&mut self, outcome: ChaosOutcome, reason: impl Into<String>) {
         self.decided = Some((outcome, reason.into()));
