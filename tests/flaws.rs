@@ -191,6 +191,17 @@ fn correct_stack_passes_restart_midway() {
     let repeats = report["load"]["repeats"].as_array().unwrap();
     assert!(repeats.len() >= 5, "{repeats:#?}");
     assert_eq!(verdict(&report, "idempotent_enqueue")["status"], "holds");
+    // The busiest worker's SIGKILL landed with a send of its in flight, and recovery judged it.
+    let kill = &report["chaos_steps"][0];
+    assert!(
+        kill["reason"].as_str().unwrap_or("").contains("send in flight"),
+        "{kill:#}"
+    );
+    let recovery = verdict(&report, "recovery");
+    assert!(
+        recovery["figures"]["deliveries_at_risk"].as_u64() >= Some(1),
+        "{recovery:#}"
+    );
 }
 
 /// Besides passing: a hundred orders or more were timed while the campaign drained.

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use ting_chaos::check::{Status, TimelineEvent};
+use ting_chaos::check::{EventKind, Status, TimelineEvent};
 use ting_chaos::report::{
     self, gate, html::render_html, junit::render_junit, markdown::render_markdown, Bucket, Latency,
     Percentiles, Report, Uncertain,
@@ -489,15 +489,15 @@ fn html_draws_both_latency_histograms_from_report_json_alone() {
 #[test]
 fn a_restarts_sigterm_is_marked_like_the_other_actions() {
     let (mut r, ledger) = fixture();
-    let ev = |s: u64, kind: &str| TimelineEvent {
+    let ev = |s: u64, kind: EventKind| TimelineEvent {
         mono_ns: s * 1_000_000_000,
-        kind: kind.into(),
+        kind,
         slot: Some(3),
         pid: Some(18597),
         detail: String::new(),
     };
-    r.timeline.push(ev(52, "restart_begin"));
-    r.timeline.push(ev(54, "sigstop"));
+    r.timeline.push(ev(52, EventKind::RestartBegin));
+    r.timeline.push(ev(54, EventKind::Sigstop));
     let html = render_html(&r, &ledger);
     assert!(
         html.contains("SIGTERM (restart) w3"),

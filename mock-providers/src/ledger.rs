@@ -180,6 +180,12 @@ pub struct LedgerEntry {
     /// says nothing against the stack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_late_ms: Option<u64>,
+    /// Callbacks only: how long this try waited, once due and awake, for one of the provider's
+    /// connection slots ([`crate::callbacks::MAX_IN_FLIGHT`] per provider): the stack was still
+    /// answering earlier reports. A real provider's webhook sender has a bounded concurrency
+    /// too; this wait is the stack's pace, not the dispatcher's lateness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_queued_ms: Option<u64>,
     /// Callbacks only: milliseconds from writing the request to reading the whole answer (or
     /// giving up at the timeout, or the connection error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -229,6 +235,7 @@ impl LedgerEntry {
             callback_response: None,
             callback_try: None,
             callback_late_ms: None,
+            callback_queued_ms: None,
             callback_took_ms: None,
             client_hung_up: false,
             email: None,

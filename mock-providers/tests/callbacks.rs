@@ -498,3 +498,54 @@ async fn gives_up_after_max_retries_and_reset_cancels() {
     quiesce(&w).await;
     assert!(w.p.ledger.is_empty());
 }
+
+/// A stack slower than the reports arrive is sent at most `MAX_IN_FLIGHT` at once per provider;
+/// the others wait for a slot, and that wait is recorded apart from the dispatcher's lateness.
+#[tokio::test]
+async fn a_slow_stack_gets_a_bounded_number_of_reports_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    #[derive(Clone, Default)]
+    struct Gauge {
+        now: Arc<AtomicUsize>,
+        max: Arc<AtomicUsize>,
+    }
+    async fn slow(State(g): State<Gauge>) -> StatusCode {
+        let n = g.now.fetch_add(1, Ordering::SeqCst) + 1;
+        g.max.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        g.now.fetch_sub(1, Ordering::SeqCst);
+        StatusCode::OK
+    }
+    let gauge = Gauge::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/sms", listener.local_addr().unwrap());
+    let app = Router::new()
+        .route("/sms", post(slow))
+        .with_state(gauge.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let mut cfg = ProvidersConfig::default();
+    cfg.sms.callbacks = variants(0.0);
+    let w = world(11, cfg).await;
+    for i in 0..50 {
+        w.sms_send(&phone(i), "x", Some(&url)).await;
+    }
+    quiesce(&w).await;
+    let entries = w.entries();
+    let cbs = callbacks(&entries);
+    assert_eq!(
+        cbs.len(),
+        100,
+        "two reports per message, each answered once"
+    );
+    assert!(cbs.iter().all(|e| e.callback_response == Some(200)));
+    let max = gauge.max.load(Ordering::SeqCst);
+    assert!(
+        max <= mock_providers::callbacks::MAX_IN_FLIGHT,
+        "{max} reports in flight at once"
+    );
+    assert!(
+        cbs.iter().any(|e| e.callback_queued_ms.unwrap_or(0) >= 50),
+        "reports due while the stack was busy waited for a slot"
+    );
+}

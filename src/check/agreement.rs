@@ -48,7 +48,7 @@ use super::common::{
     attempt_json, delivery_json, figures, status_index, Findings, PerChannel, Sends,
     MAX_UNJUDGED_SHARE,
 };
-use super::{Input, StatusDelivery, Verdict};
+use super::{EventKind, Input, StatusDelivery, Verdict};
 
 pub const NAME: &str = "agreement";
 
@@ -94,23 +94,24 @@ impl Disturbances {
         let mut db = Vec::new();
         let mut open: HashMap<&str, u64> = HashMap::new();
         for e in input.timeline {
-            match (e.kind.as_str(), e.pid) {
-                ("sigkill" | "sigstop" | "sigcont" | "sigterm", Some(pid)) => {
+            use EventKind::*;
+            match (e.kind, e.pid) {
+                (Sigkill | Sigstop | Sigcont | Sigterm, Some(pid)) => {
                     by_pid.entry(pid).or_default().push(e.mono_ns)
                 }
-                ("db_terminate", _) => db.push((e.mono_ns, e.mono_ns)),
-                ("db_restart", _) => {
+                (DbTerminate, _) => db.push((e.mono_ns, e.mono_ns)),
+                (DbRestart, _) => {
                     open.insert("restart", e.mono_ns);
                 }
-                ("db_idle_tx", _) => {
+                (DbIdleTx, _) => {
                     open.insert("idle_tx", e.mono_ns);
                 }
-                ("db_restarted" | "db_restart_failed" | "db_restart_skipped", _) => {
+                (DbRestarted | DbRestartFailed | DbRestartSkipped, _) => {
                     if let Some(s) = open.remove("restart") {
                         db.push((s, e.mono_ns));
                     }
                 }
-                ("db_idle_tx_end", _) => {
+                (DbIdleTxEnd, _) => {
                     if let Some(s) = open.remove("idle_tx") {
                         db.push((s, e.mono_ns));
                     }

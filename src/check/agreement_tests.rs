@@ -159,7 +159,7 @@ fn a_correct_stack_at_each_edge_holds() {
             |w| {
                 let a = w.expect("r9", Line);
                 w.send(Line, &a, Accepted, 0).pid(7);
-                w.event("sigkill", Some(7), 3);
+                w.event(EventKind::Sigkill, Some(7), 3);
                 w.send(Line, &a, IdempotentRepeat, 2_000);
                 w.status_row(
                     "r9",
@@ -174,7 +174,7 @@ fn a_correct_stack_at_each_edge_holds() {
             |w| {
                 let a = w.expect("r9", Email);
                 w.send(Email, &a, Accepted, 0).pid(7);
-                w.event("sigkill", Some(7), 3);
+                w.event(EventKind::Sigkill, Some(7), 3);
                 w.status_row("r9", Email, None, &["sending", "unknown@rescuer"]);
             },
         ),
@@ -213,9 +213,9 @@ fn a_correct_stack_at_each_edge_holds() {
             "the database was down while the sender tried to record the accept",
             |w| {
                 let a = w.expect("r9", Line);
-                w.event("db_restart", None, 100);
+                w.event(EventKind::DbRestart, None, 100);
                 w.send(Line, &a, Accepted, 500);
-                w.event("db_restarted", None, 3_000);
+                w.event(EventKind::DbRestarted, None, 3_000);
                 w.send(Line, &a, IdempotentRepeat, 4_000);
                 w.status_row(
                     "r9",
@@ -289,9 +289,9 @@ fn missing_status_rows_are_not_judged() {
 fn a_woken_zombies_resend_is_explained() {
     let mut w = healthy();
     let a = w.expect("r9", Line);
-    w.event("sigstop", Some(6), 1_000);
+    w.event(EventKind::Sigstop, Some(6), 1_000);
     w.send(Line, &a, Accepted, 3_200).pid(8);
-    w.event("sigcont", Some(6), 5_000);
+    w.event(EventKind::Sigcont, Some(6), 5_000);
     w.send(Line, &a, IdempotentRepeat, 5_050).pid(6);
     w.status_row("r9", Line, None, &["sending", "delivered"]);
     let v = check(&w.input());
@@ -304,7 +304,7 @@ fn explained_resends_are_counted_apart() {
     let mut w = healthy();
     let a = w.expect("r9", Line);
     w.send(Line, &a, Accepted, 0).pid(7);
-    w.event("sigstop", Some(7), 2);
+    w.event(EventKind::Sigstop, Some(7), 2);
     w.send(Line, &a, IdempotentRepeat, 2_000);
     w.status_row("r9", Line, None, &["sending", "delivered"]);
     let v = check(&w.input());

@@ -4,7 +4,7 @@
 //!
 //! Read only from the harness's own timeline and process records, never from the stack.
 
-use super::{Input, TimelineEvent};
+use super::{EventKind, Input, Role, TimelineEvent};
 
 /// Periods `[stop, cont)` during which `pid` was stopped (`None`: never continued).
 pub fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
@@ -12,9 +12,9 @@ pub fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
     let mut evs: Vec<&TimelineEvent> = timeline.iter().filter(|e| e.pid == Some(pid)).collect();
     evs.sort_by_key(|e| e.mono_ns);
     for e in evs {
-        match e.kind.as_str() {
-            "sigstop" => out.push((e.mono_ns, None)),
-            "sigcont" => {
+        match e.kind {
+            EventKind::Sigstop => out.push((e.mono_ns, None)),
+            EventKind::Sigcont => {
                 if let Some(last) = out.last_mut().filter(|s| s.1.is_none()) {
                     last.1 = Some(e.mono_ns);
                 }
@@ -33,15 +33,15 @@ fn database_out(timeline: &[TimelineEvent]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut open: [Option<u64>; 2] = [None, None];
     for e in evs {
-        match e.kind.as_str() {
-            "db_restart" => open[0] = Some(e.mono_ns),
-            "db_idle_tx" => open[1] = Some(e.mono_ns),
-            "db_restarted" | "db_restart_failed" | "db_restart_skipped" => {
+        match e.kind {
+            EventKind::DbRestart => open[0] = Some(e.mono_ns),
+            EventKind::DbIdleTx => open[1] = Some(e.mono_ns),
+            EventKind::DbRestarted | EventKind::DbRestartFailed | EventKind::DbRestartSkipped => {
                 if let Some(s) = open[0].take() {
                     out.push((s, e.mono_ns));
                 }
             }
-            "db_idle_tx_end" => {
+            EventKind::DbIdleTxEnd => {
                 if let Some(s) = open[1].take() {
                     out.push((s, e.mono_ns));
                 }
@@ -56,7 +56,7 @@ fn database_out(timeline: &[TimelineEvent]) -> Vec<(u64, u64)> {
 /// Whether some worker process was running and not stopped at `x`. Always true when the input
 /// has no process records (nothing to say otherwise).
 pub fn worker_able_at(input: &Input, x: u64) -> bool {
-    let mut workers = input.processes.iter().filter(|p| p.role == "worker");
+    let mut workers = input.processes.iter().filter(|p| p.role == Role::Worker);
     let mut any = false;
     let able = workers.any(|p| {
         any = true;
@@ -78,7 +78,7 @@ pub fn blocked_ns(input: &Input, from: u64, to: u64) -> u64 {
     let db = database_out(input.timeline);
     // Every moment the answer can change: process starts and exits, stops, continues, db events.
     let mut cuts: Vec<u64> = vec![from, to];
-    for p in input.processes.iter().filter(|p| p.role == "worker") {
+    for p in input.processes.iter().filter(|p| p.role == Role::Worker) {
         cuts.push(p.started_ns);
         cuts.extend(p.exited_ns);
     }
@@ -110,10 +110,10 @@ mod tests {
         let mut w = World::new();
         w.worker(7, 0, Some(1_000));
         w.worker(8, 1_500, None);
-        w.event("sigstop", Some(8), 2_000);
-        w.event("sigcont", Some(8), 2_300);
-        w.event("db_restart", None, 3_000);
-        w.event("db_restarted", None, 3_400);
+        w.event(EventKind::Sigstop, Some(8), 2_000);
+        w.event(EventKind::Sigcont, Some(8), 2_300);
+        w.event(EventKind::DbRestart, None, 3_000);
+        w.event(EventKind::DbRestarted, None, 3_400);
         let i = w.input();
         // (from, to, blocked ms): the gap between 7's exit and 8's start, 8's stop, the restart.
         for (from, to, want) in [

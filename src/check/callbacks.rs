@@ -291,12 +291,14 @@ pub fn check(input: &Input) -> Verdict {
 }
 
 /// How the reports went out: tries, unanswered tries (timeouts and connection errors) and how
-/// many of those began late on the fakes' side, the fakes' lateness (p99, max) and the stack's
-/// answer time (p99) over the answered tries.
+/// many of those began late on the fakes' side, the fakes' lateness (p99, max), the wait for a
+/// connection slot while the stack answered earlier reports (p99, max) and the stack's answer
+/// time (p99) over the answered tries.
 fn delivery_timing(cbs: &[&LedgerEntry]) -> Value {
     let unanswered = |cb: &&&LedgerEntry| cb.callback_response.is_none();
     let begun_late = |cb: &&&LedgerEntry| cb.callback_late_ms.unwrap_or(0) > HARNESS_LATE_MS;
     let mut late: Vec<u64> = cbs.iter().filter_map(|c| c.callback_late_ms).collect();
+    let mut queued: Vec<u64> = cbs.iter().filter_map(|c| c.callback_queued_ms).collect();
     let mut took: Vec<u64> = cbs
         .iter()
         .filter(|c| c.callback_response.is_some())
@@ -309,6 +311,8 @@ fn delivery_timing(cbs: &[&LedgerEntry]) -> Value {
         "begun_late": cbs.iter().filter(begun_late).count(),
         "late_p99_ms": p99(&mut late),
         "late_max_ms": late.iter().max(),
+        "queued_p99_ms": p99(&mut queued),
+        "queued_max_ms": queued.iter().max(),
         "answer_p99_ms": p99(&mut took),
     })
 }

@@ -22,7 +22,7 @@ pub fn check(input: &Input) -> Verdict {
     let judged: Vec<&ProcessRecord> = input
         .processes
         .iter()
-        .filter(|p| p.role != "migrate")
+        .filter(|p| p.role != super::Role::Migrate)
         .collect();
     let mut findings = Findings::default();
     for p in judged.iter().filter(|p| p.exited_unasked) {
@@ -114,7 +114,7 @@ mod tests {
         killed.signal = Some(9);
         w.worker(42, 0, Some(900)).sigterm_ns = Some(ns(800));
         let migrate = w.worker(40, 0, Some(10));
-        migrate.role = "migrate".into();
+        migrate.role = crate::check::Role::Migrate;
         migrate.exit_code = Some(1);
         let v = check(&w.input());
         assert_eq!(v.status, Status::Holds, "{v:#?}");

@@ -16,6 +16,7 @@ mod backlog;
 pub mod callbacks;
 pub(crate) mod common;
 pub mod crashes;
+mod event;
 pub mod exactly_once;
 pub mod fairness;
 pub mod graceful_shutdown;
@@ -87,13 +88,13 @@ pub struct StatusTransition {
     pub detail: Option<String>,
 }
 
+pub use event::{EventKind, Role};
+
 /// Something the harness did or saw, on the ledger's monotonic clock.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct TimelineEvent {
     pub mono_ns: u64,
-    /// `sigkill`, `sigterm`, `sigstop`, `sigcont`, `restart`, `spawn`, `exit`, `db_restart`,
-    /// `db_terminate`, `db_idle_tx`, `load_start`, `load_done`, `quiescent`, …
-    pub kind: String,
+    pub kind: EventKind,
     /// Worker slot (1-based) it concerns, if any.
     pub slot: Option<u32>,
     pub pid: Option<u32>,
@@ -103,8 +104,7 @@ pub struct TimelineEvent {
 /// A stack process the harness started, and how it ended.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ProcessRecord {
-    /// `migrate`, `api` or `worker`.
-    pub role: String,
+    pub role: Role,
     /// Worker slot (1-based); a restart reuses the slot with a new `worker_id`.
     pub slot: Option<u32>,
     pub worker_id: Option<String>,
@@ -399,7 +399,7 @@ mod tests {
         let mut w = World::new();
         w.worker(7, 0, Some(3_000)).sigterm_ns = Some(ns(2_900));
         w.worker(8, 0, None);
-        w.event("sigkill", Some(8), 2_000);
+        w.event(EventKind::Sigkill, Some(8), 2_000);
         for (i, ch) in [Line, Email, Sms].into_iter().enumerate() {
             let r = format!("r{i}");
             let a = w.expect(&r, ch);

@@ -381,7 +381,7 @@ mod tests {
             w.scenario.expect.max_unknown = max_unknown;
             let d = w.expect("r5", Email);
             w.send(Email, &d, Transient, 0).pid(7);
-            w.event("sigkill", Some(7), 50);
+            w.event(EventKind::Sigkill, Some(7), 50);
             w.status_row("r5", Email, None, &["pending", "sending", "unknown"]);
             let v = check(&w.input());
             assert_eq!(v.status, status, "max_unknown {max_unknown}: {v:#?}");
@@ -400,7 +400,7 @@ mod tests {
         let d = w.expect("r5", Email);
         w.send(Email, &d, Transient, 0).pid(7);
         // Chaos, but on another worker and before this delivery's attempt.
-        w.event("sigkill", Some(8), 0);
+        w.event(EventKind::Sigkill, Some(8), 0);
         w.send(Email, &d, Transient, 2_000).pid(7);
         w.status_row("r5", Email, None, &["pending", "sending", "unknown"]);
         let v = check(&w.input());
@@ -419,7 +419,7 @@ mod tests {
         w.scenario.expect.max_unknown = 0;
         let d = w.expect("r5", Email);
         w.send(Email, &d, Transient, 0).pid(7);
-        w.event("sigkill", Some(7), 400);
+        w.event(EventKind::Sigkill, Some(7), 400);
         w.status_row("r5", Email, None, &["pending", "sending", "unknown"]);
         let v = check(&w.input());
         // Explained, but over max_unknown 0: reported as `unknown` with its excuse.
@@ -445,7 +445,7 @@ mod tests {
             let d = w.expect("r5", Email);
             w.send(Email, &d, Accepted, 100).pid(7).latency(50);
             if killed {
-                w.event("sigkill", Some(7), 120);
+                w.event(EventKind::Sigkill, Some(7), 120);
             }
             w.status_row("r5", Email, None, &["pending", "sending", "unknown"]);
             let v = check(&w.input());
@@ -469,7 +469,7 @@ mod tests {
         w.scenario.expect.max_unknown = 1;
         let d = w.expect("r5", Email);
         w.send(Email, &d, Transient, 0).pid(7).hung_up();
-        w.event("sigkill", Some(7), 2);
+        w.event(EventKind::Sigkill, Some(7), 2);
         let v = check(&w.input());
         assert_eq!(v.status, Status::Holds, "{v:#?}");
         assert_eq!(

@@ -123,7 +123,7 @@ fn first_able(input: &Input, victim: u32, t: u64) -> Option<u64> {
     let workers: Vec<_> = input
         .processes
         .iter()
-        .filter(|p| p.role == "worker")
+        .filter(|p| p.role == super::Role::Worker)
         .collect();
     if workers.is_empty() {
         return Some(t);
@@ -175,7 +175,7 @@ pub fn check(input: &Input) -> Verdict {
     let events: Vec<&TimelineEvent> = input
         .timeline
         .iter()
-        .filter(|e| matches!(e.kind.as_str(), "sigkill" | "sigstop") && e.pid.is_some())
+        .filter(|e| e.kind.disables_worker() && e.pid.is_some())
         .collect();
     if events.is_empty() {
         return not_checked(NAME, "no worker was SIGKILLed or SIGSTOPped");

@@ -16,7 +16,7 @@ fn kill_rescued() -> World {
     let mut w = World::new();
     w.worker(7, 0, Some(1_000)).signal = Some(9);
     w.worker(8, 0, None);
-    w.event("sigkill", Some(7), 1_000);
+    w.event(EventKind::Sigkill, Some(7), 1_000);
     let a = w.expect("r1", Line);
     w.send(Line, &a, Transient, 990).pid(7).latency(110); // in flight at T
     w.send(Line, &a, Accepted, 2_100).pid(8);
@@ -42,8 +42,8 @@ fn timely_recoveries_hold() {
 
     // A short stop: 8 is frozen 3000..3300 ms while sending to r4 and finishes it itself.
     let mut w = kill_rescued();
-    w.event("sigstop", Some(8), 3_000);
-    w.event("sigcont", Some(8), 3_300);
+    w.event(EventKind::Sigstop, Some(8), 3_000);
+    w.event(EventKind::Sigcont, Some(8), 3_300);
     let d = w.expect("r4", Sms);
     w.send(Sms, &d, Transient, 2_990).pid(8).latency(20);
     w.send(Sms, &d, Accepted, 3_400).pid(8);
@@ -150,8 +150,8 @@ fn each_rule_can_be_broken() {
 /// 8 is frozen from 2200 to 2600; worker 10 delivers r5 (arriving at `other_at` ms); 8 wakes
 /// and sends r5 at 2700 too.
 fn zombie(w: &mut World, other_at: u64) {
-    w.event("sigstop", Some(8), 2_200);
-    w.event("sigcont", Some(8), 2_600);
+    w.event(EventKind::Sigstop, Some(8), 2_200);
+    w.event(EventKind::Sigcont, Some(8), 2_600);
     let a = addr("r5", Line);
     w.expected.push(Expected {
         address: a.clone(),
@@ -303,7 +303,7 @@ fn without_recorded_transitions_a_backlog_excuses_a_late_next_attempt() {
 fn not_checked_without_kill_or_stop() {
     let mut w = kill_rescued();
     w.timeline.clear();
-    w.event("sigterm", Some(7), 1_000);
+    w.event(EventKind::Sigterm, Some(7), 1_000);
     assert_eq!(check(&w.input()).status, Status::NotChecked);
 }
 

@@ -111,9 +111,7 @@ fn answer_lost(input: &Input, e: &Expected, s: &LedgerEntry) -> bool {
 fn sender_hit(input: &Input, s: &LedgerEntry, from: u64, to: u64) -> bool {
     input.pids.get(&s.seq).is_some_and(|pid| {
         input.timeline.iter().any(|ev| {
-            matches!(ev.kind.as_str(), "sigkill" | "sigstop")
-                && ev.pid == Some(*pid)
-                && (from..=to).contains(&ev.mono_ns)
+            ev.kind.disables_worker() && ev.pid == Some(*pid) && (from..=to).contains(&ev.mono_ns)
         })
     })
 }
@@ -464,7 +462,7 @@ mod tests {
             let a = w.expect("r1", Sms);
             w.send(Sms, &a, Permanent, 100).pid(7);
             w.send(Sms, &a, Permanent, 2_000).pid(8);
-            w.event("sigkill", Some(7), kill_at);
+            w.event(EventKind::Sigkill, Some(7), kill_at);
             let v = check(&w.input());
             assert_eq!(v.status, status, "kill at {kill_at}: {v:#?}");
         }
@@ -568,15 +566,15 @@ mod tests {
                 "the database restarting for 2 s",
                 5_000,
                 |w| {
-                    w.event("db_restart", None, 1_000);
-                    w.event("db_restarted", None, 3_000);
+                    w.event(EventKind::DbRestart, None, 1_000);
+                    w.event(EventKind::DbRestarted, None, 3_000);
                 },
                 false,
             ),
             (
                 "the failed attempt's sender was killed",
                 9_000,
-                |w| w.event("sigkill", Some(7), 500),
+                |w| w.event(EventKind::Sigkill, Some(7), 500),
                 false,
             ),
             (
@@ -692,7 +690,7 @@ mod tests {
             (
                 "a fifth after the fourth's answer was lost",
                 &[Transient, Transient, Transient, Transient, Accepted],
-                |w| w.event("sigkill", Some(100), 1_600),
+                |w| w.event(EventKind::Sigkill, Some(100), 1_600),
                 false,
             ),
             (

@@ -11,6 +11,7 @@ use hdrhistogram::Histogram;
 use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
 
 use super::*;
+pub use super::{EventKind, Role};
 use crate::scenario::{self, Channel, Scenario};
 
 /// The scenario every test starts from; tests tweak `w.scenario` fields directly.
@@ -270,10 +271,10 @@ impl World {
             });
     }
 
-    pub fn event(&mut self, kind: &str, pid: Option<u32>, at_ms: u64) {
+    pub fn event(&mut self, kind: EventKind, pid: Option<u32>, at_ms: u64) {
         self.timeline.push(TimelineEvent {
             mono_ns: ns(at_ms),
-            kind: kind.into(),
+            kind,
             slot: None,
             pid,
             detail: String::new(),
@@ -288,7 +289,7 @@ impl World {
         exited_ms: Option<u64>,
     ) -> &mut ProcessRecord {
         self.processes.push(ProcessRecord {
-            role: "worker".into(),
+            role: Role::Worker,
             slot: Some(self.processes.len() as u32 + 1),
             worker_id: None,
             pid,

@@ -29,7 +29,7 @@ use mock_providers::ledger::LedgerEntry;
 use serde_json::{json, Value};
 
 use super::common::ms;
-use super::{Input, TimelineEvent};
+use super::{EventKind, Input, TimelineEvent};
 
 /// Provider faults that close the connection before the sender reads an answer.
 const CUT_FAULTS: [&str; 2] = ["accept_then_drop", "drop_mid_data"];
@@ -80,16 +80,17 @@ impl Excuse {
 /// Kinds of timeline events that cut an attempt short. Process events name the pid they hit;
 /// database events hit every process.
 fn cuts(ev: &TimelineEvent) -> bool {
+    use EventKind::*;
     matches!(
-        ev.kind.as_str(),
-        "sigkill" | "sigstop" | "grace_exceeded" | "db_terminate" | "db_restart"
+        ev.kind,
+        Sigkill | Sigstop | GraceExceeded | DbTerminate | DbRestart
     )
 }
 
 fn hits(ev: &TimelineEvent, pid: Option<u32>) -> bool {
     match ev.pid {
         Some(p) => pid == Some(p),
-        None => ev.kind.starts_with("db_"),
+        None => ev.kind.is_database(),
     }
 }
 
@@ -98,7 +99,7 @@ fn event_json(ev: &TimelineEvent) -> Value {
 }
 
 fn event_words(ev: &TimelineEvent) -> String {
-    let label = crate::report::event_label(&ev.kind);
+    let label = ev.kind.label();
     match ev.pid {
         Some(p) => format!("{label} of pid {p} at {:.1} ms", ms(ev.mono_ns)),
         None => format!("{label} at {:.1} ms", ms(ev.mono_ns)),
@@ -162,7 +163,7 @@ pub fn excuse(input: &Input, attempts: &[&LedgerEntry]) -> Option<Excuse> {
     let ev = input
         .timeline
         .iter()
-        .filter(|ev| cuts(ev) && (ev.pid.is_some() || ev.kind.starts_with("db_")))
+        .filter(|ev| cuts(ev) && (ev.pid.is_some() || ev.kind.is_database()))
         .find(|ev| ev.mono_ns >= after)?;
     let since = match attempts.last() {
         Some(a) => format!("after attempt #{} arrived", a.attempt),
@@ -205,7 +206,7 @@ mod tests {
                     w.send(Email, &addr("r1", Email), Accepted, 100)
                         .pid(7)
                         .latency(50);
-                    w.event("sigkill", Some(7), 120);
+                    w.event(EventKind::Sigkill, Some(7), 120);
                 },
                 Some("chaos"),
                 "sigkill of pid 7 at 120.0 ms while attempt #1",
@@ -214,7 +215,7 @@ mod tests {
                 "stop after the answer, before the record",
                 |w| {
                     w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
-                    w.event("sigstop", Some(7), 900);
+                    w.event(EventKind::Sigstop, Some(7), 900);
                 },
                 Some("chaos"),
                 "sigstop of pid 7",
@@ -223,7 +224,7 @@ mod tests {
                 "grace ran out",
                 |w| {
                     w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
-                    w.event("grace_exceeded", Some(7), 600);
+                    w.event(EventKind::GraceExceeded, Some(7), 600);
                 },
                 Some("chaos"),
                 "grace_exceeded of pid 7",
@@ -232,7 +233,7 @@ mod tests {
                 "database restarted under every process",
                 |w| {
                     w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
-                    w.event("db_restart", None, 300);
+                    w.event(EventKind::DbRestart, None, 300);
                 },
                 Some("chaos"),
                 "db_restart at 300.0 ms",
@@ -241,7 +242,7 @@ mod tests {
                 "kill of the holder after its attempt left no entry",
                 |w| {
                     w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
-                    w.event("sigkill", Some(8), 5_000);
+                    w.event(EventKind::Sigkill, Some(8), 5_000);
                 },
                 Some("chaos_unattributed"),
                 "sigkill of pid 8 at 5000.0 ms after attempt #1 arrived",
@@ -262,7 +263,7 @@ mod tests {
                 "a SIGTERM that drained is no excuse",
                 |w| {
                     w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
-                    w.event("sigterm", Some(7), 150);
+                    w.event(EventKind::Sigterm, Some(7), 150);
                 },
                 None,
                 "",
@@ -270,7 +271,7 @@ mod tests {
             (
                 "a kill long before the last attempt",
                 |w| {
-                    w.event("sigkill", Some(8), 50);
+                    w.event(EventKind::Sigkill, Some(8), 50);
                     w.send(Email, &addr("r1", Email), Transient, 2_000).pid(7);
                 },
                 None,

@@ -12,6 +12,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::stats::PerSecond;
+use crate::check::EventKind;
 
 type Drawn = Result<(), Box<dyn Error>>;
 
@@ -29,13 +30,14 @@ pub(crate) fn channel_color(channel: &str) -> RGBColor {
 }
 
 /// Colour of a timeline marker: chaos actions loud, run milestones grey.
-pub(crate) fn event_color(kind: &str) -> RGBColor {
+pub(crate) fn event_color(kind: EventKind) -> RGBColor {
+    use EventKind::*;
     match kind {
-        "sigkill" => RGBColor(0xdc, 0x26, 0x26),
-        "sigterm" | "restart_begin" => RGBColor(0xf5, 0x9e, 0x0b),
-        "sigstop" | "sigcont" => RGBColor(0x93, 0x33, 0xea),
-        "restart" => RGBColor(0x08, 0x91, 0xb2),
-        k if k.starts_with("db_") => RGBColor(0x92, 0x40, 0x0e),
+        Sigkill => RGBColor(0xdc, 0x26, 0x26),
+        Sigterm | RestartBegin => RGBColor(0xf5, 0x9e, 0x0b),
+        Sigstop | Sigcont => RGBColor(0x93, 0x33, 0xea),
+        Restart => RGBColor(0x08, 0x91, 0xb2),
+        k if k.is_database() => RGBColor(0x92, 0x40, 0x0e),
         _ => RGBColor(0x94, 0xa3, 0xb8),
     }
 }
@@ -56,7 +58,7 @@ fn render(
 /// A marker on the timeline: seconds since the ledger clock's zero, event kind, label.
 pub(crate) struct Marker {
     pub at_s: f64,
-    pub kind: String,
+    pub kind: EventKind,
     pub label: String,
 }
 
@@ -117,7 +119,7 @@ pub(crate) fn timeline(ps: &PerSecond, markers: &[Marker]) -> Result<String, Str
             legend.push((format!("{channel} accepted"), color, false));
         }
         for (i, m) in markers.iter().enumerate() {
-            let color = event_color(&m.kind);
+            let color = event_color(m.kind);
             let line = DashedPathElement::new(
                 vec![(m.at_s, 0.0), (m.at_s, y_max)],
                 5,
@@ -125,7 +127,7 @@ pub(crate) fn timeline(ps: &PerSecond, markers: &[Marker]) -> Result<String, Str
                 color.stroke_width(2),
             );
             chart.draw_series(std::iter::once(line))?;
-            let name = super::event_label(&m.kind);
+            let name = m.kind.label();
             if !legend.iter().any(|l| l.0 == name) {
                 legend.push((name.to_string(), color, false));
             }

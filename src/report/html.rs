@@ -14,12 +14,12 @@ use super::charts::{self, Marker};
 use super::html_parts::{counterexample, esc, kv_table, table};
 use super::stats::{self, Metrics};
 use super::Report;
-use crate::check::{Status, Verdict};
+use crate::check::{EventKind, Status, Verdict};
 
 const CSS: &str = include_str!("report.css");
 
 /// Timeline events that are bookkeeping rather than something worth a line on the chart.
-const QUIET_EVENTS: [&str; 3] = ["spawn", "api_ready", "exit"];
+const QUIET_EVENTS: [EventKind; 3] = [EventKind::Spawn, EventKind::ApiReady, EventKind::Exit];
 
 /// Renders the whole page. `ledger` may be empty (the charts then say so).
 pub fn render_html(report: &Report, ledger: &[LedgerEntry]) -> String {
@@ -296,7 +296,7 @@ fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
     let markers: Vec<Marker> = r
         .timeline
         .iter()
-        .filter(|e| !QUIET_EVENTS.contains(&e.kind.as_str()))
+        .filter(|e| !QUIET_EVENTS.contains(&e.kind))
         .map(|e| {
             let who = e
                 .pid
@@ -305,8 +305,8 @@ fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
                 .unwrap_or_default();
             Marker {
                 at_s: e.mono_ns as f64 / 1e9,
-                label: format!("{}{who}", super::event_label(&e.kind)),
-                kind: e.kind.clone(),
+                label: format!("{}{who}", e.kind.label()),
+                kind: e.kind,
             }
         })
         .collect();
@@ -323,7 +323,7 @@ fn timeline(page: &mut String, r: &Report, ledger: &[LedgerEntry]) {
         .map(|e| {
             vec![
                 secs(e.mono_ns),
-                esc(super::event_label(&e.kind)).into_owned(),
+                esc(e.kind.label()).into_owned(),
                 e.slot.map(|s| s.to_string()).unwrap_or_default(),
                 e.pid.map(|p| p.to_string()).unwrap_or_default(),
                 esc(&e.detail).into_owned(),
@@ -508,7 +508,7 @@ fn workers(page: &mut String, r: &Report) {
         r.processes
             .iter()
             .find(|p| p.pid == pid)
-            .map(|p| p.worker_id.clone().unwrap_or_else(|| p.role.clone()))
+            .map(|p| p.worker_id.clone().unwrap_or_else(|| p.role.to_string()))
             .unwrap_or_else(|| format!("pid {pid}"))
     };
     if r.sends_by_pid.is_empty() {
@@ -552,7 +552,7 @@ fn workers(page: &mut String, r: &Report) {
                 (None, None) => "running".into(),
             };
             vec![
-                esc(&p.role).into_owned(),
+                esc(p.role.as_str()).into_owned(),
                 esc(p.worker_id.as_deref().unwrap_or("")).into_owned(),
                 p.pid.to_string(),
                 secs(p.started_ns),

@@ -208,17 +208,6 @@ impl Report {
     }
 }
 
-/// How a timeline event's kind is shown to people (terminal, chart, tables): the SIGTERM half
-/// of a `restart` action (`restart_begin`; its second half is the `restart` event) as
-/// "SIGTERM (restart)", every other kind as it is.
-pub fn event_label(kind: &str) -> &str {
-    if kind == "restart_begin" {
-        "SIGTERM (restart)"
-    } else {
-        kind
-    }
-}
-
 /// The JSON Schema of `report.json` (committed as `docs/report.schema.json`).
 pub fn json_schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(Report)).expect("schema serializes")

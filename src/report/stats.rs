@@ -89,7 +89,7 @@ pub(crate) fn load_start_ns(report: &Report) -> Option<u64> {
     report
         .timeline
         .iter()
-        .find(|e| e.kind == "load_start")
+        .find(|e| e.kind == crate::check::EventKind::LoadStart)
         .map(|e| e.mono_ns)
 }
 

@@ -23,6 +23,7 @@ pub use db::DbHandle;
 use log::StepLog;
 
 use super::world::World;
+use crate::check::EventKind;
 use crate::report::chaos_steps::{ChaosOutcome, ChaosStepResult};
 use crate::scenario::{ChaosAction, ChaosStep, Target, Trigger};
 
@@ -98,7 +99,9 @@ impl Chaos {
     /// sender signals it.
     pub async fn on_request(&self, provider: Provider, peer: std::net::SocketAddr) {
         let attributor = &self.world.attributor;
-        self.aims.arrived(provider, || attributor.sender(peer)).await;
+        self.aims
+            .arrived(provider, || attributor.sender(peer))
+            .await;
     }
 
     /// Starts the time and progress triggers; `load_start` is when enqueueing began.
@@ -202,7 +205,7 @@ impl Chaos {
         if targets.is_empty() {
             let reason = format!("{why}: no live worker matches {:?}", step.target);
             self.world
-                .event("chaos_no_target", None, None, reason.clone());
+                .event(EventKind::ChaosNoTarget, None, None, reason.clone());
             self.log(i).decide(ChaosOutcome::NoTarget, reason);
             return;
         }
@@ -217,7 +220,10 @@ impl Chaos {
             }
             let held = self.aims.catch(pid, aim::AIM_WITHIN).await;
             let how = match &held {
-                Some(h) => format!("caught pid {pid} with a {} send in flight", h.provider.as_str()),
+                Some(h) => format!(
+                    "caught pid {pid} with a {} send in flight",
+                    h.provider.as_str()
+                ),
                 None => format!(
                     "pid {pid} sent nothing within {}: signalled between sends",
                     humantime::format_duration(aim::AIM_WITHIN)
@@ -247,10 +253,10 @@ impl Chaos {
             _ => step.restart_after,
         };
         let (signal, kind) = match step.action {
-            ChaosAction::Sigkill => (Signal::SIGKILL, "sigkill"),
-            ChaosAction::Sigterm => (Signal::SIGTERM, "sigterm"),
-            ChaosAction::Restart => (Signal::SIGTERM, "restart_begin"),
-            ChaosAction::Sigstop => (Signal::SIGSTOP, "sigstop"),
+            ChaosAction::Sigkill => (Signal::SIGKILL, EventKind::Sigkill),
+            ChaosAction::Sigterm => (Signal::SIGTERM, EventKind::Sigterm),
+            ChaosAction::Restart => (Signal::SIGTERM, EventKind::RestartBegin),
+            ChaosAction::Sigstop => (Signal::SIGSTOP, EventKind::Sigstop),
             _ => unreachable!("database actions return earlier"),
         };
         let stop_and_continue = usize::from(step.action == ChaosAction::Sigstop);
@@ -328,14 +334,14 @@ impl Chaos {
         if w.supervisor.wait_exit(pid, grace).await {
             let rec = w.supervisor.record(pid);
             w.event(
-                "exit",
+                EventKind::Exit,
                 Some(slot),
                 Some(pid),
                 format!("{:?}", rec.map(|r| (r.exit_code, r.signal))),
             );
         } else {
             w.event(
-                "grace_exceeded",
+                EventKind::GraceExceeded,
                 Some(slot),
                 Some(pid),
                 format!(
@@ -371,7 +377,7 @@ impl Chaos {
         tokio::time::sleep_until((sent_at + hold).into()).await;
         let sent = sup.signal(pid, Signal::SIGCONT);
         self.world.event(
-            "sigcont",
+            EventKind::Sigcont,
             Some(slot),
             Some(pid),
             format!("after {}", humantime::format_duration(hold)),
@@ -410,7 +416,7 @@ impl Chaos {
                 format!("replacement worker pid {pid} exited at once"),
             ),
             Err(e) => {
-                w.event("restart_failed", Some(slot), None, e.to_string());
+                w.event(EventKind::RestartFailed, Some(slot), None, e.to_string());
                 (
                     false,
                     format!("replacement for slot {slot} did not start: {e:#}"),

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use mock_providers::ledger::{EntryKind, Ledger};
 
-use crate::check::{self, Quiescence, StatusDelivery};
+use crate::check::{self, EventKind, Quiescence, Role, StatusDelivery};
 use crate::exit;
 use crate::load::{self, recipients, Plan};
 use crate::report::{self, Report};
@@ -391,8 +391,8 @@ async fn execute(
             .map(|e| (e.channel.provider(), e.address.clone())),
     )));
 
-    let spec = |role: &str, argv: Vec<String>| Spec {
-        role: role.into(),
+    let spec = |role: Role, argv: Vec<String>| Spec {
+        role,
         slot: None,
         worker_id: None,
         argv,
@@ -400,7 +400,7 @@ async fn execute(
         cwd: cwd.clone(),
     };
     let mig = supervisor
-        .spawn(spec("migrate", migrate_argv))
+        .spawn(spec(Role::Migrate, migrate_argv))
         .await
         .map_err(|e| infra(format!("stack migrate could not start: {e:#}")))?;
     if !supervisor.wait_exit(mig, Duration::from_secs(120)).await {
@@ -416,13 +416,13 @@ async fn execute(
         )));
     }
     let api_pid = supervisor
-        .spawn(spec("api", api_argv))
+        .spawn(spec(Role::Api, api_argv))
         .await
         .map_err(|e| infra(format!("stack api could not start: {e:#}")))?;
     attributor.add_candidate(api_pid);
     let api_base = format!("http://{api_addr}");
     wait_healthy(&supervisor, api_pid, &api_base, Duration::from_secs(30)).await?;
-    world.event("api_ready", None, Some(api_pid), api_base.clone());
+    world.event(EventKind::ApiReady, None, Some(api_pid), api_base.clone());
     for slot in 1..=scenario.stack.workers {
         world
             .start_worker(slot)
@@ -438,7 +438,7 @@ async fn execute(
     // 4. Load and chaos.
     let load_start = Instant::now();
     world.event(
-        "load_start",
+        EventKind::LoadStart,
         None,
         None,
         format!(
@@ -489,7 +489,7 @@ async fn execute(
         Err(why) => (load::Enqueued::new(), Some(why)),
     };
     world.event(
-        "load_done",
+        EventKind::LoadDone,
         None,
         None,
         format!("{} batches enqueued", plan.batches.len()),
@@ -538,7 +538,7 @@ async fn execute(
             stopped_early = watch.poll();
         }
         if let Some(why) = &stopped_early {
-            world.event("stopped_early", None, None, why.clone());
+            world.event(EventKind::StoppedEarly, None, None, why.clone());
             break Quiescence {
                 reached: false,
                 at_ns: world.now_ns(),
@@ -656,9 +656,9 @@ async fn execute(
     if quiescence.stopped_early.is_none() {
         world.event(
             if quiescence.reached {
-                "quiescent"
+                EventKind::Quiescent
             } else {
-                "deadline"
+                EventKind::Deadline
             },
             None,
             None,

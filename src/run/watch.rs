@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::chaos::Chaos;
 use super::world::World;
-use crate::check::crashes;
+use crate::check::{crashes, EventKind, Role};
 
 pub struct CrashWatch {
     world: Arc<World>,
@@ -44,7 +44,7 @@ impl CrashWatch {
                 .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()))
                 .unwrap_or("(empty log)");
             self.world.event(
-                "crashed",
+                EventKind::Crashed,
                 p.slot,
                 Some(p.pid),
                 format!(
@@ -61,7 +61,9 @@ impl CrashWatch {
         if self.reported.is_empty() {
             return None;
         }
-        let api_crashed = records.iter().any(|p| p.role == "api" && p.exited_unasked);
+        let api_crashed = records
+            .iter()
+            .any(|p| p.role == Role::Api && p.exited_unasked);
         if api_crashed {
             return Some("the API exited on its own".into());
         }

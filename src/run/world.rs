@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use mock_providers::ledger::{EntryKind, Hook, Ledger, LedgerEntry, Outcome, Provider};
 
 use crate::attribution::{Attributor, Found};
-use crate::check::TimelineEvent;
+use crate::check::{EventKind, Role, TimelineEvent};
 use crate::scenario::Scenario;
 use crate::supervise::{Spec, Supervisor};
 
@@ -92,26 +92,26 @@ impl World {
 
     pub fn event(
         &self,
-        kind: &str,
+        kind: EventKind,
         slot: Option<u32>,
         pid: Option<u32>,
         detail: impl Into<String>,
     ) {
         let ev = TimelineEvent {
             mono_ns: self.now_ns(),
-            kind: kind.into(),
+            kind,
             slot,
             pid,
             detail: detail.into(),
         };
-        tracing::info!(kind, ?slot, ?pid, detail = %ev.detail, "event");
+        tracing::info!(kind = kind.as_str(), ?slot, ?pid, detail = %ev.detail, "event");
         if let Some(p) = self.printer.lock().unwrap().as_ref() {
             let who = match (slot, pid) {
                 (Some(s), Some(p)) => format!(" worker {s} (pid {p})"),
                 (None, Some(p)) => format!(" pid {p}"),
                 _ => String::new(),
             };
-            let shown = crate::report::event_label(kind);
+            let shown = kind.label();
             p.line(&format!(
                 "[{:>5.1}s] {shown}{who} {}",
                 ev.mono_ns as f64 / 1e9,
@@ -230,7 +230,7 @@ impl World {
         let pid = self
             .supervisor
             .spawn(Spec {
-                role: "worker".into(),
+                role: Role::Worker,
                 slot: Some(slot),
                 worker_id: Some(worker_id.clone()),
                 argv: self.worker.argv.clone(),
@@ -241,7 +241,11 @@ impl World {
         self.attributor.add_candidate(pid);
         self.slots.lock().unwrap().insert(slot, pid);
         self.event(
-            if n == 0 { "spawn" } else { "restart" },
+            if n == 0 {
+                EventKind::Spawn
+            } else {
+                EventKind::Restart
+            },
             Some(slot),
             Some(pid),
             worker_id,

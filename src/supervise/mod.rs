@@ -18,13 +18,13 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use tokio::sync::watch;
 
-use crate::check::ProcessRecord;
+use crate::check::{ProcessRecord, Role};
 
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct Spec {
     /// `migrate`, `api` or `worker`.
-    pub role: String,
+    pub role: Role,
     pub slot: Option<u32>,
     pub worker_id: Option<String>,
     pub argv: Vec<String>,
@@ -71,7 +71,7 @@ impl Supervisor {
         let name = match (&spec.slot, &spec.worker_id) {
             (_, Some(id)) => format!("{}-{id}", spec.role),
             (Some(s), None) => format!("{}-{s}", spec.role),
-            _ => spec.role.clone(),
+            _ => spec.role.to_string(),
         };
         let log_path = self.log_dir.join(format!("{name}.log"));
         let log = std::fs::OpenOptions::new()
@@ -97,7 +97,7 @@ impl Supervisor {
         let pid = child.id().context("child has no pid")?;
         let (tx, rx) = watch::channel(false);
         let record = ProcessRecord {
-            role: spec.role.clone(),
+            role: spec.role,
             slot: spec.slot,
             worker_id: spec.worker_id.clone(),
             pid,
@@ -134,7 +134,7 @@ impl Supervisor {
                     p.record.exit_code = st.code();
                     p.record.signal = st.signal();
                 }
-                if unasked && !p.asked && p.record.role != "migrate" {
+                if unasked && !p.asked && p.record.role != Role::Migrate {
                     p.record.exited_unasked = true;
                     p.record.log_tail = tail;
                 }
@@ -233,17 +233,6 @@ impl Supervisor {
             .unwrap()
             .iter()
             .any(|p| p.record.pid == pid && p.record.exited_ns.is_none())
-    }
-
-    /// Live processes of `role`, in start order: (slot, pid).
-    pub fn alive(&self, role: &str) -> Vec<(Option<u32>, u32)> {
-        self.procs
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|p| p.record.role == role && p.record.exited_ns.is_none())
-            .map(|p| (p.record.slot, p.record.pid))
-            .collect()
     }
 
     pub fn record(&self, pid: u32) -> Option<ProcessRecord> {

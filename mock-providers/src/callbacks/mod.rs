@@ -10,6 +10,12 @@
 //! The reports go out from a thread and runtime of their own. The fakes share the harness's
 //! runtime with its status polls, ledger serialisation and checks; a report waiting behind those
 //! would time out for the harness's sake and be blamed on the stack.
+//!
+//! At most [`MAX_IN_FLIGHT`] tries per provider are in flight at once, as a real webhook sender
+//! bounds its connections to one endpoint: a report due while the stack is still answering
+//! earlier ones waits for a slot (`callback_queued_ms`) instead of piling another connection onto
+//! a stack that is already behind — which made thousands of tries time out at once and kept the
+//! dispatcher's one thread too busy to start the next report on time.
 
 pub mod plan;
 
@@ -17,13 +23,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::{SmsConfig, SmtpConfig};
 use crate::ledger::{EntryKind, Ledger, LedgerEntry, Outcome, Provider};
 use crate::signing;
 use plan::Planned;
+
+/// Tries of one provider's reports in flight at once; the rest wait their turn in due order.
+pub const MAX_IN_FLIGHT: usize = 32;
 
 /// What the SMS fake knows about an accepted message that its status callbacks repeat.
 #[derive(Clone, Debug)]
@@ -59,6 +68,9 @@ struct Inner {
     client: reqwest::Client,
     pending: AtomicUsize,
     idle: Notify,
+    /// Connection slots per provider ([`MAX_IN_FLIGHT`] each): SMS status callbacks, e-mail events.
+    sms_slots: Semaphore,
+    email_slots: Semaphore,
     /// Bumped by [`Dispatcher::cancel_all`]; every job watches it and drops out when it moves.
     epoch: watch::Sender<u64>,
     handle: Option<tokio::runtime::Handle>,
@@ -124,6 +136,8 @@ impl Dispatcher {
                 client,
                 pending: AtomicUsize::new(0),
                 idle: Notify::new(),
+                sms_slots: Semaphore::new(MAX_IN_FLIGHT),
+                email_slots: Semaphore::new(MAX_IN_FLIGHT),
                 epoch: watch::Sender::new(0),
                 handle,
                 _stop: stop,
@@ -283,10 +297,19 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
         1
     };
     let mut due = due;
+    let slots = match job.provider {
+        Provider::Sms => &inner.sms_slots,
+        _ => &inner.email_slots,
+    };
     for n in 1..=tries {
         tokio::time::sleep_until(due).await;
+        let awake = Instant::now();
+        let late = awake.saturating_duration_since(due);
+        let Ok(_slot) = slots.acquire().await else {
+            return;
+        };
         let started = Instant::now();
-        let late = started.saturating_duration_since(due);
+        let queued = started.saturating_duration_since(awake);
         let result = inner
             .client
             .post(&job.url)
@@ -332,6 +355,7 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
         d.callback_response = code;
         d.callback_try = Some(n);
         d.callback_late_ms = Some(late.as_millis() as u64);
+        d.callback_queued_ms = Some(queued.as_millis() as u64);
         d.callback_took_ms = Some(answered.duration_since(started).as_millis() as u64);
         inner.ledger.record(d);
         let retryable = code.is_none_or(|c| c >= 500);

@@ -97,7 +97,10 @@ mod tests {
         let held = step.await.unwrap().expect("caught pid 7's request");
         assert_eq!(held.provider, Provider::Sms);
         tokio::task::yield_now().await;
-        assert!(!fake.is_finished(), "the fake answered while the request was held");
+        assert!(
+            !fake.is_finished(),
+            "the fake answered while the request was held"
+        );
         drop(held);
         tokio::time::timeout(Duration::from_secs(5), fake)
             .await

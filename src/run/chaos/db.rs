@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use sqlx::Connection;
 
 use super::{Chaos, OBSERVE_WITHIN};
+use crate::check::EventKind;
 use crate::report::chaos_steps::ChaosOutcome;
 use crate::scenario::ChaosStep;
 
@@ -27,18 +28,18 @@ pub struct DbHandle {
 pub(super) async fn restart(chaos: &Arc<Chaos>, i: usize, why: &str) {
     let w = &chaos.world;
     let mut guard = chaos.db.database.lock().await;
-    w.event("db_restart", None, None, why);
+    w.event(EventKind::DbRestart, None, None, why);
     let Some(cluster) = guard.as_mut().and_then(|d| d.cluster_mut()) else {
         // `run` refuses db_restart with a server database before starting; kept for safety.
         let reason = "not a throwaway cluster (the run's database is on a server)";
-        w.event("db_restart_skipped", None, None, reason);
+        w.event(EventKind::DbRestartSkipped, None, None, reason);
         chaos.log(i).decide(ChaosOutcome::Skipped, reason);
         return;
     };
     chaos.log(i).owe();
     let before = cluster.postmaster_pid();
     if let Err(e) = cluster.restart().await {
-        w.event("db_restart_failed", None, None, e.to_string());
+        w.event(EventKind::DbRestartFailed, None, None, e.to_string());
         chaos
             .log(i)
             .observe(false, format!("the cluster did not restart: {e}"));
@@ -46,7 +47,7 @@ pub(super) async fn restart(chaos: &Arc<Chaos>, i: usize, why: &str) {
     }
     let after = cluster.postmaster_pid();
     drop(guard);
-    w.event("db_restarted", None, after, "");
+    w.event(EventKind::DbRestarted, None, after, "");
     let since = Instant::now();
     let seen = match accepts_connections(&chaos.db.url, OBSERVE_WITHIN).await {
         Ok(()) if after.is_some() && after != before => (
@@ -87,11 +88,11 @@ pub(super) async fn terminate(chaos: &Arc<Chaos>, i: usize, why: &str) {
     // that event as having cut every process off its database.
     let (kind, detail) = match &n {
         Ok(0) => (
-            "db_terminate_no_target",
+            EventKind::DbTerminateNoTarget,
             "no session to terminate".to_string(),
         ),
-        Ok(n) => ("db_terminate", format!("terminated {n} sessions")),
-        Err(e) => ("db_terminate_failed", e.clone()),
+        Ok(n) => (EventKind::DbTerminate, format!("terminated {n} sessions")),
+        Err(e) => (EventKind::DbTerminateFailed, e.clone()),
     };
     chaos
         .world
@@ -123,7 +124,7 @@ pub(super) fn idle_tx(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str)
     chaos.keep(tokio::spawn(async move {
         let _one_at_a_time = me.db.database.lock().await;
         me.world.event(
-            "db_idle_tx",
+            EventKind::DbIdleTx,
             None,
             None,
             format!("{why}; holding for {}", humantime::format_duration(hold)),
@@ -159,7 +160,7 @@ pub(super) fn idle_tx(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str)
                 e
             }
         };
-        me.world.event("db_idle_tx_end", None, None, detail);
+        me.world.event(EventKind::DbIdleTxEnd, None, None, detail);
     }));
 }
 

@@ -1,0 +1,188 @@
+//! The typed vocabulary of the harness's own records: the kinds of event on its timeline
+//! ([`super::TimelineEvent`]: what it did to the stack and what it saw happen) and the roles of
+//! the stack processes it started ([`Role`]). Typed, so a checker matching on a misspelt kind
+//! does not compile instead of silently never matching. `report.json` carries them as snake_case
+//! strings.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// Enqueueing began / ended.
+    LoadStart,
+    LoadDone,
+    /// The API answered its readiness check.
+    ApiReady,
+    /// A stack process was started (first start or replacement).
+    Spawn,
+    /// A stack process exited: `exit` when the harness expected it (a signal it sent, a clean
+    /// exit after SIGTERM), `crashed` when it exited on its own.
+    Exit,
+    Crashed,
+    /// Chaos signals to one worker.
+    Sigkill,
+    Sigterm,
+    Sigstop,
+    Sigcont,
+    /// A `restart` action: SIGTERM (`restart_begin`), then the replacement (`restart`), or the
+    /// replacement that could not start (`restart_failed`).
+    RestartBegin,
+    Restart,
+    RestartFailed,
+    /// A SIGTERM'd process outlived its grace period and was SIGKILLed.
+    GraceExceeded,
+    /// A chaos step found no live worker to act on.
+    ChaosNoTarget,
+    /// The database restart: begun, back up, failed, or skipped (no throwaway cluster).
+    DbRestart,
+    DbRestarted,
+    DbRestartFailed,
+    DbRestartSkipped,
+    /// `pg_terminate_backend` on the stack's sessions: sessions ended, none found, or failed.
+    DbTerminate,
+    DbTerminateNoTarget,
+    DbTerminateFailed,
+    /// An idle transaction holding locks: begun, ended.
+    DbIdleTx,
+    DbIdleTxEnd,
+    /// The run settled / reached its deadline unsettled / stopped before settling (nothing left
+    /// to make progress).
+    Quiescent,
+    Deadline,
+    StoppedEarly,
+}
+
+impl EventKind {
+    /// The snake_case name `report.json` uses.
+    pub fn as_str(self) -> &'static str {
+        use EventKind::*;
+        match self {
+            LoadStart => "load_start",
+            LoadDone => "load_done",
+            ApiReady => "api_ready",
+            Spawn => "spawn",
+            Exit => "exit",
+            Crashed => "crashed",
+            Sigkill => "sigkill",
+            Sigterm => "sigterm",
+            Sigstop => "sigstop",
+            Sigcont => "sigcont",
+            RestartBegin => "restart_begin",
+            Restart => "restart",
+            RestartFailed => "restart_failed",
+            GraceExceeded => "grace_exceeded",
+            ChaosNoTarget => "chaos_no_target",
+            DbRestart => "db_restart",
+            DbRestarted => "db_restarted",
+            DbRestartFailed => "db_restart_failed",
+            DbRestartSkipped => "db_restart_skipped",
+            DbTerminate => "db_terminate",
+            DbTerminateNoTarget => "db_terminate_no_target",
+            DbTerminateFailed => "db_terminate_failed",
+            DbIdleTx => "db_idle_tx",
+            DbIdleTxEnd => "db_idle_tx_end",
+            Quiescent => "quiescent",
+            Deadline => "deadline",
+            StoppedEarly => "stopped_early",
+        }
+    }
+
+    /// How people see it (terminal, chart, tables): the SIGTERM half of a `restart` action as
+    /// "SIGTERM (restart)", every other kind by its name.
+    pub fn label(self) -> &'static str {
+        match self {
+            EventKind::RestartBegin => "SIGTERM (restart)",
+            k => k.as_str(),
+        }
+    }
+
+    /// An action on the database (it concerns every process, not one pid).
+    pub fn is_database(self) -> bool {
+        self.as_str().starts_with("db_")
+    }
+
+    /// A signal that stops a worker from acting (it is dead or frozen).
+    pub fn disables_worker(self) -> bool {
+        matches!(self, EventKind::Sigkill | EventKind::Sigstop)
+    }
+}
+
+/// What a stack process the harness started is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The schema migration, run to completion before anything else.
+    Migrate,
+    Api,
+    Worker,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Migrate => "migrate",
+            Role::Api => "api",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_json_name_is_the_str_name() {
+        use EventKind::*;
+        for k in [
+            LoadStart,
+            LoadDone,
+            ApiReady,
+            Spawn,
+            Exit,
+            Crashed,
+            Sigkill,
+            Sigterm,
+            Sigstop,
+            Sigcont,
+            RestartBegin,
+            Restart,
+            RestartFailed,
+            GraceExceeded,
+            ChaosNoTarget,
+            DbRestart,
+            DbRestarted,
+            DbRestartFailed,
+            DbRestartSkipped,
+            DbTerminate,
+            DbTerminateNoTarget,
+            DbTerminateFailed,
+            DbIdleTx,
+            DbIdleTxEnd,
+            Quiescent,
+            Deadline,
+            StoppedEarly,
+        ] {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+            let back: EventKind = serde_json::from_value(k.as_str().into()).unwrap();
+            assert_eq!(back, k);
+        }
+        for r in [Role::Migrate, Role::Api, Role::Worker] {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        }
+    }
+}
