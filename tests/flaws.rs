@@ -194,7 +194,10 @@ fn correct_stack_passes_restart_midway() {
     // The busiest worker's SIGKILL landed with a send of its in flight, and recovery judged it.
     let kill = &report["chaos_steps"][0];
     assert!(
-        kill["reason"].as_str().unwrap_or("").contains("send in flight"),
+        kill["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("send in flight"),
         "{kill:#}"
     );
     let recovery = verdict(&report, "recovery");

@@ -27,6 +27,10 @@ pub fn gap_ms(later_ns: u64, earlier_ns: u64) -> f64 {
     ((later_ns as f64 - earlier_ns as f64) / 1_000.0).round() / 1_000.0
 }
 
+/// An answer this close before its sender was killed or frozen may never have been recorded by
+/// it (the process died between reading the answer and writing it down).
+pub const ANSWER_RECORD_WINDOW_NS: u64 = 100_000_000;
+
 /// Share of sends a pid-based rule may leave unjudged (no known sender) before it is
 /// `insufficient`.
 pub const MAX_UNATTRIBUTED_SHARE: f64 = 0.01;

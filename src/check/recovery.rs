@@ -51,14 +51,11 @@ use super::availability::stops;
 use super::backlog::Queue;
 use super::common::{
     attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, Findings,
-    Sends,
+    Sends, ANSWER_RECORD_WINDOW_NS,
 };
 use super::{Expected, Input, TimelineEvent, Verdict};
 
 pub const NAME: &str = "recovery";
-
-/// An answer this close before the kill may not have been recorded by the victim.
-const IN_FLIGHT_WINDOW_NS: u64 = 100_000_000;
 
 /// How far the stack's transition times (milliseconds, its clock) and the ledger's wall-clock
 /// offset (milliseconds) may disagree with the ledger's own clock.
@@ -218,7 +215,9 @@ pub fn check(input: &Input) -> Verdict {
         // own sends, and those whose sender is unknown (`false`: not known to be P's).
         let mut held: BTreeMap<(Provider, &str), bool> = BTreeMap::new();
         for e in input.ledger.iter().filter(|e| {
-            e.kind == EntryKind::Send && e.received_ns <= t && e.mono_ns + IN_FLIGHT_WINDOW_NS > t
+            e.kind == EntryKind::Send
+                && e.received_ns <= t
+                && e.mono_ns + ANSWER_RECORD_WINDOW_NS > t
         }) {
             match input.pids.get(&e.seq) {
                 Some(p) if *p == pid => {

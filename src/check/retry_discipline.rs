@@ -40,6 +40,11 @@
 //! - **retry_after_ignored**: the gap (as above, from the failed attempt's arrival) is shorter than
 //!   the `Retry-After` the provider sent (the ledger records the header as sent: whole seconds for
 //!   LINE and Twilio).
+//! - Neither gap rule judges a retry after a failure whose answer never reached the stack, and
+//!   such a failure does not count toward the floor's step: its sender hung up before the answer
+//!   (`client_hung_up`) or was SIGKILLed or SIGSTOPped between the attempt's arrival and
+//!   `ANSWER_RECORD_WINDOW_NS` after the answer. The next attempt follows a rescue (`recovery`
+//!   judges it), not a backoff; counted in `retries_after_unheard_failures`.
 //! - **attempt_after_permanent**: any attempt after a `Permanent` answer — unless that answer was
 //!   lost: its sender was SIGKILLed or SIGSTOPped within one lease after it (the process may never
 //!   have recorded it), or the stack's status shows the delivery went through its rescuer. One
@@ -68,6 +73,7 @@ use super::availability::blocked_ns;
 use super::backlog::Queue;
 use super::common::{
     attempt_json, delivery_json, figures, gap_ms, is_failure, ms, Findings, Sends,
+    ANSWER_RECORD_WINDOW_NS,
 };
 use super::{Expected, Input, Verdict};
 
@@ -107,6 +113,12 @@ fn answer_lost(input: &Input, e: &Expected, s: &LedgerEntry) -> bool {
     sender_hit(input, s, s.mono_ns.saturating_sub(1), s.mono_ns + lease) || rescued
 }
 
+/// Whether the answer to `s` may never have reached the stack: its sender hung up before it, or
+/// was SIGKILLed or SIGSTOPped while it was in flight or just after (before it could record it).
+fn answer_unheard(input: &Input, s: &LedgerEntry) -> bool {
+    s.client_hung_up || sender_hit(input, s, s.received_ns, s.mono_ns + ANSWER_RECORD_WINDOW_NS)
+}
+
 /// Whether the sender of `s` was SIGKILLed or SIGSTOPped within `[from, to]`.
 fn sender_hit(input: &Input, s: &LedgerEntry, from: u64, to: u64) -> bool {
     input.pids.get(&s.seq).is_some_and(|pid| {
@@ -120,6 +132,8 @@ fn sender_hit(input: &Input, s: &LedgerEntry, from: u64, to: u64) -> bool {
 #[derive(Default)]
 struct Tally {
     retries: u64,
+    /// Retries after a failure whose answer never reached the stack (not judged for spacing).
+    unheard: u64,
     bad_deliveries: u64,
     lost_answers: u64,
     beyond_limit_lost_answer: u64,
@@ -186,6 +200,17 @@ pub fn check(input: &Input) -> Verdict {
             if prev.outcome != Outcome::Transient {
                 continue;
             }
+            retries.push(Retry {
+                delivery: i,
+                prev,
+                next,
+            });
+            if answer_unheard(input, prev) {
+                // The stack never learned of this failure (nor its Retry-After): its next attempt
+                // follows a rescue, which `recovery` judges, not a backoff.
+                n.unheard += 1;
+                continue;
+            }
             k += u32::from(prev.status != "429");
             n.retries += 1;
             // From the start of one attempt to the start of the next: a stack may time its gap
@@ -208,11 +233,6 @@ pub fn check(input: &Input) -> Verdict {
                     findings.push(c);
                 }
             }
-            retries.push(Retry {
-                delivery: i,
-                prev,
-                next,
-            });
         }
         if findings.total() > before {
             violating.insert(i);
@@ -244,6 +264,7 @@ pub fn check(input: &Input) -> Verdict {
     let figs = figures(json!({
         "deliveries": input.expected.len(),
         "retries_checked": n.retries,
+        "retries_after_unheard_failures": n.unheard,
         "deliveries_violating": n.bad_deliveries,
         "min_retry_gap_ms": input.scenario.expect.min_retry_gap.as_secs_f64() * 1e3,
         "retry_growth": input.scenario.expect.retry_growth,
@@ -417,6 +438,34 @@ mod tests {
         let v = check(&w.input());
         assert_eq!(v.status, Status::Holds, "{v:#?}");
         assert_eq!(v.figures["retries_checked"], 9);
+    }
+
+    /// A 429 whose sender was killed while it was in flight never reached the stack: the rescued
+    /// retry 800 ms later ignores no Retry-After it could have read. The same gap from a sender
+    /// that lived is still flagged.
+    #[test]
+    fn a_failure_the_stack_never_heard_sets_no_gap() {
+        let build = |killed: bool| {
+            let mut w = World::new();
+            let a = w.expect("r1", Line);
+            w.send(Line, &a, Transient, 1_000)
+                .status("429")
+                .retry_after(1_000)
+                .pid(7);
+            w.send(Line, &a, Accepted, 1_800).pid(8);
+            if killed {
+                w.event(EventKind::Sigkill, Some(7), 1_002);
+            }
+            check(&w.input())
+        };
+        // (It was the only retry: judged nothing, so insufficient, never violated.)
+        let v = build(true);
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert_eq!(v.figures["retries_after_unheard_failures"], 1);
+        assert_eq!(
+            crate::check::testkit::rules(&build(false)),
+            ["retry_after_ignored"]
+        );
     }
 
     #[test]

@@ -334,6 +334,23 @@ pub async fn start_attempt<'e>(
     Ok(row.map(|(a,)| a))
 }
 
+/// Records, fenced on `d`'s lease and its started attempt, that the attempt's e-mail body is about
+/// to go out: from here on the message may be committed by the provider. `false`: the lease or the
+/// start is no longer ours, and the caller must not send the body.
+pub async fn mark_body<'e>(ex: impl PgExecutor<'e>, d: &Claimed) -> Result<bool, sqlx::Error> {
+    let r = sqlx::query(
+        "UPDATE deliveries SET body_lease_token = lease_token \
+         WHERE id = $1 AND state = 'sending' AND lease_owner = $2 AND lease_token = $3 \
+         AND attempt_lease_token = lease_token AND lease_expires_at > clock_timestamp()",
+    )
+    .bind(d.id)
+    .bind(&d.lease_owner)
+    .bind(d.lease_token)
+    .execute(ex)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
 /// Takes back a start recorded by [`start_attempt`] whose send was never made (the process
 /// stalled past its local lease deadline in between): the attempt is not counted and the row no
 /// longer reads as started under this lease, so a rescuer releases it instead of reconciling.

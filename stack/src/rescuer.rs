@@ -83,6 +83,8 @@ struct Expired {
     lease_owner: Option<String>,
     lease_token: i64,
     started: bool,
+    /// E-mail: the started attempt marked its body as going out (`claim::mark_body`).
+    body_sent: bool,
     too_old: bool,
 }
 
@@ -101,7 +103,8 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
     let expired: Vec<Expired> = sqlx::query_as(
         "SELECT id, channel, attempts, lease_owner, lease_token, \
          (attempt_started_at IS NOT NULL AND attempt_lease_token IS NOT DISTINCT FROM lease_token) \
-         AS started, created_at + $1 * interval '1 millisecond' <= now() AS too_old \
+         AS started, (body_lease_token IS NOT DISTINCT FROM lease_token) AS body_sent, \
+         created_at + $1 * interval '1 millisecond' <= now() AS too_old \
          FROM deliveries WHERE state = 'sending' AND lease_expires_at < now() \
          ORDER BY lease_expires_at LIMIT 1000",
     )
@@ -115,7 +118,11 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
             tracing::error!(id = e.id, channel = %e.channel, "expired row with an unknown channel; left for a human");
             continue;
         };
-        let (to, set, detail) = if !e.started {
+        // An e-mail whose attempt never reached its body committed nothing: released like an
+        // unstarted claim, its attempt counted (the next claim ends it `failed` if no attempt or
+        // age is left, before any send).
+        let nothing_sent = !e.started || (channel == Channel::Email && !e.body_sent);
+        let (to, set, detail) = if nothing_sent {
             let to = if e.attempts == 0 {
                 State::Pending
             } else {
@@ -125,11 +132,12 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
                 retry_in: Some(Duration::ZERO),
                 ..Updates::default()
             };
-            (
-                to,
-                set,
-                format!("lease of {owner} expired before the attempt started"),
-            )
+            let why = if e.started {
+                "expired before the e-mail's body was sent"
+            } else {
+                "expired before the attempt started"
+            };
+            (to, set, format!("lease of {owner} {why}"))
         } else if channel != Channel::Email && (e.attempts > cfg.max_attempts || e.too_old) {
             // No resend past the caps. What the lost attempt did is not known; the row says so.
             // (The last allowed attempt, lost mid-way, still gets its reconciliation below: a
@@ -194,16 +202,19 @@ pub async fn rescue_once(pool: &PgPool, cfg: &Config) -> anyhow::Result<Rescued>
             detail: Some(detail),
             // An unstarted claim is released only if it is still unstarted when the row lock is
             // taken: a start committing meanwhile means a send may be under way.
-            fence: if e.started {
-                Fence::Lease {
+            fence: match (e.started, nothing_sent) {
+                (false, _) => Fence::Unstarted {
                     owner,
                     token: e.lease_token,
-                }
-            } else {
-                Fence::Unstarted {
+                },
+                (true, true) => Fence::BodyUnsent {
                     owner,
                     token: e.lease_token,
-                }
+                },
+                (true, false) => Fence::Lease {
+                    owner,
+                    token: e.lease_token,
+                },
             },
             set,
         };

@@ -156,6 +156,13 @@ pub enum Fence {
         owner: String,
         token: i64,
     },
+    /// As `Lease`, and the started e-mail attempt has not marked its body as going out
+    /// (`claim::mark_body`): how a rescuer retries an e-mail that committed nothing. Checked
+    /// under the row lock, so a mark that commits while the rescuer waits wins.
+    BodyUnsent {
+        owner: String,
+        token: i64,
+    },
 }
 
 /// One requested change of state.
@@ -202,7 +209,8 @@ WITH old AS (
     FROM old
     WHERE d.id = old.id
       AND ($9::text IS NULL OR (d.lease_owner = $9 AND d.lease_token = $10
-           AND (NOT $13 OR d.attempt_lease_token IS DISTINCT FROM d.lease_token)))
+           AND (NOT $13 OR d.attempt_lease_token IS DISTINCT FROM d.lease_token)
+           AND (NOT $15 OR d.body_lease_token IS DISTINCT FROM d.lease_token)))
     RETURNING old.state AS from_state, d.channel
 ), ev AS (
     INSERT INTO delivery_events
@@ -231,10 +239,11 @@ pub async fn transition(
         }
     }
     let from: Vec<&str> = t.from.iter().map(|s| s.as_str()).collect();
-    let (owner, token, unstarted) = match &t.fence {
-        Fence::None => (None, 0, false),
-        Fence::Lease { owner, token } => (Some(owner.as_str()), *token, false),
-        Fence::Unstarted { owner, token } => (Some(owner.as_str()), *token, true),
+    let (owner, token, unstarted, body_unsent) = match &t.fence {
+        Fence::None => (None, 0, false, false),
+        Fence::Lease { owner, token } => (Some(owner.as_str()), *token, false, false),
+        Fence::Unstarted { owner, token } => (Some(owner.as_str()), *token, true, false),
+        Fence::BodyUnsent { owner, token } => (Some(owner.as_str()), *token, false, true),
     };
     let (class, text) = match &t.set.error {
         Some((c, e)) => (Some(c.as_str()), Some(e.as_str())),
@@ -255,6 +264,7 @@ pub async fn transition(
         .bind(t.detail.as_deref())
         .bind(unstarted)
         .bind(t.set.outcome_class)
+        .bind(body_unsent)
         .fetch_optional(conn)
         .await?;
     row.map(|(s,)| {

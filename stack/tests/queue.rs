@@ -383,18 +383,22 @@ async fn duplicate_and_stale_reports_change_nothing() {
 async fn rescuer_reconciles_expired_leases_per_channel() {
     let db = common::fresh_db().await;
     let pool = common::pool(&db.url).await;
-    seed_recipients(&pool, 2).await;
+    seed_recipients(&pool, 3).await;
     let mut cfg = stack::Config::for_tests(&db.url);
     let mut conn = pool.acquire().await.unwrap();
     let rows = claim::claim(&mut conn, "dead", 10, LEASE).await.unwrap();
-    assert_eq!(rows.len(), 6);
-    // Recipient r1's attempts started (outcome lost); r2's never did.
-    for d in rows.iter().filter(|d| d.key.contains(":r1:")) {
+    assert_eq!(rows.len(), 9);
+    // Recipient r1's attempts started (outcome lost; its e-mail's body had begun to go out);
+    // r2's never did; r3's e-mail attempt started but died before its body (nothing committed).
+    let started = |d: &&claim::Claimed| d.key.contains(":r1:") || d.key == "b:r3:email";
+    for d in rows.iter().filter(started) {
         claim::start_attempt(&pool, d, Duration::ZERO)
             .await
             .unwrap()
             .unwrap();
     }
+    let r1_email = rows.iter().find(|d| d.key == "b:r1:email").unwrap();
+    assert!(claim::mark_body(&pool, r1_email).await.unwrap());
     // Another rescuer holding the lock: this one stands aside.
     let mut other = pool.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock(1953066599)")
@@ -414,11 +418,11 @@ async fn rescuer_reconciles_expired_leases_per_channel() {
                 .fetch_one(&pool)
                 .await
                 .unwrap();
-        n == 6
+        n == 9
     })
     .await;
     let r = stack::rescuer::rescue_once(&pool, &cfg).await.unwrap();
-    assert_eq!((r.released, r.resend, r.unknown), (3, 2, 1));
+    assert_eq!((r.released, r.resend, r.unknown), (5, 3, 1));
     let got: Vec<(String, String, i32, Option<String>)> = sqlx::query_as(
         "SELECT key, state, attempts, last_error_class FROM deliveries ORDER BY key",
     )
@@ -432,7 +436,11 @@ async fn rescuer_reconciles_expired_leases_per_channel() {
         ("b:r2:email", "pending", 0, None),
         ("b:r2:line", "pending", 0, None),
         ("b:r2:sms", "pending", 0, None),
+        ("b:r3:email", "retryable", 1, None),
+        ("b:r3:line", "pending", 0, None),
+        ("b:r3:sms", "pending", 0, None),
     ];
+    assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(want) {
         assert_eq!((g.0.as_str(), g.1.as_str(), g.2, g.3.as_deref()), w);
     }
@@ -703,6 +711,10 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
             .await
             .unwrap()
             .unwrap();
+        // Every e-mail's body had begun to go out: its outcome is unknown.
+        if d.key.ends_with(":email") {
+            assert!(claim::mark_body(&pool, d).await.unwrap());
+        }
     }
     expire_leases(&pool).await;
     common::wait_for("lease expiry", Duration::from_secs(5), || async {

@@ -364,9 +364,10 @@ async fn email_outcomes_are_classified_and_resends_are_byte_identical() {
     let (_fake, fakes) = common::start_fakes().await;
     let (smtp, smtp_addr) = common::start_smtp().await;
     let (api, _stop_api, _h) = common::start_api(&stack::Config::for_tests(&db.url)).await;
-    let mut body = common::batch_body("mail", 4, &["email"]);
+    let mut body = common::batch_body("mail", 5, &["email"]);
     body["recipients"][1]["email"] = serde_json::json!("bad@example.test");
     body["recipients"][2]["email"] = serde_json::json!("flaky@example.test");
+    body["recipients"][4]["email"] = serde_json::json!("hangup@example.test");
     let r = reqwest::Client::new()
         .post(format!("http://{api}/v1/batches"))
         .json(&body)
@@ -380,7 +381,7 @@ async fn email_outcomes_are_classified_and_resends_are_byte_identical() {
     let (stop_tx, stop) = common::shutdown_pair();
     let w = tokio::spawn(stack::worker::run(cfg, stop));
     common::wait_for("all e-mails settled", Duration::from_secs(20), || async {
-        count_where(&pool, "state IN ('submitted', 'permanent_failure')").await == 4
+        count_where(&pool, "state IN ('submitted', 'permanent_failure')").await == 5
     })
     .await;
     stop_tx.send(true).unwrap();
@@ -403,6 +404,10 @@ async fn email_outcomes_are_classified_and_resends_are_byte_identical() {
             "flaky@example.test" => {
                 assert_eq!((state.as_str(), *attempts), ("submitted", 2));
                 assert!(err.as_deref().unwrap_or("").contains("4.3.0"), "{err:?}");
+            }
+            // The connection dropped at RCPT, before any body: a plain retry, never `unknown`.
+            "hangup@example.test" => {
+                assert_eq!((state.as_str(), *attempts), ("submitted", 2));
             }
             _ => assert_eq!((state.as_str(), *attempts), ("submitted", 1)),
         }
@@ -428,7 +433,7 @@ async fn email_outcomes_are_classified_and_resends_are_byte_identical() {
         "{}",
         flaky[0]
     );
-    assert_eq!(smtp.accepted.lock().unwrap().len(), 3);
+    assert_eq!(smtp.accepted.lock().unwrap().len(), 4);
     pool.close().await;
 }
 

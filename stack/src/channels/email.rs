@@ -2,21 +2,26 @@
 //! from the stored parts with a deterministic Message-ID, Date and boundary, so every attempt of a
 //! delivery sends the same bytes.
 //!
-//! SMTP has no idempotency key: an error after DATA may hide a committed message, so anything
-//! but a clear reply code (or a refused connection) is [`Outcome::Unknown`]. To keep that window
-//! as small as the protocol allows, a connection is made ready ([`EmailClient::checkout`]:
-//! connected, greeted, EHLO done) *before* the worker records the attempt start, and only the
-//! transaction itself runs after it: a worker killed while still connecting leaves nothing
-//! uncertain. This module must never resend on its own.
+//! SMTP has no idempotency key: an error after the message body went out may hide a committed
+//! message, so anything but a clear reply code to the final dot is [`Outcome::Unknown`]. To keep
+//! that window as small as the protocol allows, a connection is made ready
+//! ([`EmailClient::checkout`]: connected, greeted, EHLO done) *before* the worker records the
+//! attempt start; the transaction then runs step by step, and `MAIL`, `RCPT` and `DATA` failing
+//! (a reply code, a broken connection, a timeout) commit nothing: a plain retry. Only once `DATA`
+//! is answered 354 does the caller's `before_body` record, durably and fenced, that the body is
+//! going out; a crash before that mark leaves nothing uncertain either. This module must never
+//! resend on its own.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
+use lettre::address::Envelope;
 use lettre::message::header::ContentType;
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::client::AsyncSmtpConnection;
-use lettre::transport::smtp::extension::ClientId;
+use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
+use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use lettre::Message;
 
 use super::{class, Channel, Outcome};
@@ -131,8 +136,15 @@ impl EmailClient {
         }
     }
 
-    /// Runs one transaction for `d` on a ready connection.
-    pub async fn send(&self, d: &Claimed, conn: Checkout) -> Outcome {
+    /// Runs one transaction for `d` on a ready connection. `before_body` runs once `DATA` is
+    /// answered, before a byte of the body is written: it records that the body is going out and
+    /// says whether the attempt may go on (`false`: the lease is no longer ours; nothing is sent).
+    pub async fn send(
+        &self,
+        d: &Claimed,
+        conn: Checkout,
+        before_body: impl std::future::Future<Output = bool>,
+    ) -> Outcome {
         let mut conn = conn.0;
         let msg = match self.message(d) {
             Ok(m) => m,
@@ -148,7 +160,27 @@ impl EmailClient {
             // over the encoded one, as a stack that builds its headers by string concatenation.
             bytes = raw_subject(&bytes, d.payload.subject.as_deref().unwrap_or_default());
         }
-        let sent = tokio::time::timeout(self.timeout, conn.send(msg.envelope(), &bytes)).await;
+        let opened =
+            tokio::time::timeout(self.timeout, open_data(&mut conn, msg.envelope(), &bytes));
+        let refused = match opened.await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) if e.is_permanent() => Some(Outcome::Permanent {
+                error: e.to_string(),
+            }),
+            Ok(Err(e)) => Some(before_body_retry(e.to_string())),
+            Err(_) => Some(before_body_retry(
+                "timed out before the message body".into(),
+            )),
+        };
+        if let Some(outcome) = refused {
+            conn.abort().await;
+            return outcome;
+        }
+        if !before_body.await {
+            conn.abort().await;
+            return before_body_retry("the lease is no longer ours; body not sent".into());
+        }
+        let sent = tokio::time::timeout(self.timeout, conn.message(&bytes)).await;
         let outcome = match sent {
             Ok(Ok(resp)) if resp.is_positive() => Outcome::Accepted {
                 provider_id: Some(d.correlation_id.clone()),
@@ -159,7 +191,7 @@ impl EmailClient {
             },
             Ok(Err(e)) => classify(&e),
             Err(_) => Outcome::Unknown {
-                error: "timed out during the SMTP transaction".into(),
+                error: "timed out after sending the message body".into(),
             },
         };
         // A connection is reused only after a clean reply: anything else may have left it
@@ -176,6 +208,43 @@ impl EmailClient {
             }
         }
         outcome
+    }
+}
+
+/// `MAIL`, `RCPT` for every recipient, `DATA`: the transaction up to the server's 354, with the
+/// parameters lettre's own `send` would give (`SMTPUTF8`, `8BITMIME`). Nothing is committed yet.
+async fn open_data(
+    conn: &mut AsyncSmtpConnection,
+    envelope: &Envelope,
+    body: &[u8],
+) -> Result<(), lettre::transport::smtp::Error> {
+    let mut params = Vec::new();
+    let non_ascii = envelope
+        .from()
+        .into_iter()
+        .chain(envelope.to())
+        .any(|a: &lettre::Address| !a.to_string().is_ascii());
+    if non_ascii && conn.server_info().supports_feature(Extension::SmtpUtfEight) {
+        params.push(MailParameter::SmtpUtfEight);
+    }
+    if !body.is_ascii() && conn.server_info().supports_feature(Extension::EightBitMime) {
+        params.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+    }
+    conn.command(Mail::new(envelope.from().cloned(), params))
+        .await?;
+    for to in envelope.to() {
+        conn.command(Rcpt::new(to.clone(), vec![])).await?;
+    }
+    conn.command(Data).await?;
+    Ok(())
+}
+
+/// A failure before the body went out: nothing was committed, so a plain transient retry.
+fn before_body_retry(error: String) -> Outcome {
+    Outcome::Retry {
+        class: class::TRANSIENT,
+        error,
+        retry_after: None,
     }
 }
 

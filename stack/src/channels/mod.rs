@@ -121,13 +121,20 @@ impl Providers {
         }
     }
 
-    /// Sends the stored payload of `d` once, on what [`Providers::ready`] prepared.
-    pub async fn send(&self, d: &Claimed, ready: Ready) -> Outcome {
+    /// Sends the stored payload of `d` once, on what [`Providers::ready`] prepared. An e-mail runs
+    /// `before_body` just before its body goes out and sends it only if that returns `true` (see
+    /// [`email`]); the other channels never run it.
+    pub async fn send(
+        &self,
+        d: &Claimed,
+        ready: Ready,
+        before_body: impl std::future::Future<Output = bool>,
+    ) -> Outcome {
         match (d.channel, ready) {
             (Channel::Line, _) => self.line.push(d).await,
-            (Channel::Email, Ready::Smtp(conn)) => self.email.send(d, conn).await,
+            (Channel::Email, Ready::Smtp(conn)) => self.email.send(d, conn, before_body).await,
             (Channel::Email, Ready::Http) => match self.email.checkout().await {
-                Ok(conn) => self.email.send(d, conn).await,
+                Ok(conn) => self.email.send(d, conn, before_body).await,
                 Err(o) => o,
             },
             (Channel::Sms, _) => self.sms.create(d).await,

@@ -6,9 +6,11 @@
 //! claims are released at once, in-flight sends finish, and `run` returns `Ok` within the grace
 //! period. This module must never hold a database transaction across a provider call.
 
+mod decide;
+mod reconcile;
 mod send;
 
-pub use send::{decide, first_poll, payload_to_send, Decision};
+pub use decide::{decide, first_poll, payload_to_send, Decision};
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -398,6 +398,8 @@ pub struct SmtpFake {
     pub data: Mutex<Vec<(String, String)>>,
     /// Recipients whose DATA got a 250.
     pub accepted: Mutex<Vec<String>>,
+    /// `hangup@` recipients whose first RCPT the fake answered by closing the connection.
+    pub hung_up: Mutex<std::collections::HashSet<String>>,
 }
 
 pub async fn start_smtp() -> (Arc<SmtpFake>, String) {
@@ -424,6 +426,12 @@ pub async fn start_smtp() -> (Arc<SmtpFake>, String) {
                         b"250-fake\r\n250 8BITMIME\r\n"
                     } else if cmd.starts_with("RCPT TO") {
                         rcpt = line.trim_end().to_string();
+                        // `hangup@`: the connection drops at RCPT the first time (nothing
+                        // committed; a plain retry must follow).
+                        if rcpt.contains("hangup") && f.hung_up.lock().unwrap().insert(rcpt.clone())
+                        {
+                            return;
+                        }
                         if rcpt.contains("bad") {
                             b"550 5.1.1 mailbox unknown\r\n"
                         } else {
