@@ -172,12 +172,13 @@ impl EmailClient {
                 "timed out before the message body".into(),
             )),
         };
+        // On the way out before the body, the connection is dropped, never QUIT: the server may
+        // be hung, or waiting for the body after its 354 (where QUIT would be read as text).
+        // Closing the socket there discards the transaction.
         if let Some(outcome) = refused {
-            conn.abort().await;
             return outcome;
         }
         if !before_body.await {
-            conn.abort().await;
             return before_body_retry("the lease is no longer ours; body not sent".into());
         }
         let sent = tokio::time::timeout(self.timeout, conn.message(&bytes)).await;
