@@ -25,6 +25,25 @@ pub fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
     out
 }
 
+/// A send this soon after its process's SIGCONT was already under way when the process was
+/// frozen: woken, a process finishes the instruction it was in (the write of a request whose
+/// lease it had checked) before it can check anything again. No stack can close that gap without
+/// a fencing token the provider honours.
+pub const RESUMED_MID_SEND_NS: u64 = 25_000_000;
+
+/// The SIGCONT that `pid`'s request arriving at `received_ns` followed by at most
+/// [`RESUMED_MID_SEND_NS`] (plus any machine stall in between): the request was under way when
+/// the process was frozen.
+pub fn resumed_mid_send(input: &Input, pid: u32, received_ns: u64) -> Option<u64> {
+    stops(input.timeline, pid)
+        .into_iter()
+        .filter_map(|(_, cont)| cont)
+        .find(|&c| {
+            let until = crate::stalls::extended(input.stalls, c, c + RESUMED_MID_SEND_NS);
+            (c..=until).contains(&received_ns)
+        })
+}
+
 /// Periods `[from, to)` during which chaos had the database down (a restart until it was back)
 /// or held a lock on it (an idle transaction until it ended). An unmatched start lasts forever.
 fn database_out(timeline: &[TimelineEvent]) -> Vec<(u64, u64)> {

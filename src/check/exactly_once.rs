@@ -1,7 +1,11 @@
 //! `exactly_once`: no customer receives a notification twice, and nobody unexpected receives one.
 //!
 //! Counts `Accepted` send attempts in the ledger per expected (recipient, channel). More than one
-//! is a duplicate; zero is allowed here (whether it ended properly is `no_loss`'s business). An
+//! is a duplicate — unless every accept beyond the first came from a process that had been
+//! frozen with that send under way (it arrived within `availability::RESUMED_MID_SEND_NS` of the
+//! process's SIGCONT): no stack can re-check a lease between its last check and the write, and
+//! without a provider-side fencing token such a duplicate is the chaos's, counted in
+//! `duplicates_resumed_mid_send`, never hidden. Zero is allowed here (whether it ended properly is `no_loss`'s business). An
 //! `IdempotentRepeat` is the provider recognising a retry key, not a new delivery. Judged: every
 //! expected delivery (`duplicate`, needs one) and every address that saw a send
 //! (`unexpected_recipient`, may be none). Must never
@@ -21,6 +25,7 @@ pub fn check(input: &Input) -> Verdict {
     let sends = Sends::new(input.ledger);
     let mut findings = Findings::default();
     let (mut once, mut never, mut duplicated, mut extra_sends) = (0u64, 0u64, 0u64, 0u64);
+    let mut resumed = 0u64;
 
     for e in input.expected {
         let accepted: Vec<_> = sends
@@ -31,6 +36,7 @@ pub fn check(input: &Input) -> Verdict {
         match accepted.len() {
             0 => never += 1,
             1 => once += 1,
+            n if n - 1 == resumed_mid_send(input, &accepted) => resumed += 1,
             n => {
                 duplicated += 1;
                 extra_sends += n as u64 - 1;
@@ -72,7 +78,8 @@ pub fn check(input: &Input) -> Verdict {
 
     let summary = format!(
         "{} deliveries: {once} accepted once, {duplicated} duplicated ({extra_sends} extra sends), \
-         {unexpected} sends to unexpected addresses, {never} never accepted",
+         {resumed} sent again by a process frozen mid-send, {unexpected} sends to unexpected \
+         addresses, {never} never accepted",
         input.expected.len()
     );
     let figs = figures(json!({
@@ -82,10 +89,23 @@ pub fn check(input: &Input) -> Verdict {
         "extra_sends": extra_sends,
         "unexpected_sends": unexpected,
         "never_accepted": never,
+        "duplicates_resumed_mid_send": resumed,
     }));
     findings.judged("duplicate", input.expected.len() as u64);
     findings.judged_at_least("unexpected_recipient", sends.keys().count() as u64, 0);
     findings.verdict(NAME, summary, figs)
+}
+
+/// How many of `accepted` arrived from a process just resumed with them under way.
+fn resumed_mid_send(input: &Input, accepted: &[&&mock_providers::ledger::LedgerEntry]) -> usize {
+    accepted
+        .iter()
+        .filter(|s| {
+            input.pids.get(&s.seq).is_some_and(|pid| {
+                super::availability::resumed_mid_send(input, *pid, s.received_ns).is_some()
+            })
+        })
+        .count()
 }
 
 fn sends_json(sends: &[&&mock_providers::ledger::LedgerEntry], input: &Input) -> Value {

@@ -33,7 +33,9 @@
 //! and sent anyway) — unless the stack's status API shows the delivery claimed anew (a transition
 //! into `sending`) after both P's SIGCONT and that accept: a send under a lease acquired after the
 //! wake-up is not a zombie's (if it is a duplicate, `exactly_once` names it). A `sending` row with
-//! no such claim is never evidence either way; only the ledger decides that a send happened.
+//! no such claim is never evidence either way; only the ledger decides that a send happened. Nor
+//! is a send arriving within `availability::RESUMED_MID_SEND_NS` of P's SIGCONT: it was under way
+//! when P froze, past the last check any process can make (`sends_resumed_mid_send`).
 //!
 //! Judged: the unfinished deliveries the victims held (`no_progress`: needs one — a kill or stop
 //! that caught nothing in flight tested nothing; no kill or stop at all means not checked), and
@@ -164,6 +166,8 @@ struct Tally {
     behind_backlog: u64,
     /// A woken worker's send under a claim made after its wake-up (not a zombie's).
     fresh_claims_after_wake: u64,
+    /// A woken worker's sends that arrived within `RESUMED_MID_SEND_NS` of its SIGCONT.
+    resumed_mid_send: u64,
     worst_ns: u64,
     worst_wait_ns: u64,
 }
@@ -350,6 +354,7 @@ pub fn check(input: &Input) -> Verdict {
         "released_before_kill": n.released_before_kill,
         "behind_backlog": n.behind_backlog,
         "fresh_claims_after_wake": n.fresh_claims_after_wake,
+        "sends_resumed_mid_send": n.resumed_mid_send,
         "slowest_recovery_ms": ms(n.worst_ns),
         "slowest_wait_after_release_ms": ms(n.worst_wait_ns),
         "lease_ms": input.scenario.stack.lease.as_millis() as u64,
@@ -392,6 +397,11 @@ fn zombies(
             && input.pids.get(&s.seq) == Some(&pid)
     });
     for s in woke {
+        if super::availability::resumed_mid_send(input, pid, s.received_ns).is_some() {
+            // Under way when the process froze: it could not re-check its lease in between.
+            n.resumed_mid_send += 1;
+            continue;
+        }
         let first = sends.by_key(s.provider, &s.recipient).iter().find(|o| {
             o.outcome == Outcome::Accepted
                 && o.mono_ns > t

@@ -211,6 +211,38 @@ fn a_send_under_a_claim_made_after_the_wake_up_is_no_zombie() {
     }
 }
 
+/// A send that reaches the provider 10 ms after its frozen sender's SIGCONT was under way when it
+/// froze: no zombie (and `exactly_once` explains the duplicate). 100 ms after, it is one.
+#[test]
+fn a_send_resumed_mid_write_is_no_zombie() {
+    for (at, zombie) in [(2_610u64, false), (2_700, true)] {
+        let mut w = kill_rescued();
+        w.event(EventKind::Sigstop, Some(8), 2_200);
+        w.event(EventKind::Sigcont, Some(8), 2_600);
+        let a = w.expect("r5", Line);
+        w.send(Line, &a, Accepted, 2_300).pid(10);
+        w.send(Line, &a, Accepted, at).pid(8);
+        let v = check(&w.input());
+        assert_eq!(
+            v.figures["zombie_duplicates"],
+            u64::from(zombie),
+            "{at}: {v:#?}"
+        );
+        assert_eq!(
+            v.figures["sends_resumed_mid_send"],
+            u64::from(!zombie),
+            "{at}"
+        );
+        let once = crate::check::exactly_once::check(&w.input());
+        assert_eq!(once.status == Status::Violated, zombie, "{at}: {once:#?}");
+        assert_eq!(
+            once.figures["duplicates_resumed_mid_send"],
+            u64::from(!zombie),
+            "{at}"
+        );
+    }
+}
+
 /// 7 is killed at 1000 ms just after its transient answer for r6 (sent at 950, answered 955);
 /// the next attempt comes at 9000 ms, far past the deadline of 2500 ms, behind a backlog.
 fn late_retry(w: &mut World) -> String {
