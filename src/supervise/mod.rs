@@ -1,22 +1,24 @@
 //! The stack supervisor: starts the stack's processes, signals them, and records how they end.
 //!
-//! Invariant: only this module sends signals to stack processes. Every child runs in its own
-//! process group (signals reach anything it forked), dies with the harness (parent-death signal,
-//! see [`spawner`]), and writes stdout and stderr to its own log file.
+//! Invariant: only this module sends signals to stack processes. Where processes run is a
+//! [`Driver`]'s business ([`driver::Local`]: children of this process, each in its own process
+//! group, dying with the harness); the records, and what counts as asked for or as a crash, are
+//! the supervisor's. Every process writes stdout and stderr to its own log file.
 
+pub mod driver;
 mod spawner;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use mock_providers::ledger::Ledger;
-use nix::sys::signal::{self, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::sync::watch;
+
+pub use driver::Driver;
 
 use crate::check::{ProcessRecord, Role};
 
@@ -46,6 +48,7 @@ const LOG_TAIL_LINES: usize = 20;
 /// Starts, signals and reaps stack processes; every record is kept for the report.
 #[derive(Clone)]
 pub struct Supervisor {
+    driver: Arc<dyn Driver>,
     log_dir: PathBuf,
     clock: Ledger,
     procs: Arc<Mutex<Vec<Proc>>>,
@@ -54,11 +57,22 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// `clock`: the ledger whose monotonic clock every record uses.
+    /// `clock`: the ledger whose monotonic clock every record uses. Processes run here
+    /// ([`driver::Local`]).
     pub fn new(log_dir: &Path, clock: Ledger) -> anyhow::Result<Supervisor> {
+        Supervisor::with_driver(Arc::new(driver::Local), log_dir, clock)
+    }
+
+    /// As [`Supervisor::new`], with processes run by `driver`.
+    pub fn with_driver(
+        driver: Arc<dyn Driver>,
+        log_dir: &Path,
+        clock: Ledger,
+    ) -> anyhow::Result<Supervisor> {
         std::fs::create_dir_all(log_dir)
             .with_context(|| format!("create {}", log_dir.display()))?;
         Ok(Supervisor {
+            driver,
             log_dir: log_dir.to_path_buf(),
             clock,
             procs: Arc::default(),
@@ -79,22 +93,8 @@ impl Supervisor {
             .append(true)
             .open(&log_path)
             .with_context(|| format!("open {}", log_path.display()))?;
-        let (program, args) = spec.argv.split_first().context("empty command")?;
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
-            .envs(&spec.env)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .process_group(0)
-            .kill_on_drop(false);
-        if let Some(cwd) = &spec.cwd {
-            cmd.current_dir(cwd);
-        }
-        let mut child = spawner::spawn(cmd)
-            .await
-            .with_context(|| format!("start {} ({})", spec.role, spec.argv.join(" ")))?;
-        let pid = child.id().context("child has no pid")?;
+        let started = self.driver.start(&spec, log).await?;
+        let (pid, ended) = (started.id, started.ended);
         let (tx, rx) = watch::channel(false);
         let record = ProcessRecord {
             role: spec.role,
@@ -118,7 +118,7 @@ impl Supervisor {
         });
         let me = self.clone();
         tokio::spawn(async move {
-            let status = child.wait().await;
+            let status = ended.await;
             let now = me.clock.now_ns();
             let unasked = !me.stopping.load(std::sync::atomic::Ordering::SeqCst);
             // Read outside the lock; kept only when the harness had not asked it to stop.
@@ -129,11 +129,8 @@ impl Supervisor {
                 .find(|p| p.record.pid == pid && p.record.exited_ns.is_none())
             {
                 p.record.exited_ns = Some(now);
-                if let Ok(st) = status {
-                    use std::os::unix::process::ExitStatusExt;
-                    p.record.exit_code = st.code();
-                    p.record.signal = st.signal();
-                }
+                p.record.exit_code = status.code;
+                p.record.signal = status.signal;
                 if unasked && !p.asked && p.record.role != Role::Migrate {
                     p.record.exited_unasked = true;
                     p.record.log_tail = tail;
@@ -161,10 +158,7 @@ impl Supervisor {
                 p.record.sigterm_ns.get_or_insert(now);
             }
         }
-        match signal::killpg(Pid::from_raw(pid as i32), sig) {
-            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("send {sig} to {pid}")),
-        }
+        self.driver.signal(pid, sig)
     }
 
     /// Waits up to `timeout` for `pid` to exit; true when it did.
@@ -215,7 +209,7 @@ impl Supervisor {
     ) -> (Option<char>, bool) {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let state = process_state(pid);
+            let state = self.driver.state(pid);
             if state.is_some_and(&want) {
                 return (state, true);
             }
@@ -267,12 +261,12 @@ impl Supervisor {
             .map(|p| p.record.pid)
             .collect();
         for pid in &live {
-            let _ = signal::killpg(Pid::from_raw(*pid as i32), Signal::SIGCONT);
-            let _ = signal::killpg(Pid::from_raw(*pid as i32), Signal::SIGTERM);
+            let _ = self.driver.signal(*pid, Signal::SIGCONT);
+            let _ = self.driver.signal(*pid, Signal::SIGTERM);
         }
         for pid in &live {
             if !self.wait_exit(*pid, grace).await {
-                let _ = signal::killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+                let _ = self.driver.signal(*pid, Signal::SIGKILL);
                 self.wait_exit(*pid, Duration::from_secs(5)).await;
             }
         }
@@ -289,7 +283,7 @@ impl Supervisor {
             .iter()
             .filter(|p| p.record.exited_ns.is_none())
         {
-            let _ = signal::killpg(Pid::from_raw(p.record.pid as i32), Signal::SIGKILL);
+            let _ = self.driver.signal(p.record.pid, Signal::SIGKILL);
         }
     }
 }
@@ -310,17 +304,87 @@ fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
 }
 
-/// The state letter of `pid` in `/proc/<pid>/stat` (`R`, `S`, `D`, `T`, `Z`, …); `None` when the
-/// process is gone. The letter follows the command name's closing parenthesis, which may itself
-/// contain spaces or parentheses.
-pub fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use driver::{Ended, Started};
+    use futures::future::BoxFuture;
+    use std::collections::HashMap;
+    use tokio::sync::oneshot;
+
+    /// Processes that exist only in memory: a signal that stops one ends it at once.
+    #[derive(Default)]
+    struct InMemory {
+        next: std::sync::atomic::AtomicU32,
+        running: Mutex<HashMap<u32, oneshot::Sender<Ended>>>,
+        signals: Mutex<Vec<(u32, Signal)>>,
+    }
+
+    impl Driver for InMemory {
+        fn start(&self, _: &Spec, _: std::fs::File) -> BoxFuture<'static, anyhow::Result<Started>> {
+            let id = 1_000 + self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (tx, rx) = oneshot::channel();
+            self.running.lock().unwrap().insert(id, tx);
+            Box::pin(async move {
+                let ended = Box::pin(async move { rx.await.unwrap_or_default() });
+                Ok(Started { id, ended })
+            })
+        }
+
+        fn signal(&self, id: u32, sig: Signal) -> anyhow::Result<()> {
+            self.signals.lock().unwrap().push((id, sig));
+            if matches!(sig, Signal::SIGKILL | Signal::SIGTERM) {
+                if let Some(tx) = self.running.lock().unwrap().remove(&id) {
+                    let _ = tx.send(Ended {
+                        code: None,
+                        signal: Some(sig as i32),
+                    });
+                }
+            }
+            Ok(())
+        }
+
+        fn state(&self, id: u32) -> Option<char> {
+            self.running
+                .lock()
+                .unwrap()
+                .contains_key(&id)
+                .then_some('S')
+        }
+    }
+
+    /// The supervisor's records and rules go through the seam alone: a driver that forks nothing
+    /// gets the same bookkeeping (started, signalled, ended by the signal asked for, not a crash).
+    #[tokio::test]
+    async fn a_driver_that_forks_nothing_gets_the_same_bookkeeping() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = Arc::new(InMemory::default());
+        let sup = Supervisor::with_driver(driver.clone(), dir.path(), Ledger::new()).unwrap();
+        let spec = Spec {
+            role: Role::Worker,
+            slot: Some(1),
+            worker_id: Some("w1".into()),
+            argv: vec!["nothing".into()],
+            env: BTreeMap::new(),
+            cwd: None,
+        };
+        let pid = sup.spawn(spec).await.unwrap();
+        assert!(sup.is_alive(pid));
+        let (state, running) = sup
+            .wait_state(pid, |s| s == 'S', Duration::from_secs(1))
+            .await;
+        assert_eq!((state, running), (Some('S'), true));
+        sup.signal(pid, Signal::SIGKILL).unwrap();
+        assert!(sup.wait_exit(pid, Duration::from_secs(5)).await);
+        let rec = sup.record(pid).unwrap();
+        assert_eq!(rec.signal, Some(Signal::SIGKILL as i32));
+        assert!(
+            !rec.exited_unasked,
+            "an exit the harness asked for is no crash"
+        );
+        assert_eq!(rec.log, "worker-w1.log");
+        assert_eq!(*driver.signals.lock().unwrap(), [(pid, Signal::SIGKILL)]);
+    }
 
     #[test]
     fn log_tail_keeps_the_last_lines() {
@@ -332,12 +396,5 @@ mod tests {
         assert_eq!(tail.lines().count(), LOG_TAIL_LINES);
         assert!(tail.ends_with("line 100"), "{tail}");
         assert_eq!(log_tail(&dir.path().join("missing.log")), "");
-    }
-
-    #[test]
-    fn the_state_of_this_process_is_running() {
-        let me = std::process::id();
-        assert!(matches!(process_state(me), Some('R' | 'S')));
-        assert_eq!(process_state(u32::MAX), None);
     }
 }
