@@ -2,7 +2,12 @@
 //! database down or locked. Shared by `recovery` (when the clock of a rescue starts) and
 //! `retry_discipline` (time a retry could not have been made is not a late retry).
 //!
-//! Read only from the harness's own timeline and process records, never from the stack.
+//! Read only from the harness's own timeline, process records and ledger, never from the stack.
+//! Also: which sends a frozen process may have had under way when it froze ([`resumed_mid_send`]).
+
+use std::collections::{HashMap, HashSet};
+
+use mock_providers::ledger::EntryKind;
 
 use super::{EventKind, Input, Role, TimelineEvent};
 
@@ -25,23 +30,47 @@ pub fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
     out
 }
 
-/// A send this soon after its process's SIGCONT was already under way when the process was
-/// frozen: woken, a process finishes the instruction it was in (the write of a request whose
-/// lease it had checked) before it can check anything again. No stack can close that gap without
-/// a fencing token the provider honours.
+/// How soon after its process's SIGCONT a send may still be the one that was under way when the
+/// process froze (plus any machine stall in between).
 pub const RESUMED_MID_SEND_NS: u64 = 25_000_000;
 
-/// The SIGCONT that `pid`'s request arriving at `received_ns` followed by at most
-/// [`RESUMED_MID_SEND_NS`] (plus any machine stall in between): the request was under way when
-/// the process was frozen.
-pub fn resumed_mid_send(input: &Input, pid: u32, received_ns: u64) -> Option<u64> {
-    stops(input.timeline, pid)
-        .into_iter()
-        .filter_map(|(_, cont)| cont)
-        .find(|&c| {
-            let until = crate::stalls::extended(input.stalls, c, c + RESUMED_MID_SEND_NS);
-            (c..=until).contains(&received_ns)
-        })
+/// The sends (ledger `seq`) that may have been under way when their process was frozen: per
+/// SIGCONT, only the *first* send request of that process to arrive within
+/// [`RESUMED_MID_SEND_NS`] of it. Woken, a process finishes the write it was in — of a request
+/// whose lease it had checked — before it can check anything again, and no stack can close that
+/// gap without a fencing token the provider honours. One such write per freeze is that gap; a
+/// burst of them is a process that sent on waking without re-checking (the `zombie-send` flaw
+/// sends 17 or 18 within the window), and only its first is excused.
+pub fn resumed_mid_send(input: &Input) -> HashSet<u64> {
+    let mut conts: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+    for e in input
+        .timeline
+        .iter()
+        .filter(|e| e.kind == EventKind::Sigcont)
+    {
+        let Some(pid) = e.pid else { continue };
+        let until =
+            crate::stalls::extended(input.stalls, e.mono_ns, e.mono_ns + RESUMED_MID_SEND_NS);
+        conts.entry(pid).or_default().push((e.mono_ns, until));
+    }
+    let mut first: HashMap<(u32, u64), (u64, u64)> = HashMap::new();
+    for s in input.ledger.iter().filter(|s| s.kind == EntryKind::Send) {
+        let Some(pid) = input.pids.get(&s.seq) else {
+            continue;
+        };
+        let Some(windows) = conts.get(pid) else {
+            continue;
+        };
+        for (c, _) in windows
+            .iter()
+            .filter(|(c, u)| (*c..=*u).contains(&s.received_ns))
+        {
+            let key = (s.received_ns, s.seq);
+            let f = first.entry((*pid, *c)).or_insert(key);
+            *f = (*f).min(key);
+        }
+    }
+    first.values().map(|(_, seq)| *seq).collect()
 }
 
 /// Periods `[from, to)` during which chaos had the database down (a restart until it was back)

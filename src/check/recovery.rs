@@ -34,8 +34,9 @@
 //! into `sending`) after both P's SIGCONT and that accept: a send under a lease acquired after the
 //! wake-up is not a zombie's (if it is a duplicate, `exactly_once` names it). A `sending` row with
 //! no such claim is never evidence either way; only the ledger decides that a send happened. Nor
-//! is a send arriving within `availability::RESUMED_MID_SEND_NS` of P's SIGCONT: it was under way
-//! when P froze, past the last check any process can make (`sends_resumed_mid_send`).
+//! is P's first send within 25 ms of its SIGCONT (`availability::resumed_mid_send`): it was under
+//! way when P froze, past the last check any process can make (`sends_resumed_mid_send`); any
+//! further send in that window is judged.
 //!
 //! Judged: the unfinished deliveries the victims held (`no_progress`: needs one — a kill or stop
 //! that caught nothing in flight tested nothing; no kill or stop at all means not checked), and
@@ -44,7 +45,7 @@
 //! in time (it may have been the victim's), or a repeated acceptance with no known sender (it may
 //! have been a zombie's), is unjudged, and more than 1% of them makes the verdict insufficient.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use mock_providers::ledger::{EntryKind, Outcome, Provider};
 use serde_json::json;
@@ -197,6 +198,7 @@ pub fn check(input: &Input) -> Verdict {
     let mut findings = Findings::default();
     let mut n = Tally::default();
     let offset = wall_offset_ms(input);
+    let under_way = super::availability::resumed_mid_send(input);
 
     for ev in &events {
         let (t, pid) = (ev.mono_ns, ev.pid.unwrap_or_default());
@@ -334,7 +336,16 @@ pub fn check(input: &Input) -> Verdict {
                 "next_ms": progress.map_or(json!("none"), |p| json!(ms(p))),
             }));
         }
-        zombies(input, &sends, &expected, ev, offset, &mut n, &mut findings);
+        zombies(
+            input,
+            &sends,
+            &expected,
+            ev,
+            &under_way,
+            offset,
+            &mut n,
+            &mut findings,
+        );
     }
 
     let not_recovered = findings.total() as u64 - n.zombies;
@@ -380,6 +391,7 @@ fn zombies(
     sends: &Sends,
     expected: &HashMap<(Provider, &str), &Expected>,
     ev: &TimelineEvent,
+    under_way: &HashSet<u64>,
     offset: Option<i64>,
     n: &mut Tally,
     findings: &mut Findings,
@@ -397,7 +409,7 @@ fn zombies(
             && input.pids.get(&s.seq) == Some(&pid)
     });
     for s in woke {
-        if super::availability::resumed_mid_send(input, pid, s.received_ns).is_some() {
+        if under_way.contains(&s.seq) {
             // Under way when the process froze: it could not re-check its lease in between.
             n.resumed_mid_send += 1;
             continue;

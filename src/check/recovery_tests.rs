@@ -243,6 +243,40 @@ fn a_send_resumed_mid_write_is_no_zombie() {
     }
 }
 
+/// Only the first send after a SIGCONT can have been under way: a woken process that sends a
+/// burst without re-checking its lease (the `zombie-send` flaw sends 17 within 25 ms) has every
+/// later one judged. And a resumed send that came *first*, followed by another worker's, leaves
+/// that other worker's send a plain duplicate.
+#[test]
+fn only_the_first_send_after_a_wake_up_is_under_way() {
+    let mut w = kill_rescued();
+    w.event(EventKind::Sigstop, Some(8), 2_200);
+    w.event(EventKind::Sigcont, Some(8), 2_600);
+    for (r, at) in [("r5", 2_605u64), ("r6", 2_612)] {
+        let a = w.expect(r, Line);
+        w.send(Line, &a, Accepted, 2_300).pid(10);
+        w.send(Line, &a, Accepted, at).pid(8);
+    }
+    let v = check(&w.input());
+    assert_eq!(v.figures["sends_resumed_mid_send"], 1, "{v:#?}");
+    assert_eq!(v.figures["zombie_duplicates"], 1, "{v:#?}");
+    assert_eq!(v.counterexamples[0]["address"], addr("r6", Line));
+    let once = crate::check::exactly_once::check(&w.input());
+    assert_eq!(once.figures["duplicates_resumed_mid_send"], 1, "{once:#?}");
+    assert_eq!(once.figures["duplicated_deliveries"], 1, "{once:#?}");
+
+    // The resumed send first, another worker's after it: that one is the duplicate.
+    let mut w = kill_rescued();
+    w.event(EventKind::Sigstop, Some(8), 2_200);
+    w.event(EventKind::Sigcont, Some(8), 2_600);
+    let a = w.expect("r5", Sms);
+    w.send(Sms, &a, Accepted, 2_605).pid(8);
+    w.send(Sms, &a, Accepted, 2_700).pid(10);
+    let once = crate::check::exactly_once::check(&w.input());
+    assert_eq!(once.status, Status::Violated, "{once:#?}");
+    assert_eq!(once.figures["duplicates_resumed_mid_send"], 0);
+}
+
 /// 7 is killed at 1000 ms just after its transient answer for r6 (sent at 950, answered 955);
 /// the next attempt comes at 9000 ms, far past the deadline of 2500 ms, behind a backlog.
 fn late_retry(w: &mut World) -> String {
