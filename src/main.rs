@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ting_chaos::{exit, scenario};
+use ting_chaos_harness::{exit, scenario};
 
 #[derive(Parser)]
 #[command(
@@ -100,7 +100,7 @@ enum Command {
     /// Print the JSON Schema of scenario files.
     Schema,
     /// Serve the fake providers standalone until Ctrl-C or SIGTERM.
-    Mocks(ting_chaos::cli::MocksArgs),
+    Mocks(ting_chaos_harness::cli::MocksArgs),
     /// The reference stack's process roles (started by `run`; configured by TING_* env vars).
     Stack {
         #[command(subcommand)]
@@ -117,7 +117,7 @@ enum Command {
     /// Benchmarks that print figures beside a same-run ceiling: claim, e2e, mocks.
     Bench {
         #[command(subcommand)]
-        what: ting_chaos::bench::BenchCommand,
+        what: ting_chaos_harness::bench::BenchCommand,
     },
 }
 
@@ -172,14 +172,15 @@ fn main() -> ExitCode {
             baseline,
             tolerance,
         } => {
-            let baseline = match ting_chaos::cli::load_baseline(baseline.as_deref(), &tolerance) {
-                Ok(b) => b,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(exit::USAGE as u8);
-                }
-            };
-            let opts = ting_chaos::run::RunOptions {
+            let baseline =
+                match ting_chaos_harness::cli::load_baseline(baseline.as_deref(), &tolerance) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(exit::USAGE as u8);
+                    }
+                };
+            let opts = ting_chaos_harness::run::RunOptions {
                 baseline,
                 seed,
                 workers,
@@ -195,13 +196,17 @@ fn main() -> ExitCode {
                 set,
                 ..Default::default()
             };
-            runtime().block_on(ting_chaos::cli::run(&scenario, &overrides, opts, json))
+            runtime().block_on(ting_chaos_harness::cli::run(
+                &scenario, &overrides, opts, json,
+            ))
         }
-        Command::Mocks(args) => runtime().block_on(ting_chaos::cli::mocks(args)),
+        Command::Mocks(args) => runtime().block_on(ting_chaos_harness::cli::mocks(args)),
         Command::Db {
             command: DbCommand::Up,
-        } => runtime().block_on(ting_chaos::cli::db_up()),
-        Command::Report { dir, step_summary } => ting_chaos::cli::report(&dir, step_summary),
+        } => runtime().block_on(ting_chaos_harness::cli::db_up()),
+        Command::Report { dir, step_summary } => {
+            ting_chaos_harness::cli::report(&dir, step_summary)
+        }
         Command::Sweep {
             scenario,
             seeds,
@@ -216,7 +221,7 @@ fn main() -> ExitCode {
                 set,
                 ..Default::default()
             };
-            runtime().block_on(ting_chaos::cli::sweep(
+            runtime().block_on(ting_chaos_harness::cli::sweep(
                 &scenario,
                 &overrides,
                 &seeds,
@@ -226,7 +231,7 @@ fn main() -> ExitCode {
             ))
         }
         Command::Bench { what } => runtime().block_on(async move {
-            use ting_chaos::bench::{self, BenchCommand};
+            use ting_chaos_harness::bench::{self, BenchCommand};
             match what {
                 BenchCommand::Claim(args) => bench::claim(args, bench_claim_stack).await,
                 BenchCommand::E2e(args) => {
@@ -303,9 +308,9 @@ fn stack_role(role: StackRole, flaws: Vec<String>) -> i32 {
                     .await
                     .map_err(|e| anyhow::anyhow!("bind {}: {e}", cfg.api_addr))?;
                 tracing::info!(addr = %listener.local_addr()?, "api listening");
-                stack::api::run(cfg, listener, ting_chaos::cli::interrupted()).await
+                stack::api::run(cfg, listener, stack::sigterm()).await
             }
-            StackRole::Worker => stack::worker::run(cfg, ting_chaos::cli::interrupted()).await,
+            StackRole::Worker => stack::worker::run(cfg, stack::sigterm()).await,
         }
     });
     match result {
@@ -321,8 +326,8 @@ fn stack_role(role: StackRole, flaws: Vec<String>) -> i32 {
 /// `ting-chaos bench claim`'s measurement: the reference stack's own claim benchmark
 /// (`stack::bench`) on the database the harness provisioned, handed back as plain figures.
 async fn bench_claim_stack(
-    plan: ting_chaos::bench::ClaimPlan,
-) -> anyhow::Result<ting_chaos::bench::ClaimOutcome> {
+    plan: ting_chaos_harness::bench::ClaimPlan,
+) -> anyhow::Result<ting_chaos_harness::bench::ClaimOutcome> {
     use stack::bench::{Amount, BenchOptions};
     stack::migrate(&plan.database_url).await?;
     let opts = BenchOptions {
@@ -354,12 +359,12 @@ async fn bench_claim_stack(
             && r.pgbench_double_claims.unwrap_or(0) == 0
             && (plan.duration.is_some() || r.unclaimed == 0)
     });
-    Ok(ting_chaos::bench::ClaimOutcome {
+    Ok(ting_chaos_harness::bench::ClaimOutcome {
         table: stack::bench::render(&rows),
         rows: serde_json::to_value(&rows)?,
         series: stack::bench::chart_series(&rows)
             .into_iter()
-            .map(|(name, points)| ting_chaos::bench::output::Series {
+            .map(|(name, points)| ting_chaos_harness::bench::output::Series {
                 reference: name.starts_with("pgbench"),
                 name,
                 points,

@@ -1,72 +1,110 @@
-//! The crate boundaries ARCHITECTURE.md promises, checked on the source: the harness library never
-//! imports the reference stack, the stack never imports the harness or the fake providers, and the
-//! fake providers import neither.
+//! The crate boundaries ARCHITECTURE.md promises, checked on the dependency graph Cargo resolved
+//! (`cargo metadata`), not on the source text: the harness library never depends on the reference
+//! stack, the stack never depends on the harness or the fake providers, and the fake providers
+//! depend on neither. Only the thin `ting-chaos` binary package links the harness and the stack.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
+/// The workspace's dependency graph as Cargo reads it (`cargo metadata --no-deps`): member
+/// package name → the names it depends on for building and running (normal and build
+/// dependencies; dev-dependencies are the tests' business). Crates from the registry cannot
+/// depend on a member, so the members' own edges are the whole story. Read once per test binary.
+fn dependency_graph() -> &'static BTreeMap<String, BTreeSet<String>> {
+    static GRAPH: std::sync::OnceLock<BTreeMap<String, BTreeSet<String>>> =
+        std::sync::OnceLock::new();
+    GRAPH.get_or_init(|| {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                "--no-deps",
+                "--offline",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo metadata runs");
+        assert!(
+            out.status.success(),
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let meta: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+        meta["packages"]
+            .as_array()
+            .expect("packages")
+            .iter()
+            .map(|p| {
+                let deps = p["dependencies"]
+                    .as_array()
+                    .expect("dependencies")
+                    .iter()
+                    .filter(|d| d["kind"].as_str() != Some("dev"))
+                    .map(|d| d["name"].as_str().expect("dependency name").to_string())
+                    .collect();
+                (p["name"].as_str().expect("package name").to_string(), deps)
+            })
+            .collect()
+    })
 }
 
-/// Files under `dir` (except `skip`) that mention any of `forbidden` as a path root.
-fn offenders(dir: &str, skip: &[&str], forbidden: &[&str]) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    rust_files(&root.join(dir), &mut files);
-    let mut bad = Vec::new();
-    for f in files {
-        let rel = f.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-        if skip.contains(&rel.as_str()) {
-            continue;
-        }
-        let text = std::fs::read_to_string(&f).unwrap();
-        for (n, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            for name in forbidden {
-                if code.contains(&format!("{name}::")) && !code.contains(&format!("_{name}::")) {
-                    bad.push(format!("{rel}:{}: {}", n + 1, line.trim()));
-                }
+/// Every package `root` depends on, directly or through others.
+fn reachable(graph: &BTreeMap<String, BTreeSet<String>>, root: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![root.to_string()];
+    while let Some(p) = todo.pop() {
+        for d in graph.get(&p).into_iter().flatten() {
+            if seen.insert(d.clone()) {
+                todo.push(d.clone());
             }
         }
     }
-    bad
+    seen
+}
+
+fn assert_never_reaches(root: &str, forbidden: &[&str]) {
+    let graph = dependency_graph();
+    assert!(graph.contains_key(root), "{root} is not in the workspace");
+    let deps = reachable(graph, root);
+    let bad: Vec<&&str> = forbidden.iter().filter(|f| deps.contains(**f)).collect();
+    assert!(bad.is_empty(), "{root} depends on {bad:?}");
 }
 
 #[test]
-fn harness_library_never_imports_the_stack() {
-    // main.rs is the one place both meet (it serves `ting-chaos stack …`).
-    let bad = offenders("src", &["src/main.rs"], &["stack"]);
-    assert!(
-        bad.is_empty(),
-        "the harness imports the stack:\n{}",
-        bad.join("\n")
+fn harness_library_never_depends_on_the_stack() {
+    assert_never_reaches("ting-chaos-harness", &["stack", "ting-chaos"]);
+}
+
+#[test]
+fn stack_never_depends_on_the_harness_or_the_fakes() {
+    assert_never_reaches(
+        "stack",
+        &["ting-chaos", "ting-chaos-harness", "mock-providers"],
     );
 }
 
 #[test]
-fn stack_never_imports_the_harness_or_the_fakes() {
-    let bad = offenders("stack/src", &[], &["ting_chaos", "mock_providers"]);
-    assert!(
-        bad.is_empty(),
-        "the stack imports the harness or the fakes:\n{}",
-        bad.join("\n")
+fn fakes_depend_on_neither() {
+    assert_never_reaches(
+        "mock-providers",
+        &["ting-chaos", "ting-chaos-harness", "stack"],
     );
 }
 
 #[test]
-fn fakes_import_neither() {
-    let bad = offenders("mock-providers/src", &[], &["ting_chaos", "stack"]);
-    assert!(
-        bad.is_empty(),
-        "mock-providers imports the harness or the stack:\n{}",
-        bad.join("\n")
+fn only_the_binary_links_harness_and_stack() {
+    let graph = dependency_graph();
+    let both: Vec<&String> = graph
+        .iter()
+        .filter(|(_, deps)| deps.contains("stack") && deps.contains("ting-chaos-harness"))
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(
+        both,
+        ["ting-chaos"],
+        "packages linking both the harness and the stack"
     );
 }
 
@@ -77,8 +115,10 @@ fn fakes_import_neither() {
 fn every_flaw_is_known_documented_and_proven_caught() {
     let stack: std::collections::BTreeSet<&str> =
         stack::config::Flaw::ALL.iter().map(|(n, _)| *n).collect();
-    let harness: std::collections::BTreeSet<&str> =
-        ting_chaos::scenario::KNOWN_FLAWS.iter().copied().collect();
+    let harness: std::collections::BTreeSet<&str> = ting_chaos_harness::scenario::KNOWN_FLAWS
+        .iter()
+        .copied()
+        .collect();
     assert_eq!(
         harness, stack,
         "KNOWN_FLAWS and stack::config::Flaw::ALL differ"

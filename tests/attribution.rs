@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use mock_providers::config::ProvidersConfig;
 use mock_providers::ledger::{EntryKind, Hook, Ledger, LedgerEntry, Outcome, Provider};
-use ting_chaos::attribution::Attributor;
+use ting_chaos_harness::attribution::Attributor;
 use tokio::io::AsyncWriteExt;
 
 /// Connections per test.

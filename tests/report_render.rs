@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use ting_chaos::check::{EventKind, Status, TimelineEvent};
-use ting_chaos::report::{
+use ting_chaos_harness::check::{EventKind, Status, TimelineEvent};
+use ting_chaos_harness::report::{
     self, gate, html::render_html, junit::render_junit, markdown::render_markdown, Bucket, Latency,
     Percentiles, Report, Uncertain,
 };

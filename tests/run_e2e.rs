@@ -282,7 +282,8 @@ fn meaningless_run_flags_are_usage_errors() {
 #[test]
 fn committed_report_schema_is_in_sync() {
     let path = repo().join("docs/report.schema.json");
-    let want = serde_json::to_string_pretty(&ting_chaos::report::json_schema()).unwrap() + "\n";
+    let want =
+        serde_json::to_string_pretty(&ting_chaos_harness::report::json_schema()).unwrap() + "\n";
     if std::env::var_os("UPDATE_SCHEMAS").is_some() {
         std::fs::write(&path, &want).unwrap();
         return;

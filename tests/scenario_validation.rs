@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ting_chaos::scenario::{self, Target, Trigger};
+use ting_chaos_harness::scenario::{self, Target, Trigger};
 
 const BASE: &str = r#"name = "t"
 seed = 7
@@ -417,7 +417,7 @@ fn run_with_too_few_workers_for_a_chaos_target_is_a_usage_error() {
 /// The template variables validation allows are exactly the ones the load generator writes.
 #[test]
 fn template_variables_match_the_load_generator() {
-    let people = ting_chaos::load::recipients::generate(7, 5, 0.5);
+    let people = ting_chaos_harness::load::recipients::generate(7, 5, 0.5);
     for r in &people {
         let mut have: Vec<&str> = r.vars.keys().map(String::as_str).collect();
         have.extend(["id", "name"]);

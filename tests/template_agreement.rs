@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 use stack::channels::Channel;
 use stack::render::{RenderError, Renderer, TemplateIn};
-use ting_chaos::scenario::{self, RawTemplate};
+use ting_chaos_harness::scenario::{self, RawTemplate};
 
 /// What the built-in stack does with a template in a part every batch needs (`sms`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,7 +220,7 @@ fn stack(part: &str, src: &str, flaw: bool) -> Result<(), String> {
     }
     let shown = |e: RenderError| e.to_string();
     let r = Renderer::compile(&t, &CHANNELS, flaw).map_err(shown)?;
-    for person in ting_chaos::load::recipients::generate(7, 20, 0.5) {
+    for person in ting_chaos_harness::load::recipients::generate(7, 20, 0.5) {
         // The recipient as the harness posts it, read back as the API reads it.
         let Value::Object(posted) = serde_json::to_value(&person).unwrap() else {
             unreachable!("a recipient serializes to an object")

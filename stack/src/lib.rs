@@ -70,21 +70,26 @@ pub(crate) async fn pool(url: &str, max: u32) -> anyhow::Result<sqlx::PgPool> {
 }
 
 /// Resolves on the first SIGTERM or SIGINT: the `shutdown` future the binaries pass to
-/// [`api::run`] and [`worker::run`].
-pub async fn sigterm() {
+/// [`api::run`] and [`worker::run`]. The handlers are installed by this call, not when the future
+/// is first polled, so a SIGTERM that arrives while the process is still starting (connecting,
+/// binding) is neither lost nor fatal.
+pub fn sigterm() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

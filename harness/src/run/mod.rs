@@ -915,7 +915,7 @@ mod tests {
     use super::*;
 
     fn report() -> Report {
-        let data = include_str!("../../tests/fixtures/report-sample/report.json");
+        let data = include_str!("../../../tests/fixtures/report-sample/report.json");
         serde_json::from_str(data).expect("fixture report")
     }
 
