@@ -1,0 +1,74 @@
+//! The run's fifth phase: stop the stack, then judge. The stack is stopped before anything is
+//! read, so that no send can land after the ledger was read; every checker then judges the same
+//! frozen record (`check::run_all`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use mock_providers::ledger::{Ledger, LedgerEntry};
+
+use super::quiesce::Settled;
+use super::start::{Stack, Workload};
+use super::Resources;
+use crate::check::{self, ProcessRecord, TimelineEvent, Verdict};
+use crate::scenario::Scenario;
+use crate::stalls::{Stall, StallProbe};
+
+/// The frozen record of the run and what the checkers made of it.
+pub(super) struct Judged {
+    pub entries: Vec<LedgerEntry>,
+    /// Ledger `seq` → pid of the sender.
+    pub pids: HashMap<u64, u32>,
+    pub timeline: Vec<TimelineEvent>,
+    pub processes: Vec<ProcessRecord>,
+    pub stalls: Vec<Stall>,
+    pub checks: Vec<Verdict>,
+}
+
+/// Stops every stack process (SIGTERM, then SIGKILL past the grace), freezes the record and runs
+/// every checker over it.
+pub(super) async fn stop_and_judge(
+    scenario: &Scenario,
+    (ledger, probe): (&Ledger, StallProbe),
+    stack: &Stack,
+    work: &Workload,
+    settled: &Settled,
+    res: &mut Resources,
+) -> Judged {
+    stack
+        .supervisor
+        .shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1)))
+        .await;
+    res.supervisor = None;
+    let world = &stack.world;
+    world.resolve_pending();
+    let entries = ledger.snapshot();
+    let pids = world.pids();
+    let timeline = world.timeline();
+    let processes = stack.supervisor.records();
+    let stalls = probe.finish();
+    let input = check::Input {
+        scenario,
+        expected: &work.expected,
+        ledger: &entries,
+        pids: &pids,
+        status: settled.status.as_deref(),
+        timeline: &timeline,
+        processes: &processes,
+        enqueue_us: &settled.enqueue.latency_us,
+        batches: &settled.enqueue.batches,
+        repeats: &settled.enqueue.repeats,
+        quiescence: &settled.quiescence,
+        lost_batches: &settled.lost_batches,
+        stalls: &stalls,
+    };
+    let checks = check::run_all(&input);
+    Judged {
+        entries,
+        pids,
+        timeline,
+        processes,
+        stalls,
+        checks,
+    }
+}

@@ -1,0 +1,297 @@
+//! The run's fourth phase: waiting for quiescence. Every expected delivery must reach a final
+//! outcome in the ledger (and, where the stack has a status API, a settled state there), no
+//! delivery report may still be due and no chaos step running, and that calm must last a lease
+//! and a heartbeat — long enough for a stack that would resend after a rescue to do so where the
+//! ledger sees it. What "final" means is [`settle::Tracker`]'s, the same classification `no_loss`
+//! uses. A stack still settling at the deadline is slow, not stuck: the wait goes on while it
+//! makes progress, up to three times the deadline.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use mock_providers::ledger::Ledger;
+
+use super::drive::Driven;
+use super::provision::Fakes;
+use super::start::{Stack, Workload};
+use super::{infra, progress, settle, status, Resources};
+use crate::check::{EventKind, LostBatch, Quiescence, StatusDelivery};
+use crate::load::{Enqueued, TrickleRun};
+use crate::scenario::{Channel, Scenario};
+
+/// Past its deadline a run keeps waiting while some delivery settled within this long.
+const QUIESCENCE_PROGRESS: Duration = Duration::from_secs(10);
+
+/// The status API returns every delivery with its transitions (megabytes for a big batch): once
+/// a second is plenty, and keeps the poll from competing with the stack for the CPU.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
+
+/// What the wait saw, for the judges.
+pub(super) struct Settled {
+    pub quiescence: Quiescence,
+    /// The batches' enqueues and the trickle's, in the order they were sent.
+    pub enqueue: Enqueued,
+    /// The stack's last whole answer for every accepted batch (None: no status API).
+    pub status: Option<Vec<StatusDelivery>>,
+    /// Accepted batches the status API no longer knew.
+    pub lost_batches: Vec<LostBatch>,
+}
+
+/// Waits until the run is quiescent, gives up at its deadline, or stops because a crash left
+/// nothing able to make progress; then finishes the trickle and reads the status API whole.
+pub(super) async fn wait(
+    scenario: &Scenario,
+    (ledger, fakes, res): (&Ledger, &Fakes, &Resources),
+    stack: &Stack,
+    work: &mut Workload,
+    driven: Driven,
+    progress: &mut progress::Progress,
+    t0: Instant,
+) -> anyhow::Result<Settled> {
+    let world = &stack.world;
+    let Driven {
+        mut enqueue,
+        mut stopped_early,
+        trickle,
+        mut watch,
+    } = driven;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    // Only batches the stack accepted (202/200): a 404 for one of them is a lost batch. The
+    // trickle's orders join as they are accepted.
+    let mut batch_ids: Vec<String> = enqueue.batches.iter().map(|b| b.batch_id.clone()).collect();
+    let reporting = reporting_channels(fakes);
+    let mut tracker = settle::Tracker::new(&work.expected, scenario.expect.max_attempts);
+    let mut deadline = Deadline::new(scenario.expect.quiescence);
+    let settle_for = scenario.stack.lease + scenario.stack.heartbeat;
+    let mut status_view = status::StatusPoller::new();
+    let mut status: Option<Vec<StatusDelivery>> = None;
+    let mut last_status: Option<Instant> = None;
+    let mut last_print = Instant::now();
+    let mut calm_since: Option<Instant> = None;
+    let quiescence = loop {
+        // Read before taking its orders: a trickle finished by now has published them all.
+        let trickling = trickle.as_ref().is_some_and(|t| !t.is_finished());
+        take_trickle(trickle.as_ref(), &mut tracker, work, &mut batch_ids);
+        tracker.feed(&ledger.since(tracker.next_seq()));
+        if stopped_early.is_none() {
+            stopped_early = watch.poll();
+        }
+        if let Some(why) = &stopped_early {
+            world.event(EventKind::StoppedEarly, None, None, why.clone());
+            break Quiescence {
+                reached: false,
+                at_ns: world.now_ns(),
+                open: tracker.open(&work.expected, None, &reporting),
+                awaiting_report: Vec::new(),
+                past_deadline_ms: None,
+                callbacks_pending: 0,
+                stopped_early: stopped_early.clone(),
+            };
+        }
+        if status_view.enabled() && last_status.is_none_or(|t| t.elapsed() >= STATUS_EVERY) {
+            last_status = Some(Instant::now());
+            // Batches with a delivery the ledger has not settled are open whatever the stack says.
+            let unsettled: HashSet<&str> =
+                tracker.open_batches(&work.expected).into_iter().collect();
+            let ready = |id: &str| !unsettled.contains(id);
+            let now = world.now_ns();
+            if let Err(e) = status_view
+                .poll_some(&client, &stack.api_base, &batch_ids, ready, now)
+                .await
+            {
+                tracing::warn!("status API: {e:#}");
+            }
+            status = status_view.rows();
+        }
+        if let Some(t) = &trickle {
+            // The trickle runs while the batches drain (and past that, up to its minimum).
+            let batches = &work.expected[..work.batch_deliveries];
+            if tracker
+                .open(batches, status.as_deref(), &reporting)
+                .is_empty()
+            {
+                t.stop();
+            }
+        }
+        let open = tracker.open(&work.expected, status.as_deref(), &reporting);
+        let pending = res
+            .providers
+            .as_ref()
+            .map(|p| p.pending_callbacks())
+            .unwrap_or(0);
+        let calm = open.is_empty() && pending == 0 && !stack.chaos.busy() && !trickling;
+        calm_since = if calm {
+            calm_since.or(Some(Instant::now()))
+        } else {
+            None
+        };
+        if last_print.elapsed() >= Duration::from_millis(250) {
+            last_print = Instant::now();
+            progress.update(&snapshot(stack, work, pending, t0));
+        }
+        if calm_since.is_some_and(|t| t.elapsed() >= settle_for) {
+            break Quiescence {
+                reached: true,
+                at_ns: world.now_ns(),
+                open,
+                awaiting_report: Vec::new(),
+                past_deadline_ms: deadline.past_ms(),
+                callbacks_pending: pending,
+                stopped_early: None,
+            };
+        }
+        deadline.note(open.len());
+        if deadline.given_up() {
+            // Open only for a delivery report the fakes did send and no longer have due
+            // (delivered, or given up after its retries): the stack may be waiting for a report
+            // it never got. A row no report was ever sent for stays open.
+            let awaiting_report = if pending == 0 {
+                let without = tracker.open(&work.expected, status.as_deref(), &[]);
+                let reported = settle::reported(&ledger.snapshot(), &work.expected);
+                open.iter()
+                    .filter(|d| !without.contains(d) && reported.contains(d.as_str()))
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            break Quiescence {
+                reached: false,
+                at_ns: world.now_ns(),
+                open,
+                awaiting_report,
+                past_deadline_ms: deadline.past_ms(),
+                callbacks_pending: pending,
+                stopped_early: None,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    if quiescence.stopped_early.is_none() {
+        let kind = if quiescence.reached {
+            EventKind::Quiescent
+        } else {
+            EventKind::Deadline
+        };
+        world.event(kind, None, None, format!("{} open", quiescence.open.len()));
+    }
+    match trickle {
+        // After a crash that stopped the run its orders would only wait for a dead API.
+        Some(t) if quiescence.stopped_early.is_some() => t.abort(),
+        Some(t) => {
+            // At the deadline the trickle may still be sending: its last orders are judged too.
+            let (orders, late) = t.finish().await.map_err(|e| infra(format!("{e}")))?;
+            for order in late {
+                work.expected.extend(order.expected);
+            }
+            batch_ids.extend(orders.batches.iter().map(|b| b.batch_id.clone()));
+            batch_ids.sort();
+            batch_ids.dedup();
+            enqueue.merge(orders);
+        }
+        None => {}
+    }
+    if status_view.enabled() {
+        let now = world.now_ns();
+        if let Err(e) = status_view
+            .poll(&client, &stack.api_base, &batch_ids, true, now)
+            .await
+        {
+            tracing::warn!("status API: {e:#}");
+        }
+    }
+    Ok(Settled {
+        quiescence,
+        enqueue,
+        status: status_view.rows(),
+        lost_batches: status_view.lost(),
+    })
+}
+
+/// The channels whose deliveries are settled only by a delivery report (SMS status callbacks,
+/// e-mail delivery events), when the fakes send them.
+fn reporting_channels(fakes: &Fakes) -> Vec<Channel> {
+    [
+        (Channel::Sms, fakes.config.sms.callbacks.enabled),
+        (Channel::Email, fakes.config.smtp.events.enabled),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on)
+    .map(|(c, _)| c)
+    .collect()
+}
+
+/// Takes the trickle's new orders into the expected deliveries (they are known before their
+/// requests are sent, so before the ledger can hold any of their sends) and its accepted orders
+/// into the batches the status API is asked about.
+fn take_trickle(
+    trickle: Option<&TrickleRun>,
+    tracker: &mut settle::Tracker,
+    work: &mut Workload,
+    batch_ids: &mut Vec<String>,
+) {
+    let Some(t) = trickle else { return };
+    for order in t.take_new() {
+        tracker.extend(&order.expected);
+        work.expected.extend(order.expected);
+    }
+    batch_ids.extend(t.take_accepted());
+}
+
+fn snapshot(stack: &Stack, work: &Workload, pending: usize, t0: Instant) -> progress::Snapshot {
+    let world = &stack.world;
+    progress::Snapshot {
+        elapsed_s: t0.elapsed().as_secs_f64(),
+        accepted: work
+            .acceptable_by
+            .iter()
+            .map(|(c, n)| (*c, (world.accepted_on(c.provider()), *n)))
+            .collect(),
+        faults: world.faults_injected(),
+        callbacks_due: pending,
+        workers_alive: world.live_workers().len(),
+    }
+}
+
+/// `expect.quiescence` as a stall detector, not a throughput requirement: past it the wait goes
+/// on while fewer deliveries are open than QUIESCENCE_PROGRESS ago, up to three times it in all.
+struct Deadline {
+    soft: Instant,
+    hard: Instant,
+    fewest_open: usize,
+    last_progress: Instant,
+}
+
+impl Deadline {
+    fn new(quiescence: Duration) -> Deadline {
+        let now = Instant::now();
+        Deadline {
+            soft: now + quiescence,
+            hard: now + quiescence * 3,
+            fewest_open: usize::MAX,
+            last_progress: now,
+        }
+    }
+
+    /// Notes how many deliveries are open now.
+    fn note(&mut self, open: usize) {
+        if open < self.fewest_open {
+            (self.fewest_open, self.last_progress) = (open, Instant::now());
+        }
+    }
+
+    fn given_up(&self) -> bool {
+        let now = Instant::now();
+        let progressing = self.last_progress.elapsed() < QUIESCENCE_PROGRESS;
+        now >= self.soft && (!progressing || now >= self.hard)
+    }
+
+    /// How long past the soft deadline it is now, if it is.
+    fn past_ms(&self) -> Option<u64> {
+        Instant::now()
+            .checked_duration_since(self.soft)
+            .map(|d| d.as_millis() as u64)
+    }
+}

@@ -1,0 +1,246 @@
+//! The run's second phase: the workload it will send (recipients, batches, what each delivery
+//! should become) and the stack, started through the contract — migrate to completion, the API
+//! until healthy, then every worker — with the chaos schedule and the ledger hook in place
+//! before the stack opens its first provider connection.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mock_providers::ledger::Ledger;
+
+use super::provision::{Database, Fakes};
+use super::{chaos, env, infra, progress, world, Resources, RunOptions, WorkerCommand};
+use crate::check::{EventKind, Expected, Role};
+use crate::load::{recipients, Plan, Recipient};
+use crate::scenario::{Channel, Scenario, StackKind};
+use crate::supervise::{Spec, Supervisor};
+
+/// What the run will send and expects to see: known before anything starts, from the seed.
+pub(super) struct Workload {
+    /// The batches' recipients.
+    pub people: Vec<Recipient>,
+    /// The trickle's recipients, after the batches' in the same seeded sequence; taken by the
+    /// load phase.
+    pub trickle_people: Vec<Recipient>,
+    pub plan: Plan,
+    /// Every delivery the run expects: the batches', then the trickle's orders as they start.
+    pub expected: Vec<Expected>,
+    /// How many of `expected` are the batches'.
+    pub batch_deliveries: usize,
+    /// Per channel, the deliveries the providers can accept: the progress display's "expected".
+    pub acceptable_by: BTreeMap<Channel, u64>,
+}
+
+impl Workload {
+    pub fn of(scenario: &Scenario) -> Workload {
+        let mut people = recipients::of_run(scenario);
+        let trickle_people = people.split_off(scenario.load.recipients as usize);
+        let plan = Plan::new(scenario, people.len());
+        let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
+        let mut acceptable_by: BTreeMap<Channel, u64> = BTreeMap::new();
+        for e in &expected {
+            *acceptable_by.entry(e.channel).or_default() += u64::from(!e.bad);
+        }
+        Workload {
+            people,
+            trickle_people,
+            batch_deliveries: expected.len(),
+            plan,
+            expected,
+            acceptable_by,
+        }
+    }
+
+    /// Deliveries of the batches the providers can accept (what progress triggers count).
+    fn acceptable(&self) -> u64 {
+        self.acceptable_by.values().sum()
+    }
+}
+
+/// The running stack and what acts on it.
+pub(super) struct Stack {
+    pub supervisor: Supervisor,
+    pub world: Arc<world::World>,
+    pub chaos: Arc<chaos::Chaos>,
+    pub api_pid: u32,
+    pub api_base: String,
+}
+
+/// Starts the stack through the contract. Every process it starts is the supervisor's, which
+/// `res` tears down on every path.
+pub(super) async fn stack(
+    scenario: &Scenario,
+    opts: &RunOptions,
+    report_dir: &Path,
+    (ledger, progress): (&Ledger, &progress::Progress),
+    db: &Database,
+    fakes: &Fakes,
+    work: &Workload,
+    res: &mut Resources,
+) -> anyhow::Result<Stack> {
+    let supervisor = Supervisor::new(&report_dir.join("logs"), ledger.clone())?;
+    res.supervisor = Some(supervisor.clone());
+    let env = env::contract_env(scenario, &fakes.config, &fakes.endpoints);
+    let commands = Commands::of(scenario, opts);
+    let world = world::World::new(
+        scenario.clone(),
+        ledger.clone(),
+        supervisor.clone(),
+        fakes.attributor.clone(),
+        WorkerCommand {
+            argv: commands.worker,
+            env: env.clone(),
+            cwd: commands.cwd.clone(),
+        },
+    );
+    res.world = Some(world.clone());
+    world.spawn_resolver();
+    *world.printer.lock().unwrap() = progress.printer();
+    // The chaos schedule and the ledger hook exist before the stack starts, so that the hook sees
+    // (and attributes) every connection the stack opens to the providers.
+    let chaos = chaos::Chaos::new(
+        world.clone(),
+        chaos::DbHandle {
+            url: db.url.clone(),
+            admin_url: db.admin_url.clone(),
+            database: db.handle.clone(),
+        },
+        work.acceptable(),
+    );
+    res.chaos = Some(chaos.clone());
+    ledger.add_hook(Arc::new(world::Observer::new(
+        world.clone(),
+        chaos.clone(),
+        work.expected
+            .iter()
+            .map(|e| (e.channel.provider(), e.address.clone())),
+    )));
+
+    let spec = |role: Role, argv: Vec<String>| Spec {
+        role,
+        slot: None,
+        worker_id: None,
+        argv,
+        env: env.clone(),
+        cwd: commands.cwd.clone(),
+    };
+    migrate(
+        &supervisor,
+        spec(Role::Migrate, commands.migrate),
+        report_dir,
+    )
+    .await?;
+    let api_pid = supervisor
+        .spawn(spec(Role::Api, commands.api))
+        .await
+        .map_err(|e| infra(format!("stack api could not start: {e:#}")))?;
+    fakes.attributor.add_candidate(api_pid);
+    let api_base = format!("http://{}", fakes.endpoints.api_addr);
+    wait_healthy(&supervisor, api_pid, &api_base, Duration::from_secs(30)).await?;
+    world.event(EventKind::ApiReady, None, Some(api_pid), api_base.clone());
+    for slot in 1..=scenario.stack.workers {
+        world
+            .start_worker(slot)
+            .await
+            .map_err(|e| infra(format!("stack worker could not start: {e:#}")))?;
+    }
+    Ok(Stack {
+        supervisor,
+        world,
+        chaos,
+        api_pid,
+        api_base,
+    })
+}
+
+/// The command lines of the stack's three roles: the external stack's, or this executable's
+/// `stack …` subcommands for the built-in one.
+struct Commands {
+    api: Vec<String>,
+    worker: Vec<String>,
+    migrate: Vec<String>,
+    cwd: Option<std::path::PathBuf>,
+}
+
+impl Commands {
+    fn of(scenario: &Scenario, opts: &RunOptions) -> Commands {
+        match (&scenario.stack.kind, &scenario.stack.external) {
+            (StackKind::External, Some(x)) => Commands {
+                api: x.api.clone(),
+                worker: x.worker.clone(),
+                migrate: x.migrate.clone(),
+                cwd: Some(x.cwd.clone()),
+            },
+            _ => {
+                let me = opts.self_exe.display().to_string();
+                let role = |r: &str| vec![me.clone(), "stack".into(), r.into()];
+                Commands {
+                    api: role("api"),
+                    worker: role("worker"),
+                    migrate: role("migrate"),
+                    cwd: None,
+                }
+            }
+        }
+    }
+}
+
+/// Runs the stack's migration to completion; anything but exit 0 within 120 s stops the run.
+async fn migrate(supervisor: &Supervisor, spec: Spec, report_dir: &Path) -> anyhow::Result<()> {
+    let mig = supervisor
+        .spawn(spec)
+        .await
+        .map_err(|e| infra(format!("stack migrate could not start: {e:#}")))?;
+    if !supervisor.wait_exit(mig, Duration::from_secs(120)).await {
+        return Err(infra("stack migrate did not finish within 120s"));
+    }
+    let rec = supervisor
+        .record(mig)
+        .ok_or_else(|| infra("stack migrate left no process record"))?;
+    if rec.exit_code != Some(0) {
+        return Err(infra(format!(
+            "stack migrate failed (exit {:?}, signal {:?}); see {}",
+            rec.exit_code,
+            rec.signal,
+            report_dir.join("logs").join(&rec.log).display()
+        )));
+    }
+    Ok(())
+}
+
+/// Waits for the API's `GET /healthz` to answer 2xx; its exit or `within` passing stops the run.
+async fn wait_healthy(
+    sup: &Supervisor,
+    pid: u32,
+    base: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(r) = client.get(format!("{base}/healthz")).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        if !sup.is_alive(pid) {
+            let rec = sup.record(pid);
+            return Err(infra(format!(
+                "stack api exited before becoming healthy (exit {:?}); see its log {}",
+                rec.as_ref().and_then(|r| r.exit_code),
+                rec.map(|r| r.log).unwrap_or_default()
+            )));
+        }
+        if Instant::now() >= deadline {
+            return Err(infra(format!(
+                "stack api never answered GET {base}/healthz within {}s",
+                within.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
