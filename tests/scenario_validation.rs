@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ting_chaos_harness::scenario::{self, Target, Trigger};
+use ting_chaos_harness::scenario::{self, Target, Trigger, UnknownPolicy};
 
 const BASE: &str = r#"name = "t"
 seed = 7
@@ -579,7 +579,7 @@ fn set_overrides_any_key_before_validation() {
     assert_eq!(s.load.recipients, 200);
     assert_eq!(s.stack.workers, 2);
     assert_eq!(s.stack.lease, std::time::Duration::from_secs(3));
-    assert_eq!(s.stack.email_unknown_policy, "resend");
+    assert_eq!(s.stack.email_unknown_policy, UnknownPolicy::Resend);
     assert_eq!(s.load.channels, [scenario::Channel::Email]);
     assert_eq!(s.chaos[0].target, Target::Busiest);
     assert_eq!(s.expect.max_unknown, 3);

@@ -48,7 +48,7 @@ use super::common::{
     attempt_json, delivery_json, figures, status_index, Findings, PerChannel, Sends,
     MAX_UNJUDGED_SHARE,
 };
-use super::{EventKind, Input, StatusDelivery, Verdict};
+use super::{EventKind, Input, State, StatusDelivery, Verdict};
 
 pub const NAME: &str = "agreement";
 
@@ -173,7 +173,7 @@ fn failure_reports(ledger: &[LedgerEntry]) -> HashMap<(Provider, &str), u64> {
 fn recorded_acceptance(row: &StatusDelivery) -> bool {
     row.transitions
         .iter()
-        .any(|t| matches!(t.to.as_str(), "submitted" | "delivered"))
+        .any(|t| matches!(t.to, State::Submitted | State::Delivered))
 }
 
 pub fn check(input: &Input) -> Verdict {
@@ -210,11 +210,15 @@ pub fn check(input: &Input) -> Verdict {
             .iter()
             .any(|s| matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat));
         let reported_failure = failures.contains_key(&(e.channel.provider(), e.address.as_str()));
-        let rule = match (row.state.as_str(), seen) {
-            ("failed", Some(_)) => Some(Rule::AcceptedButFailed),
-            ("permanent_failure", Some(_)) if !reported_failure => Some(Rule::AcceptedButFailed),
-            ("delivered" | "submitted", _) if !any_accept => Some(Rule::NeverAccepted),
-            ("unknown", Some(_)) if !recorded_acceptance(row) => Some(Rule::UnknownButAccepted),
+        let rule = match (&row.state, seen) {
+            (State::Failed, Some(_)) => Some(Rule::AcceptedButFailed),
+            (State::PermanentFailure, Some(_)) if !reported_failure => {
+                Some(Rule::AcceptedButFailed)
+            }
+            (State::Delivered | State::Submitted, _) if !any_accept => Some(Rule::NeverAccepted),
+            (State::Unknown, Some(_)) if !recorded_acceptance(row) => {
+                Some(Rule::UnknownButAccepted)
+            }
             _ => None,
         };
         let Some(rule) = rule else { continue };

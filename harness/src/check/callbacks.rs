@@ -46,12 +46,10 @@ use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Provider};
 use serde_json::{json, Value};
 
 use super::common::{channel_of, figures, ms, not_checked, Findings};
-use super::{Input, StatusDelivery, Verdict};
+use super::{Input, Source, State, StatusDelivery, Verdict};
 use crate::scenario::Channel;
 
 pub const NAME: &str = "callbacks";
-
-const TERMINAL: [&str; 3] = ["delivered", "permanent_failure", "failed"];
 
 /// A try the fakes began this much later than due says the harness's machine was starved.
 pub const HARNESS_LATE_MS: u64 = 250;
@@ -66,11 +64,11 @@ fn is_final_report(status: &str) -> bool {
 }
 
 /// Whether a stack state is what a final report with `status` calls for.
-fn agrees(report: &str, state: &str) -> bool {
+fn agrees(report: &str, state: &State) -> bool {
     if report == "delivered" {
-        state == "delivered"
+        *state == State::Delivered
     } else {
-        matches!(state, "permanent_failure" | "failed")
+        matches!(state, State::PermanentFailure | State::Failed)
     }
 }
 
@@ -165,7 +163,7 @@ pub fn check(input: &Input) -> Verdict {
             unmatched += 1;
             continue;
         };
-        if row.state == "submitted" && input.quiescence.callbacks_pending > 0 {
+        if row.state == State::Submitted && input.quiescence.callbacks_pending > 0 {
             pending += 1;
             continue;
         }
@@ -205,12 +203,12 @@ pub fn check(input: &Input) -> Verdict {
     }
     let (mut regressions, mut duplicates) = (0u64, 0u64);
     for row in rows {
-        let mut prev: Option<&str> = None;
-        let mut by_callback: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut prev: Option<&State> = None;
+        let mut by_callback: BTreeMap<&State, u32> = BTreeMap::new();
         let mut regressed = false;
         for t in &row.transitions {
-            let from = t.from.as_deref().or(prev);
-            if let Some(f) = from.filter(|f| TERMINAL.contains(f) && *f != t.to) {
+            let from = t.from.as_ref().or(prev);
+            if let Some(f) = from.filter(|f| f.is_terminal() && **f != t.to) {
                 if !regressed {
                     regressed = true;
                     regressions += 1;
@@ -232,10 +230,10 @@ pub fn check(input: &Input) -> Verdict {
             }
             // A history entry that left the state as it was (a duplicate the stack logged and
             // ignored) changed nothing; only moves into a state count.
-            if t.source == "callback" && from != Some(t.to.as_str()) {
-                *by_callback.entry(t.to.as_str()).or_default() += 1;
+            if t.source == Source::Callback && from != Some(&t.to) {
+                *by_callback.entry(&t.to).or_default() += 1;
             }
-            prev = Some(t.to.as_str());
+            prev = Some(&t.to);
         }
         for (to, n) in by_callback.into_iter().filter(|(_, n)| *n > 1) {
             duplicates += 1;

@@ -28,6 +28,7 @@ pub mod quiescence;
 pub mod recovery;
 pub mod responsiveness;
 pub mod retry_discipline;
+mod state;
 #[cfg(test)]
 mod testkit;
 mod unknowns;
@@ -64,7 +65,7 @@ pub struct StatusDelivery {
     pub channel: Channel,
     #[serde(default)]
     pub address: Option<String>,
-    pub state: String,
+    pub state: State,
     #[serde(default)]
     pub attempts: u32,
     #[serde(default)]
@@ -79,9 +80,9 @@ pub struct StatusDelivery {
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct StatusTransition {
-    pub from: Option<String>,
-    pub to: String,
-    pub source: String,
+    pub from: Option<State>,
+    pub to: State,
+    pub source: Source,
     #[serde(default)]
     pub at: Option<String>,
     #[serde(default)]
@@ -89,6 +90,7 @@ pub struct StatusTransition {
 }
 
 pub use event::{EventKind, Role};
+pub use state::{Source, State};
 
 /// Something the harness did or saw, on the ledger's monotonic clock.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

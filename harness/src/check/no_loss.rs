@@ -33,7 +33,7 @@ use super::common::{
     attempt_json, delivery_json, figures, is_failure, ms, status_index, Findings, PerChannel, Sends,
 };
 use super::unknowns::{self, Excuse};
-use super::{Input, StatusDelivery, Verdict};
+use super::{Input, Source, State, StatusDelivery, Verdict};
 
 pub const NAME: &str = "no_loss";
 
@@ -67,7 +67,7 @@ impl End {
 /// without a status API, or when it has no row for the delivery).
 pub fn classify(
     sends: &[&LedgerEntry],
-    state: Option<&str>,
+    state: Option<&State>,
     max_attempts: u32,
     quiescent: bool,
 ) -> End {
@@ -78,7 +78,7 @@ pub fn classify(
         End::Permanent
     } else if sends.iter().filter(|s| is_failure(s.outcome)).count() >= max_attempts as usize {
         End::Exhausted
-    } else if state == Some("unknown") {
+    } else if state == Some(&State::Unknown) {
         End::Unknown
     } else if quiescent {
         End::Lost
@@ -94,14 +94,14 @@ fn state_of<'a>(
     input: &Input,
     row: Option<&'a StatusDelivery>,
     attempts: &[&LedgerEntry],
-) -> Option<&'a str> {
+) -> Option<&'a State> {
     if input.status.is_some() {
-        return row.map(|r| r.state.as_str());
+        return row.map(|r| &r.state);
     }
     attempts
         .last()
         .filter(|s| s.client_hung_up || s.fault.as_deref().is_some_and(unknowns::cuts_answer))
-        .map(|_| "unknown")
+        .map(|_| &State::Unknown)
 }
 
 pub fn check(input: &Input) -> Verdict {
@@ -126,7 +126,7 @@ pub fn check(input: &Input) -> Verdict {
         let row = status.get(&(e.recipient.as_str(), e.channel));
         let state = state_of(input, row.copied(), attempts);
         let end = classify(attempts, state, max, quiescent);
-        if end == End::Delivered && state == Some("unknown") {
+        if end == End::Delivered && state == Some(&State::Unknown) {
             let excuse = unknowns::excuse(input, attempts);
             accepted_unknown.push(excuse_json(e, true, excuse.as_ref()));
             accepted_unexplained += u64::from(excuse.is_none());
@@ -286,13 +286,13 @@ fn excuse_json(e: &super::Expected, accepted: bool, excuse: Option<&Excuse>) -> 
 
 /// Whether a status row went from `unknown` to a final state on a callback.
 fn resolved_by_event(row: &StatusDelivery) -> bool {
-    let mut prev: Option<&str> = None;
+    let mut prev: Option<&State> = None;
     row.transitions.iter().any(|t| {
-        let from = t.from.as_deref().or(prev);
-        prev = Some(t.to.as_str());
-        from == Some("unknown")
-            && t.source == "callback"
-            && matches!(t.to.as_str(), "delivered" | "permanent_failure")
+        let from = t.from.as_ref().or(prev);
+        prev = Some(&t.to);
+        from == Some(&State::Unknown)
+            && t.source == Source::Callback
+            && matches!(t.to, State::Delivered | State::PermanentFailure)
     })
 }
 

@@ -56,7 +56,7 @@ use super::common::{
     attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, Findings,
     Sends, ANSWER_RECORD_WINDOW_NS,
 };
-use super::{Expected, Input, TimelineEvent, Verdict};
+use super::{Expected, Input, State, TimelineEvent, Verdict};
 
 pub const NAME: &str = "recovery";
 
@@ -75,8 +75,8 @@ fn wall_offset_ms(input: &Input) -> Option<i64> {
 
 /// One recorded transition of a delivery, on the ledger clock.
 struct Moved<'a> {
-    from: Option<&'a str>,
-    to: &'a str,
+    from: Option<&'a State>,
+    to: &'a State,
     at_ns: u64,
 }
 
@@ -99,8 +99,8 @@ fn timed_transitions<'a>(
                 .ok()?
                 .timestamp_millis();
             Some(Moved {
-                from: tr.from.as_deref(),
-                to: tr.to.as_str(),
+                from: tr.from.as_ref(),
+                to: &tr.to,
                 at_ns: ((at - offset).max(0) as u64) * 1_000_000,
             })
         })
@@ -112,7 +112,7 @@ fn timed_transitions<'a>(
 fn released_after(moved: &[Moved], after: u64) -> Option<u64> {
     moved
         .iter()
-        .filter(|m| m.from == Some("sending") && m.at_ns > after)
+        .filter(|m| m.from == Some(&State::Sending) && m.at_ns > after)
         .map(|m| m.at_ns)
         .min()
 }
@@ -426,7 +426,7 @@ fn zombies(
             let after = woke_at.max(first.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS));
             moved
                 .iter()
-                .any(|m| m.to == "sending" && m.at_ns > after && m.at_ns <= s.received_ns)
+                .any(|m| *m.to == State::Sending && m.at_ns > after && m.at_ns <= s.received_ns)
         });
         if claimed_anew {
             n.fresh_claims_after_wake += 1;

@@ -75,7 +75,7 @@ use super::common::{
     attempt_json, delivery_json, figures, gap_ms, is_failure, ms, Findings, Sends,
     ANSWER_RECORD_WINDOW_NS,
 };
-use super::{Expected, Input, Verdict};
+use super::{Expected, Input, Source, Verdict};
 
 pub const NAME: &str = "retry_discipline";
 
@@ -108,7 +108,7 @@ fn answer_lost(input: &Input, e: &Expected, s: &LedgerEntry) -> bool {
     let rescued = input.status.is_some_and(|rows| {
         rows.iter()
             .filter(|d| d.recipient == e.recipient && d.channel == e.channel)
-            .any(|d| d.transitions.iter().any(|t| t.source == "rescuer"))
+            .any(|d| d.transitions.iter().any(|t| t.source == Source::Rescuer))
     });
     sender_hit(input, s, s.mono_ns.saturating_sub(1), s.mono_ns + lease) || rescued
 }

@@ -213,7 +213,7 @@ impl World {
         path: &[&str],
     ) {
         let mut transitions = Vec::new();
-        let mut from: Option<String> = None;
+        let mut from: Option<State> = None;
         for step in path {
             let (to, source) = step.split_once('@').unwrap_or((step, "worker"));
             transitions.push(StatusTransition {
@@ -223,7 +223,7 @@ impl World {
                 at: None,
                 detail: None,
             });
-            from = Some(to.into());
+            from = Some(State::from(to));
         }
         self.status
             .get_or_insert_with(Vec::new)
@@ -232,7 +232,7 @@ impl World {
                 recipient: recipient.into(),
                 channel,
                 address: Some(addr(recipient, channel)),
-                state: from.unwrap_or_else(|| "pending".into()),
+                state: from.unwrap_or(State::Pending),
                 attempts: 1,
                 provider_message_id: msg_id.map(Into::into),
                 payload_sha256: None,
@@ -244,13 +244,13 @@ impl World {
     /// Adds a status API row whose transitions carry times: `steps` are (state, source, at ms),
     /// each from the state before it (the first from none).
     pub fn timed_row(&mut self, recipient: &str, channel: Channel, steps: &[(&str, &str, u64)]) {
-        let mut from: Option<String> = None;
+        let mut from: Option<State> = None;
         let transitions = steps
             .iter()
             .map(|(to, source, at)| StatusTransition {
-                from: from.replace(to.to_string()),
-                to: to.to_string(),
-                source: source.to_string(),
+                from: from.replace(State::from(*to)),
+                to: State::from(*to),
+                source: Source::from(*source),
                 at: Some(wall(*at)),
                 detail: None,
             })
@@ -262,7 +262,7 @@ impl World {
                 recipient: recipient.into(),
                 channel,
                 address: Some(addr(recipient, channel)),
-                state: from.unwrap_or_else(|| "pending".into()),
+                state: from.unwrap_or(State::Pending),
                 attempts: 1,
                 provider_message_id: None,
                 payload_sha256: None,

@@ -52,7 +52,10 @@ pub fn contract_env(s: &Scenario, p: &ProvidersConfig, e: &Endpoints) -> BTreeMa
         "TING_SHUTDOWN_GRACE_MS",
         st.shutdown_grace.as_millis().to_string(),
     );
-    set("TING_EMAIL_UNKNOWN_POLICY", st.email_unknown_policy.clone());
+    set(
+        "TING_EMAIL_UNKNOWN_POLICY",
+        st.email_unknown_policy.as_str().into(),
+    );
     if !st.flaws.is_empty() {
         set("TING_STACK_FLAWS", st.flaws.join(","));
     }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Provider};
 
 use crate::check::common::{is_failure, is_final};
-use crate::check::{Expected, StatusDelivery};
+use crate::check::{Expected, State, StatusDelivery};
 use crate::scenario::Channel;
 
 /// What the ledger showed of one delivery, classified as `no_loss` classifies it
@@ -114,18 +114,14 @@ impl Tracker {
             let settled_in_stack = match (&by_key, row) {
                 (None, _) => true,
                 (Some(_), None) => false,
-                (Some(_), Some(d)) => match d.state.as_str() {
-                    "delivered" | "permanent_failure" | "failed" | "unknown" => true,
-                    "submitted" => !callbacks.contains(&e.channel),
+                (Some(_), Some(d)) => match &d.state {
+                    s if s.is_settled() => true,
+                    State::Submitted => !callbacks.contains(&e.channel),
                     _ => false,
                 },
             };
-            let terminal = row.is_some_and(|d| {
-                matches!(
-                    d.state.as_str(),
-                    "delivered" | "permanent_failure" | "failed" | "unknown"
-                )
-            });
+            // Settled in the stack's own view (`unknown` included): it has stopped working on it.
+            let terminal = row.is_some_and(|d| d.state.is_settled());
             if !(settled_in_stack && (self.ledger_final(i) || terminal)) {
                 open.push(format!("{}/{}", e.recipient, e.channel.as_str()));
             }

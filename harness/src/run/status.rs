@@ -50,13 +50,7 @@ pub const FULL_EVERY: u32 = 10;
 
 /// No row of a batch whose rows are all final changes any more.
 fn is_final(rows: &[StatusDelivery]) -> bool {
-    !rows.is_empty()
-        && rows.iter().all(|d| {
-            matches!(
-                d.state.as_str(),
-                "delivered" | "permanent_failure" | "failed"
-            )
-        })
+    !rows.is_empty() && rows.iter().all(|d| d.state.is_terminal())
 }
 
 impl Default for StatusPoller {
@@ -271,7 +265,7 @@ mod tests {
             .rows()
             .unwrap()
             .into_iter()
-            .map(|r| (r.key, r.state))
+            .map(|r| (r.key, r.state.to_string()))
             .collect();
         assert_eq!(
             states,

@@ -89,7 +89,30 @@ pub struct StackSpec {
     pub max_attempts: u32,
     pub backoff: Backoff,
     pub flaws: Vec<String>,
-    pub email_unknown_policy: String,
+    pub email_unknown_policy: UnknownPolicy,
+}
+
+/// What the stack is told to do with an e-mail whose outcome it cannot know
+/// (`TING_EMAIL_UNKNOWN_POLICY`): hold it for review, or send it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownPolicy {
+    Hold,
+    Resend,
+}
+
+impl UnknownPolicy {
+    pub const ALL: [(&'static str, UnknownPolicy); 2] = [
+        ("hold", UnknownPolicy::Hold),
+        ("resend", UnknownPolicy::Resend),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnknownPolicy::Hold => "hold",
+            UnknownPolicy::Resend => "resend",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

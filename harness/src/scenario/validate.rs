@@ -300,7 +300,11 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
             ),
         ));
     }
-    if !["hold", "resend"].contains(&s.email_unknown_policy.as_str()) {
+    let Some(email_unknown_policy) = UnknownPolicy::ALL
+        .iter()
+        .find(|(name, _)| *name == s.email_unknown_policy)
+        .map(|(_, p)| *p)
+    else {
         let mut err = cx.at(
             "stack.email_unknown_policy",
             format!(
@@ -310,7 +314,7 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
         );
         err.suggestion = nearest(&s.email_unknown_policy, ["hold", "resend"]);
         return Err(err);
-    }
+    };
     for (i, f) in s.flaws.iter().enumerate() {
         if !KNOWN_FLAWS.contains(&f.as_str()) {
             let mut err = cx.at_first(
@@ -385,7 +389,7 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
             jitter: b.jitter.get(),
         },
         flaws: s.flaws,
-        email_unknown_policy: s.email_unknown_policy,
+        email_unknown_policy,
     })
 }
 
