@@ -20,6 +20,8 @@ const INLINE_HELPERS: &[&str] = &[
 struct Open {
     name: String,
     tag: String,
+    /// Byte offset of the tag.
+    start: usize,
     new_context: bool,
 }
 
@@ -107,6 +109,7 @@ pub fn validate(src: &str, known: &[&str], opts: Options) -> Result<(), Error> {
                 open.push(Open {
                     name: name.to_string(),
                     tag: tag.to_string(),
+                    start,
                     new_context: helper && (name == "each" || name == "with"),
                 });
             }
@@ -150,10 +153,9 @@ pub fn validate(src: &str, known: &[&str], opts: Options) -> Result<(), Error> {
         }
     }
     if let Some(o) = open.pop() {
-        let at = src.find(&o.tag).unwrap_or(0);
         return Err(Error {
             kind: ErrorKind::UnclosedSection { name: o.name },
-            at: Pos::of(src, at),
+            at: Pos::of(src, o.start),
             tag: o.tag,
         });
     }

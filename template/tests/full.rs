@@ -42,6 +42,7 @@ const CASES: &[(&str, Option<&str>)] = &[
     ("{{!-- open", Some("1:1 unclosed-comment")),
     ("{{user.email}}", Some("1:1 unknown-variable user")),
     ("Hi\n{{#item}}\n{{/item}}\n{{#if x}}", Some("4:1 unknown-variable x")),
+    ("{{! {{#item}} }}\n{{#item}}x", Some("2:1 UnclosedSection { name: \"item\" }")),
 ];
 
 #[test]
