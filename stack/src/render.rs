@@ -142,25 +142,12 @@ impl Renderer {
     ) -> Result<Payload, RenderError> {
         // NUL can be neither stored (PostgreSQL text) nor sent (RFC 5322 forbids it anywhere).
         let one = |part: &str| -> Result<String, RenderError> {
-            let i = PARTS.iter().position(|p| *p == part).expect("a known part");
-            let t = self.parts[i].as_ref().ok_or_else(|| RenderError {
+            let t = self.part(part).ok_or_else(|| RenderError {
                 field: format!("template.{part}"),
                 message: "no such template".into(),
             })?;
-            let out =
-                ting_template::render(t, &Json(ctx), self.escape).map_err(|e| match e.invalid {
-                    None => RenderError {
-                        field: format!("{var_field}.{}", e.path),
-                        message: format!(
-                        "template.{part} uses {{{{{}}}}} but the recipient has no such variable",
-                        e.path
-                    ),
-                    },
-                    Some(why) => RenderError {
-                        field: format!("template.{part}"),
-                        message: why,
-                    },
-                })?;
+            let out = ting_template::render(t, &Json(ctx), self.escape)
+                .map_err(|e| not_found(part, var_field, e))?;
             Ok(out.replace('\0', ""))
         };
         let subject = || -> Result<String, RenderError> {
@@ -179,13 +166,38 @@ impl Renderer {
             Channel::Email => Payload {
                 subject: Some(subject()?),
                 text: one("text")?,
-                html: if self.parts[2].is_some() {
+                html: if self.part("html").is_some() {
                     Some(one("html")?)
                 } else {
                     None
                 },
             },
         })
+    }
+}
+
+impl Renderer {
+    fn part(&self, name: &str) -> Option<&Template> {
+        let i = PARTS.iter().position(|p| *p == name)?;
+        self.parts[i].as_ref()
+    }
+}
+
+/// A slot that found nothing names the recipient's variable; one that could not be followed (a
+/// word as a list index) names the template field.
+fn not_found(part: &str, var_field: &str, e: ting_template::Missing) -> RenderError {
+    match e.invalid {
+        None => RenderError {
+            field: format!("{var_field}.{}", e.path),
+            message: format!(
+                "template.{part} uses {{{{{}}}}} but the recipient has no such variable",
+                e.path
+            ),
+        },
+        Some(why) => RenderError {
+            field: format!("template.{part}"),
+            message: why,
+        },
     }
 }
 
