@@ -2,6 +2,8 @@
 //! (`cargo metadata`), not on the source text: the harness library never depends on the reference
 //! stack, the stack never depends on the harness or the fake providers, and the fake providers
 //! depend on neither. Only the thin `ting-chaos` binary package links the harness and the stack.
+//! The one template engine (`ting-template`), which both the harness and the stack use, depends
+//! on none of them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -91,6 +93,34 @@ fn fakes_depend_on_neither() {
         "mock-providers",
         &["ting-chaos", "ting-chaos-harness", "stack"],
     );
+}
+
+/// The harness validates and the stack renders with the same engine, and the engine reaches
+/// neither (nor the fakes): it is a leaf, std only, so it cannot become a path between them.
+#[test]
+fn the_template_engine_is_a_leaf_both_sides_use() {
+    assert_never_reaches(
+        "ting-template",
+        &[
+            "ting-chaos",
+            "ting-chaos-harness",
+            "stack",
+            "mock-providers",
+            "throwaway-pg",
+        ],
+    );
+    let graph = dependency_graph();
+    assert_eq!(
+        graph["ting-template"],
+        BTreeSet::new(),
+        "ting-template depends on nothing beyond std"
+    );
+    for user in ["stack", "ting-chaos-harness"] {
+        assert!(
+            graph[user].contains("ting-template"),
+            "{user} does not use it"
+        );
+    }
 }
 
 #[test]

@@ -1,18 +1,19 @@
 //! Rendering a batch's template once per recipient at enqueue time, and the per-delivery
 //! identities derived from its key (LINE retry key, e-mail Message-ID).
 //!
-//! The Mustache subset this stack supports, rendered by `handlebars` in strict mode with none of
-//! its helpers registered: escaped variables (`{{name}}`, `{{vars.a}}`) and comments
-//! (`{{! … }}`). Every variable is HTML-escaped and a missing one is an error, not an empty
-//! string. Anything else — unescaped slots (`{{{var}}}`, `{{&var}}`), sections, block helpers
-//! (`{{#each}}`, `{{#if}}`), helper calls, partials, decorators, `{{else}}`, `@data`, whitespace
-//! control, delimiter changes — is refused at compile time with the template field named, so
-//! recipient data can never reach the output raw and no Handlebars-only feature slips in.
+//! The template language is `ting-template`'s Mustache subset: escaped variables (`{{name}}`,
+//! `{{vars.a}}`) and comments (`{{! … }}`). Every variable is HTML-escaped and a missing one is
+//! an error, not an empty string. Anything else — unescaped slots (`{{{var}}}`, `{{&var}}`),
+//! sections, helpers, partials, decorators, `{{else}}`, `@data`, whitespace control, delimiter
+//! changes — is refused at compile time with the template field and the tag's line:col named, so
+//! recipient data can never reach the output raw. Values are looked up in the recipient's JSON
+//! and written as Handlebars (which rendered here before) wrote them, so payloads keep their bytes.
 //! This module must never be called on the retry path: workers send the stored payload.
 
-use handlebars::{Handlebars, RenderErrorReason};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
+use ting_template::{Escape, Lookup, Options, Template, Values};
 
 use crate::channels::Channel;
 
@@ -64,7 +65,9 @@ pub struct RenderError {
 
 /// The compiled templates of one batch.
 pub struct Renderer {
-    hb: Handlebars<'static>,
+    /// The parsed parts, in [`PARTS`] order.
+    parts: [Option<Template>; 5],
+    escape: Escape,
     /// The `subject-header-injection` flaw: the subject keeps recipient data's line breaks.
     raw_subject: bool,
 }
@@ -79,14 +82,6 @@ impl Renderer {
         channels: &[Channel],
         unescaped: bool,
     ) -> Result<Renderer, RenderError> {
-        let mut hb = Handlebars::new();
-        hb.set_strict_mode(true);
-        for helper in HANDLEBARS_HELPERS {
-            hb.unregister_helper(helper);
-        }
-        if unescaped {
-            hb.register_escape_fn(handlebars::no_escape);
-        }
         let err = |part: &str, message: String| RenderError {
             field: format!("template.{part}"),
             message,
@@ -110,14 +105,22 @@ impl Renderer {
                 }
             }
         }
-        for part in PARTS {
-            let Some(s) = src(part) else { continue };
-            check_subset(s, unescaped).map_err(|m| err(part, m))?;
-            hb.register_template_string(part, s)
-                .map_err(|e| err(part, e.reason().to_string()))?;
+        let opts = Options {
+            allow_unescaped: unescaped,
+        };
+        let mut parts: [Option<Template>; 5] = Default::default();
+        for (slot, part) in parts.iter_mut().zip(PARTS) {
+            if let Some(s) = src(part) {
+                *slot = Some(ting_template::parse(s, opts).map_err(|e| err(part, e.to_string()))?);
+            }
         }
         Ok(Renderer {
-            hb,
+            parts,
+            escape: if unescaped {
+                Escape::None
+            } else {
+                Escape::Html
+            },
             raw_subject: false,
         })
     }
@@ -139,18 +142,12 @@ impl Renderer {
     ) -> Result<Payload, RenderError> {
         // NUL can be neither stored (PostgreSQL text) nor sent (RFC 5322 forbids it anywhere).
         let one = |part: &str| -> Result<String, RenderError> {
-            let out = self.hb.render(part, ctx).map_err(|e| match e.reason() {
-                RenderErrorReason::MissingVariable(Some(v)) => RenderError {
-                    field: format!("{var_field}.{v}"),
-                    message: format!(
-                        "template.{part} uses {{{{{v}}}}} but the recipient has no such variable"
-                    ),
-                },
-                other => RenderError {
-                    field: format!("template.{part}"),
-                    message: other.to_string(),
-                },
+            let t = self.part(part).ok_or_else(|| RenderError {
+                field: format!("template.{part}"),
+                message: "no such template".into(),
             })?;
+            let out = ting_template::render(t, &Json(ctx), self.escape)
+                .map_err(|e| not_found(part, var_field, e))?;
             Ok(out.replace('\0', ""))
         };
         let subject = || -> Result<String, RenderError> {
@@ -169,13 +166,38 @@ impl Renderer {
             Channel::Email => Payload {
                 subject: Some(subject()?),
                 text: one("text")?,
-                html: if self.hb.has_template("html") {
+                html: if self.part("html").is_some() {
                     Some(one("html")?)
                 } else {
                     None
                 },
             },
         })
+    }
+}
+
+impl Renderer {
+    fn part(&self, name: &str) -> Option<&Template> {
+        let i = PARTS.iter().position(|p| *p == name)?;
+        self.parts[i].as_ref()
+    }
+}
+
+/// A slot that found nothing names the recipient's variable; one that could not be followed (a
+/// word as a list index) names the template field.
+fn not_found(part: &str, var_field: &str, e: ting_template::Missing) -> RenderError {
+    match e.invalid {
+        None => RenderError {
+            field: format!("{var_field}.{}", e.path),
+            message: format!(
+                "template.{part} uses {{{{{}}}}} but the recipient has no such variable",
+                e.path
+            ),
+        },
+        Some(why) => RenderError {
+            field: format!("template.{part}"),
+            message: why,
+        },
     }
 }
 
@@ -198,138 +220,48 @@ pub fn one_line(s: &str) -> String {
     out
 }
 
-/// Every helper `Handlebars::new()` may register (the `string_helpers` feature's included): all
-/// unregistered, so a name can only ever be a variable.
-const HANDLEBARS_HELPERS: [&str; 25] = [
-    "if",
-    "unless",
-    "each",
-    "with",
-    "lookup",
-    "raw",
-    "log",
-    "eq",
-    "ne",
-    "gt",
-    "gte",
-    "lt",
-    "lte",
-    "and",
-    "or",
-    "not",
-    "len",
-    "lowerCamelCase",
-    "upperCamelCase",
-    "snakeCase",
-    "kebabCase",
-    "shoutySnakeCase",
-    "shoutyKebabCase",
-    "titleCase",
-    "trainCase",
-];
+/// A recipient's JSON context, looked up and written as Handlebars did: an object by key, an
+/// array by index; a string as is, `null` as nothing, an array as `[a, b]`, an object as
+/// `[object]`.
+struct Json<'a>(&'a Value);
 
-/// Checks that `s` uses only the supported Mustache subset: escaped variables `{{name}}` /
-/// `{{a.b}}` and comments `{{! … }}`. Everything else Handlebars would accept is refused with
-/// the reason: unescaped slots `{{{x}}}` / `{{&x}}` (unless `unescaped`, the flaw), sections and
-/// inverted sections `{{#x}}` / `{{^x}}`, block helpers (`{{#each xs}}`, `{{#if x}}`), helper
-/// calls with arguments, partials `{{> p}}`, decorators `{{* d}}`, `{{else}}`, `@data`
-/// variables, `this` and parent paths, whitespace control `{{~`, delimiter changes `{{=`, and
-/// escaped mustaches `\{{`.
-fn check_subset(s: &str, unescaped: bool) -> Result<(), String> {
-    let mut rest = s;
-    while let Some(pos) = rest.find("{{") {
-        if rest[..pos].ends_with('\\') {
-            return Err("escaped mustache \\{{ is not supported".into());
-        }
-        let tag = &rest[pos..];
-        let (inner, len) = if let Some(body) = tag.strip_prefix("{{!--") {
-            let end = body
-                .find("--}}")
-                .ok_or_else(|| format!("unclosed comment {}", preview(tag)))?;
-            rest = &body[end + 4..];
-            continue;
-        } else if let Some(body) = tag.strip_prefix("{{{") {
-            let end = body
-                .find("}}}")
-                .ok_or_else(|| format!("unclosed tag {}", preview(tag)))?;
-            if !unescaped {
-                return Err(format!("unescaped slot {} is not allowed", preview(tag)));
+impl Values for Json<'_> {
+    fn lookup(&self, path: &[String]) -> Lookup {
+        let mut at = self.0;
+        for seg in path {
+            let next = match at {
+                Value::Object(m) => m.get(seg),
+                Value::Array(l) => match seg.parse::<usize>() {
+                    Ok(i) => l.get(i),
+                    Err(_) => {
+                        return Lookup::Invalid(format!(
+                            "Cannot access array/vector with string index, {seg}"
+                        ))
+                    }
+                },
+                _ => None,
+            };
+            match next {
+                Some(v) => at = v,
+                None => return Lookup::Missing,
             }
-            (&body[..end], 3 + end + 3)
-        } else {
-            let body = &tag[2..];
-            let end = body
-                .find("}}")
-                .ok_or_else(|| format!("unclosed tag {}", preview(tag)))?;
-            (&body[..end], 2 + end + 2)
-        };
-        let shown = &tag[..len];
-        rest = &tag[len..];
-        if inner.starts_with('!') {
-            continue;
         }
-        if inner.starts_with('~') || inner.ends_with('~') {
-            return Err(format!("whitespace control in {shown} is not supported"));
-        }
-        let inner = inner.trim();
-        let name = match inner.chars().next() {
-            Some('&') if unescaped => inner[1..].trim(),
-            Some('&') => return Err(format!("unescaped slot {shown} is not allowed")),
-            Some('#') | Some('^') | Some('/') => {
-                let what = inner[1..].trim();
-                return Err(if what.starts_with('*') {
-                    format!("decorator {shown} is not supported")
-                } else if what.contains(char::is_whitespace) {
-                    format!("block helper {shown} is not supported")
-                } else {
-                    format!("section {shown} is not supported (variables only)")
-                });
-            }
-            Some('>') => return Err(format!("partial {shown} is not supported")),
-            Some('*') => return Err(format!("decorator {shown} is not supported")),
-            Some('=') => return Err(format!("delimiter change {shown} is not supported")),
-            Some('@') => return Err(format!("data variable {shown} is not supported")),
-            _ => inner,
-        };
-        if name == "else" {
-            return Err(format!("{shown} is not supported"));
-        }
-        if name.contains(char::is_whitespace) {
-            return Err(format!("helper call {shown} is not supported"));
-        }
-        if !is_variable(name) {
-            return Err(format!(
-                "{shown} is not a variable name (letters, digits, _ and -, dotted)"
-            ));
-        }
+        Lookup::Found(json_text(at))
     }
-    Ok(())
 }
 
-/// `name` or `a.b.c`: segments of ASCII letters, digits, `_` and `-`, starting with a letter or
-/// `_`, and not `this`.
-fn is_variable(name: &str) -> bool {
-    name.split('.').enumerate().all(|(i, seg)| {
-        let mut chars = seg.chars();
-        let first_ok = match chars.next() {
-            Some(c) if i == 0 => c.is_ascii_alphabetic() || c == '_',
-            Some(c) => c.is_ascii_alphanumeric() || c == '_' || c == '-',
-            None => false,
-        };
-        first_ok
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            && seg != "this"
-    })
-}
-
-/// The start of a tag, for error messages.
-fn preview(tag: &str) -> String {
-    let end = tag
-        .char_indices()
-        .nth(24)
-        .map(|(i, _)| i)
-        .unwrap_or(tag.len());
-    format!("{:?}", &tag[..end])
+fn json_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::Null => String::new(),
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(json_text).collect();
+            format!("[{}]", items.join(", "))
+        }
+        Value::Object(_) => "[object]".to_owned(),
+    }
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -431,9 +363,9 @@ mod tests {
     #[test]
     fn only_the_mustache_subset_compiles() {
         let refused = [
-            ("Hi {{{name}}}", "unescaped slot"),
-            ("Hi {{& name}}", "unescaped slot"),
-            ("Hi {{{{raw}}}} x {{{{/raw}}}}", "unescaped slot"),
+            ("Hi {{{name}}}", "unescaped"),
+            ("Hi {{& name}}", "unescaped"),
+            ("Hi {{{{raw}}}} x {{{{/raw}}}}", "unescaped"),
             ("{{#each items}}{{name}}{{/each}}", "block helper"),
             ("{{#if name}}yes{{/if}}", "block helper"),
             ("{{#unless name}}no{{/unless}}", "block helper"),
@@ -450,16 +382,16 @@ mod tests {
             ("{{*dec}}", "decorator"),
             ("{{else}}", "not supported"),
             ("{{@index}}", "data variable"),
-            ("{{this}}", "not a variable"),
-            ("{{.}}", "not a variable"),
-            ("{{../name}}", "not a variable"),
+            ("{{this}}", "context path"),
+            ("{{.}}", "context path"),
+            ("{{../name}}", "context path"),
             ("{{vars.[a b]}}", "helper call"),
             ("{{~name}}", "whitespace control"),
             ("{{name~}}", "whitespace control"),
-            ("{{=<% %>=}}", "delimiter change"),
+            ("{{=<% %>=}}", "delimiters"),
             ("\\{{name}}", "escaped mustache"),
-            ("{{!-- never closed", "unclosed comment"),
-            ("{{name}", "unclosed tag"),
+            ("{{!-- never closed", "never closed with `--}}`"),
+            ("{{name}", "never closed with `}}`"),
         ];
         for (src, why) in refused {
             match Renderer::compile(&tpl(src), &[Channel::Sms], false) {
@@ -467,6 +399,7 @@ mod tests {
                 Err(e) => {
                     assert_eq!(e.field, "template.sms", "{src}");
                     assert!(e.message.contains(why), "{src}: {}", e.message);
+                    assert!(e.message.starts_with("1:"), "{src}: {}", e.message);
                 }
             }
         }
@@ -504,6 +437,27 @@ mod tests {
             Some("Welcome Ana\r\nBcc: x@y.invalid")
         );
         assert_eq!(one_line("a\t\r\n b\u{7}"), "a  b ");
+    }
+
+    /// Values that are not text are written as Handlebars wrote them, and paths follow objects
+    /// and arrays.
+    #[test]
+    fn json_values_render_as_handlebars_wrote_them() {
+        let src = "Hi {{num}} {{neg}} {{flt}} {{t}} {{nul}} {{arr}} {{obj}} {{obj.k}} {{arr.1}} {{obj.inner.z}}";
+        let r = Renderer::compile(&tpl(src), &[Channel::Sms], false).unwrap();
+        let ctx = json!({"num": 42, "neg": -1.5, "flt": 1e21, "t": true, "nul": null,
+            "arr": ["a<", 2, null], "obj": {"k": "v&", "inner": {"z": 0}}});
+        let p = r.render(Channel::Sms, &ctx, "v").unwrap();
+        assert_eq!(
+            p.text,
+            "Hi 42 -1.5 1e+21 true  [a&lt;, 2, ] [object] v&amp; 2 0"
+        );
+        let r = Renderer::compile(&tpl("{{arr.x}}"), &[Channel::Sms], false).unwrap();
+        let e = r.render(Channel::Sms, &ctx, "v").unwrap_err();
+        assert_eq!(e.field, "template.sms");
+        let r = Renderer::compile(&tpl("{{obj.none}}"), &[Channel::Sms], false).unwrap();
+        let e = r.render(Channel::Sms, &ctx, "v").unwrap_err();
+        assert_eq!(e.field, "v.obj.none");
     }
 
     #[test]

@@ -124,7 +124,7 @@ async fn bad_batches_are_rejected_naming_the_field_and_write_nothing() {
             "recipients[2].id",
         ),
         (
-            "handlebars helper",
+            "block helper",
             with(&|v| v["template"]["sms"] = json!("{{#each vars}}{{this}}{{/each}}")),
             422,
             "template.sms",

@@ -569,7 +569,7 @@ fn validate_template(
     // The built-in stack refuses unescaped slots unless its flaw switch puts them back.
     let allow_unescaped =
         stack.kind == StackKind::External || stack.flaws.iter().any(|f| f == "unescaped-template");
-    // The built-in stack's renderer takes escaped variables and comments only (stack/src/render.rs).
+    // The built-in stack renders ting-template's subset: escaped variables and comments only.
     let rules = template::Rules {
         allow_unescaped,
         variables_only: stack.kind != StackKind::External,
@@ -578,7 +578,7 @@ fn validate_template(
         if let Err(e) = template::check(body, rules) {
             let mut err = cx.at(
                 &format!("load.template.{part}"),
-                format!("template `{part}`: {}", e.message),
+                format!("template `{part}` at {}: {}", e.at, e.message),
             );
             err.suggestion = e.suggestion;
             return Err(err);
