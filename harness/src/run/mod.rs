@@ -7,6 +7,7 @@
 
 mod chaos;
 mod env;
+mod not_accepted;
 mod progress;
 mod settle;
 mod status;
@@ -366,7 +367,7 @@ async fn execute(
     let plan = Plan::new(scenario, people.len());
     let mut expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
     // The batches' deliveries; the trickle's orders are appended after them as they start.
-    let batch_deliveries = expected.len();
+    let mut batch_deliveries = expected.len();
     let acceptable = expected.iter().filter(|e| !e.bad).count() as u64;
     // Per channel, the deliveries the providers can accept: the progress display's "expected".
     let mut acceptable_by: BTreeMap<Channel, u64> = BTreeMap::new();
@@ -488,11 +489,21 @@ async fn execute(
         }
         Err(why) => (load::Enqueued::new(), Some(why)),
     };
+    let gone = enqueue
+        .failures
+        .not_accepted
+        .iter()
+        .map(|b| b.batch_id.as_str());
+    batch_deliveries -= not_accepted::forget(&mut expected, gone);
     world.event(
         EventKind::LoadDone,
         None,
         None,
-        format!("{} batches enqueued", plan.batches.len()),
+        format!(
+            "{} batches enqueued, {} never accepted",
+            plan.batches.len() - enqueue.failures.not_accepted.len(),
+            enqueue.failures.not_accepted.len()
+        ),
     );
 
     // 5. Quiescence.
@@ -533,6 +544,10 @@ async fn execute(
             expected.extend(order.expected);
         }
         batch_ids.extend(trickle.iter().flat_map(|t| t.take_accepted()));
+        if let Some(t) = &trickle {
+            let (ids, max) = (t.take_not_accepted(), scenario.expect.max_attempts);
+            not_accepted::forget_tracked(&mut expected, &ids, &mut tracker, max, &ledger);
+        }
         tracker.feed(&ledger.since(tracker.next_seq()));
         if stopped_early.is_none() {
             stopped_early = watch.poll();
@@ -681,6 +696,12 @@ async fn execute(
         }
         None => {}
     }
+    let gone = enqueue
+        .failures
+        .not_accepted
+        .iter()
+        .map(|b| b.batch_id.as_str());
+    not_accepted::forget(&mut expected, gone);
     if status_view.enabled() {
         if let Err(e) = status_view
             .poll(&client, &api_base, &batch_ids, true, world.now_ns())
@@ -718,6 +739,7 @@ async fn execute(
         enqueue_us: &enqueue.latency_us,
         batches: &enqueue.batches,
         repeats: &enqueue.repeats,
+        enqueue_failures: &enqueue.failures,
         quiescence: &quiescence,
         lost_batches: &lost_batches,
         stalls: &stalls,
@@ -769,6 +791,7 @@ async fn execute(
             enqueue_latency_ms: report::Percentiles::from_us(&enqueue.latency_us),
             batch_enqueues: enqueue.batches.clone(),
             repeats: enqueue.repeats.clone(),
+            enqueue_failures: enqueue.failures.clone(),
         },
         ledger_summary: ledger_summary(&entries),
         callbacks_sent: entries
