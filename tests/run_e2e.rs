@@ -221,6 +221,60 @@ quiescence = "60s"
     assert!(text(&out).contains("VIOLATED"), "{}", text(&out));
 }
 
+/// A stack whose batch endpoint keeps failing is judged, not an infrastructure failure: the
+/// reference stack without its migrations answers every `POST /v1/batches` with a 500
+/// ("database error", the issue-13 symptom). The harness retries the batch with the same id for
+/// its whole window, then FAILs (exit 1) naming `responsiveness`, and `no_loss` does not call
+/// the never-accepted deliveries lost.
+#[test]
+fn a_batch_endpoint_that_keeps_failing_is_a_responsiveness_failure_not_exit_3() {
+    let toml = format!(
+        r#"
+name = "e2e-enqueue-down"
+seed = 3
+
+[stack]
+workers = 1
+
+[stack.external]
+migrate = ["true"]
+api = ["{bin}", "stack", "api"]
+# The reference worker would exit at once without its tables: a worker that idles instead.
+worker = ["sleep", "600"]
+
+[load]
+recipients = 5
+channels = ["line"]
+
+[expect]
+quiescence = "10s"
+"#,
+        bin = bin()
+    );
+    let case = Case::new("e2e-enqueue-down", &toml);
+    let out = case.run(&[]);
+    assert_eq!(code(&out), 1, "{}", text(&out));
+    let report = case.report();
+    assert_valid_report(&report);
+    assert_eq!(report["verdict"], "fail");
+    let v = verdict(&report, "responsiveness");
+    assert_eq!(v["status"], "violated", "{v}");
+    assert_eq!(rules_of(v), ["enqueue_not_accepted"], "{v}");
+    let failures = &report["load"]["enqueue_failures"];
+    let attempts = failures["attempts"].as_array().unwrap();
+    assert!(attempts.len() >= 2, "retried: {failures}");
+    assert!(
+        attempts
+            .iter()
+            .all(|a| a["status"] == 500 && a["batch_id"] == attempts[0]["batch_id"]),
+        "every attempt the same batch, answered 500: {failures}"
+    );
+    assert_eq!(failures["not_accepted"][0]["deliveries"], 5);
+    assert_ne!(verdict(&report, "no_loss")["status"], "violated");
+    assert_eq!(report["load"]["expected_deliveries"], 0);
+    assert!(text(&out).contains("never accepted"), "{}", text(&out));
+}
+
 #[test]
 fn unreachable_stack_command_is_an_infrastructure_failure() {
     let case = Case::new(

@@ -608,6 +608,29 @@ mod tests {
     }
 
     #[test]
+    fn a_report_shed_with_503_and_acknowledged_on_a_retry_holds() {
+        // A stack bounding its callback work answers 503 + Retry-After under a flood; the
+        // provider's retry is acknowledged: the stack learned the truth, nothing to blame.
+        let mut w = healthy();
+        let i = w
+            .ledger
+            .iter()
+            .position(|e| e.callback_status.as_deref() == Some("delivered"))
+            .unwrap();
+        let mut retry = w.ledger[i].clone();
+        w.ledger[i].callback_response = Some(503);
+        retry.seq = w.ledger.len() as u64;
+        retry.mono_ns += 1_000_000_000;
+        retry.callback_try = Some(2);
+        retry.callback_response = Some(200);
+        w.ledger.push(retry);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["final_not_acknowledged"], 0);
+        assert_eq!(v.figures["judged"], 2);
+    }
+
+    #[test]
     fn unacknowledged_or_unmatched_reports_are_insufficient_not_holds() {
         // The stack answered 500 to the final report: it never learned the truth.
         let mut w = healthy();

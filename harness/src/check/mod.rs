@@ -172,6 +172,9 @@ pub struct Input<'a> {
     pub batches: &'a [crate::report::BatchEnqueue],
     /// The batches the load POSTed again, and the answers.
     pub repeats: &'a [crate::report::RepeatRecord],
+    /// The load's failed enqueue attempts and the batches never accepted (their deliveries are
+    /// not in `expected`).
+    pub enqueue_failures: &'a crate::report::EnqueueFailures,
     pub quiescence: &'a Quiescence,
     /// Batches the stack accepted and its status API later answered 404 for.
     pub lost_batches: &'a [LostBatch],

@@ -5,6 +5,19 @@
 //! `NotChecked`. Judged: the enqueues measured; a p99 needs at least 100 (fewer is
 //! insufficient, unless more than one of them is already over the SLO: then the p99 is over it
 //! whatever the rest would have been). Must never use latencies the stack reports about itself.
+//!
+//! Besides the latency, every enqueue attempt that failed (`load.enqueue_failures`), with or
+//! without an SLO, judged over the batches posted (the trickle's orders too):
+//! - **enqueue_not_accepted**: no attempt of a batch was accepted within the load's retry window
+//!   (30 s): the stack failed to take a valid batch. Its deliveries are not expected of anyone.
+//! - **enqueue_failed**: an accepted batch needed more than [`MAX_FAILURES_PER_BATCH`] attempts
+//!   that failed without shedding load. Shedding is what the contract allows a stack under load
+//!   (`503` or `429` with a `Retry-After`, which the harness waits out): counted, never a
+//!   violation by itself — the wait shows in the latency the SLO judges, and a stack that sheds
+//!   for the whole window is `enqueue_not_accepted`. Any other failure (a `500`, `502`, `504`,
+//!   a `503` without `Retry-After`, a reset, no answer) is the stack failing a valid batch; one
+//!   per batch is tolerated, because a correct stack meets one at a restart of its API or pool
+//!   and a client retries it for free; a second for the same batch is not chance.
 
 use serde_json::json;
 
@@ -15,6 +28,9 @@ pub const NAME: &str = "responsiveness";
 
 /// Enqueues a p99 needs: below 100 samples the "p99" is just the slowest one or two.
 pub const P99_MIN_SAMPLES: u64 = 100;
+
+/// Failed attempts that did not shed load one accepted batch may need before `enqueue_failed`.
+pub const MAX_FAILURES_PER_BATCH: usize = 1;
 
 fn ms(us: u64) -> f64 {
     us as f64 / 1_000.0
@@ -79,7 +95,97 @@ pub fn check(input: &Input) -> Verdict {
     if slo.is_some() {
         findings.judged_at_least("enqueue_p99_over_slo", h.len(), P99_MIN_SAMPLES);
     }
+    let failed = judge_failures(input, &mut findings, &mut figs);
+    let (status, summary) = match (status, failed) {
+        (_, Some(why)) => (Status::Violated, format!("{why}; {summary}")),
+        // No SLO, but the batches' enqueues were judged and nothing failed for good.
+        (Status::NotChecked, None) if !posted(input).is_empty() => (Status::Holds, summary),
+        (s, None) => (s, summary),
+    };
     findings.verdict_with(NAME, status, summary, figs)
+}
+
+/// Every batch posted: the accepted ones and those never accepted.
+fn posted<'a>(input: &Input<'a>) -> std::collections::BTreeSet<&'a str> {
+    let f = input.enqueue_failures;
+    input
+        .batches
+        .iter()
+        .map(|b| b.batch_id.as_str())
+        .chain(f.not_accepted.iter().map(|b| b.batch_id.as_str()))
+        .collect()
+}
+
+/// The `enqueue_not_accepted` and `enqueue_failed` rules; `Some(summary)` when one was broken.
+fn judge_failures(
+    input: &Input,
+    findings: &mut Findings,
+    figs: &mut serde_json::Map<String, serde_json::Value>,
+) -> Option<String> {
+    let f = input.enqueue_failures;
+    let posted = posted(input);
+    let shed = f.attempts.iter().filter(|a| a.shed()).count();
+    figs.insert("enqueue_failed".into(), json!(f.attempts.len()));
+    figs.insert("enqueue_shed".into(), json!(shed));
+    figs.insert("batches_not_accepted".into(), json!(f.not_accepted.len()));
+    if posted.is_empty() {
+        return None;
+    }
+    for b in &f.not_accepted {
+        let attempts: Vec<_> = f
+            .attempts
+            .iter()
+            .filter(|a| a.batch_id == b.batch_id)
+            .collect();
+        findings.push(json!({
+            "rule": "enqueue_not_accepted", "batch_id": b.batch_id, "trickle": b.trickle,
+            "deliveries": b.deliveries, "attempts": b.attempts, "first_sent_ns": b.first_sent_ns,
+            "gave_up_ns": b.gave_up_ns, "last_error": b.last_error,
+            "failed_attempts": attempts.iter().take(5).collect::<Vec<_>>(),
+        }));
+    }
+    let mut unshed: std::collections::BTreeMap<&str, Vec<&crate::report::FailedEnqueue>> =
+        Default::default();
+    for a in f.attempts.iter().filter(|a| !a.shed()) {
+        if !f.never_accepted(&a.batch_id) {
+            unshed.entry(a.batch_id.as_str()).or_default().push(a);
+        }
+    }
+    let mut over = 0;
+    for (batch_id, attempts) in &unshed {
+        if attempts.len() > MAX_FAILURES_PER_BATCH {
+            over += 1;
+            findings.push(json!({
+                "rule": "enqueue_failed", "batch_id": batch_id, "failed_attempts": attempts.len(),
+                "allowed": MAX_FAILURES_PER_BATCH, "attempts": attempts.iter().take(5).collect::<Vec<_>>(),
+            }));
+        }
+    }
+    let n = posted.len() as u64;
+    findings.judged("enqueue_not_accepted", n);
+    findings.judged("enqueue_failed", n);
+    let mut why = Vec::new();
+    if !f.not_accepted.is_empty() {
+        why.push(format!(
+            "{} of {n} batches never accepted (last: {})",
+            f.not_accepted.len(),
+            f.not_accepted[f.not_accepted.len() - 1].last_error
+        ));
+    }
+    if over > 0 {
+        why.push(format!(
+            "{over} accepted batches failed more than {MAX_FAILURES_PER_BATCH} attempt without shedding load"
+        ));
+    }
+    if why.is_empty() {
+        None
+    } else {
+        Some(format!(
+            "{} ({} failed enqueue attempts, {shed} of them shed with Retry-After)",
+            why.join("; "),
+            f.attempts.len()
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -121,5 +227,110 @@ mod tests {
                 assert!(v.counterexamples[0]["p99_ms"].as_f64().unwrap() > 899.0);
             }
         }
+    }
+
+    /// `(status, retry_after_s)` of one failed attempt of batch `b1`.
+    fn failed(status: Option<u16>, retry_after_s: Option<u64>) -> crate::report::FailedEnqueue {
+        crate::report::FailedEnqueue {
+            batch_id: "b1".into(),
+            sent_ns: 0,
+            done_ns: 1,
+            status,
+            retry_after_s,
+            error: "HTTP 5xx".into(),
+            trickle: false,
+        }
+    }
+
+    #[test]
+    fn failed_enqueues_against_the_contract() {
+        let shed = (Some(503), Some(1));
+        let too_many = (Some(429), Some(1));
+        let error = (Some(500), None);
+        let bare_503 = (Some(503), None);
+        let reset = (None, None);
+        // (failed attempts of b1, b1 accepted in the end, expected status, rules broken)
+        type Attempt = (Option<u16>, Option<u64>);
+        let cases: &[(&[Attempt], bool, Status, &[&str])] = &[
+            (&[], true, Status::Holds, &[]),
+            // One failure without shedding is what a correct stack meets at a restart: tolerated.
+            (&[error], true, Status::Holds, &[]),
+            (&[reset], true, Status::Holds, &[]),
+            // Shedding load with Retry-After is allowed however often, while it ends in an accept.
+            (&[shed; 12], true, Status::Holds, &[]),
+            (&[too_many, shed, error], true, Status::Holds, &[]),
+            (&[error, reset], true, Status::Violated, &["enqueue_failed"]),
+            (
+                &[bare_503, bare_503],
+                true,
+                Status::Violated,
+                &["enqueue_failed"],
+            ),
+            (
+                &[error; 20],
+                false,
+                Status::Violated,
+                &["enqueue_not_accepted"],
+            ),
+            (
+                &[shed; 20],
+                false,
+                Status::Violated,
+                &["enqueue_not_accepted"],
+            ),
+        ];
+        for (attempts, accepted, status, broken) in cases {
+            let mut w = World::new();
+            w.enqueue_failures.attempts = attempts.iter().map(|&(s, r)| failed(s, r)).collect();
+            if *accepted {
+                w.enqueued("b1", 0, false);
+                w.enqueue_us.record(20_000).unwrap();
+            } else {
+                w.enqueue_failures
+                    .not_accepted
+                    .push(crate::report::NotAccepted {
+                        batch_id: "b1".into(),
+                        first_sent_ns: 0,
+                        gave_up_ns: 30_000_000_000,
+                        attempts: attempts.len() as u32,
+                        deliveries: 3,
+                        last_error: "HTTP 500: database error".into(),
+                        trickle: false,
+                    });
+            }
+            let v = check(&w.input());
+            assert_eq!(v.status, *status, "{attempts:?}: {v:#?}");
+            assert_eq!(rules(&v), *broken, "{attempts:?}");
+            assert_eq!(v.figures["enqueue_failed"], attempts.len(), "{v:#?}");
+            assert_eq!(v.judged["enqueue_failed"].judged, 1);
+        }
+    }
+
+    #[test]
+    fn a_batch_never_accepted_fails_the_run_beside_an_slo() {
+        let mut w = World::new();
+        w.scenario.expect.enqueue_p99 = Some(Duration::from_millis(100));
+        for _ in 0..200 {
+            w.enqueue_us.record(20_000).unwrap();
+        }
+        w.enqueued("b2", 0, false);
+        w.enqueue_failures.attempts.push(failed(Some(500), None));
+        w.enqueue_failures
+            .not_accepted
+            .push(crate::report::NotAccepted {
+                batch_id: "b1".into(),
+                first_sent_ns: 0,
+                gave_up_ns: 1,
+                attempts: 1,
+                deliveries: 3,
+                last_error: "HTTP 500".into(),
+                trickle: false,
+            });
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated, "{v:#?}");
+        assert_eq!(rules(&v), ["enqueue_not_accepted"]);
+        assert!(v.summary.contains("never accepted"), "{}", v.summary);
+        // The SLO stays the main rule ([expect] min_judged raises it).
+        assert_eq!(v.main_rule.as_deref(), Some("enqueue_p99_over_slo"));
     }
 }

@@ -76,6 +76,7 @@ pub struct World {
     pub enqueue_us: Histogram<u64>,
     pub batches: Vec<crate::report::BatchEnqueue>,
     pub repeats: Vec<crate::report::RepeatRecord>,
+    pub enqueue_failures: crate::report::EnqueueFailures,
     pub quiescence: Quiescence,
     pub lost_batches: Vec<crate::check::LostBatch>,
     pub stalls: Vec<crate::stalls::Stall>,
@@ -101,6 +102,7 @@ impl World {
             enqueue_us: Histogram::new(3).expect("histogram"),
             batches: Vec::new(),
             repeats: Vec::new(),
+            enqueue_failures: Default::default(),
             quiescence: Quiescence {
                 reached: true,
                 at_ns: 0,
@@ -318,6 +320,7 @@ impl World {
             enqueue_us: &self.enqueue_us,
             batches: &self.batches,
             repeats: &self.repeats,
+            enqueue_failures: &self.enqueue_failures,
             quiescence: &self.quiescence,
             lost_batches: &self.lost_batches,
             stalls: &self.stalls,

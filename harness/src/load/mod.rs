@@ -3,6 +3,7 @@
 
 pub mod recipients;
 mod repeat;
+mod retry;
 mod trickle;
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::json;
 
+use crate::report::EnqueueFailures;
 use crate::scenario::{Pacing, Scenario};
 pub use recipients::Recipient;
 pub use repeat::RepeatMode;
@@ -48,7 +50,9 @@ impl Plan {
     }
 }
 
-/// An enqueue request the stack refused or could not answer.
+/// An enqueue request the stack refused (4xx) or the harness could not make: the harness's own
+/// failure. A batch the stack kept failing (5xx, 429, no answer) is not one: it is recorded in
+/// [`Enqueued::failures`] and judged.
 #[derive(Debug, thiserror::Error)]
 #[error("enqueue of batch {batch_id} failed: {detail}")]
 pub struct EnqueueError {
@@ -65,6 +69,8 @@ pub struct Enqueued {
     pub batches: Vec<crate::report::BatchEnqueue>,
     /// The batches POSTed again, in the order their repeats were answered.
     pub repeats: Vec<crate::report::RepeatRecord>,
+    /// Every failed attempt, and the batches never accepted.
+    pub failures: EnqueueFailures,
 }
 
 impl Enqueued {
@@ -74,6 +80,7 @@ impl Enqueued {
                 .expect("histogram bounds"),
             batches: Vec::new(),
             repeats: Vec::new(),
+            failures: EnqueueFailures::default(),
         }
     }
 
@@ -97,12 +104,17 @@ impl Enqueued {
         if let Some(sent) = started.answered {
             self.record(sent, trickle);
         }
+        self.failures.merge(started.failures);
         if let Some(repeat) = started.repeat {
             let done = repeat.await.map_err(|e| EnqueueError {
                 batch_id: "repeat".into(),
                 detail: format!("repeat task failed: {e}"),
             })?;
+            self.failures.merge(done.failures);
             if let Some(sent) = done.answered {
+                // The repeat was accepted after all: the batch is in.
+                let id = &sent.batch_id;
+                self.failures.not_accepted.retain(|b| &b.batch_id != id);
                 self.record(sent, trickle);
             }
             self.repeats.push(done.record);
@@ -117,6 +129,7 @@ impl Enqueued {
         self.batches.sort_by_key(|b| b.sent_ns);
         self.repeats.extend(other.repeats);
         self.repeats.sort_by_key(|r| r.sent_ns);
+        self.failures.merge(other.failures);
     }
 }
 
@@ -126,7 +139,8 @@ impl Default for Enqueued {
     }
 }
 
-/// How long an enqueue answered 5xx or not at all is retried before the run fails.
+/// How long an enqueue answered 5xx or 429, or not at all, is retried before the batch counts as
+/// never accepted (the contract's promise to a client: docs/stack-contract.md).
 pub const RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// The run's clock (the ledger's), read by the load's tasks.
@@ -139,6 +153,8 @@ pub struct Poster {
     scenario: Arc<Scenario>,
     api_base: Arc<str>,
     now_ns: Clock,
+    /// [`RETRY_FOR`], shorter in tests.
+    retry_for: Duration,
 }
 
 /// An answered `POST /v1/batches`.
@@ -151,6 +167,8 @@ struct Answer {
     latency_us: u64,
     sent_ns: u64,
     acked_ns: u64,
+    /// The answer's `Retry-After` in whole seconds, when it had one that parses.
+    retry_after_s: Option<u64>,
 }
 
 impl Answer {
@@ -164,6 +182,8 @@ impl Answer {
 struct Started {
     answered: Option<Answer>,
     repeat: Option<tokio::task::JoinHandle<Repeated>>,
+    /// Its failed attempts, and the batch itself when no attempt was accepted.
+    failures: EnqueueFailures,
 }
 
 /// A finished repeat: the record, and for `lost_answer` the retry's answer, which is the batch's
@@ -171,6 +191,8 @@ struct Started {
 struct Repeated {
     answered: Option<Answer>,
     record: crate::report::RepeatRecord,
+    /// For `lost_answer` (whose repeat retries like any enqueue): its failed attempts.
+    failures: EnqueueFailures,
 }
 
 impl Poster {
@@ -183,6 +205,7 @@ impl Poster {
             scenario: Arc::new(scenario.clone()),
             api_base: api_base.into(),
             now_ns,
+            retry_for: RETRY_FOR,
         }
     }
 
@@ -218,6 +241,7 @@ impl Poster {
             .await
             .map_err(|e| format!("request error: {e}"))?;
         let status = resp.status().as_u16();
+        let retry_after_s = retry::retry_after_s(resp.headers());
         let body = resp.text().await.unwrap_or_default();
         let latency_us = sent.elapsed().as_micros() as u64;
         let deliveries = serde_json::from_str::<serde_json::Value>(&body)
@@ -231,11 +255,12 @@ impl Poster {
             latency_us,
             sent_ns,
             acked_ns: (self.now_ns)(),
+            retry_after_s,
         })
     }
 
-    /// Sends a batch's first request and starts its repeat when the seed plans one. An original
-    /// that was answered with anything but 202 or 200, or not at all, is an error.
+    /// Sends a batch's first request (retried as [`Poster::answered`] says) and starts its repeat
+    /// when the seed plans one. Only a 4xx, or a request the harness could not make, is an error.
     /// `sequence` and `k`: the batch is the `k`-th of the batches or of the trickle's orders.
     async fn start(
         &self,
@@ -243,18 +268,21 @@ impl Poster {
         batch_id: &str,
         recipients: &[Recipient],
     ) -> Result<Started, EnqueueError> {
-        let fail = |detail: String| EnqueueError {
-            batch_id: batch_id.to_string(),
-            detail,
-        };
         let body = self.body(batch_id, recipients);
         let plan = repeat::plan(&self.scenario, sequence, k, batch_id);
         let expected_deliveries = (recipients.len() * self.scenario.load.channels.len()) as u64;
+        let who = retry::Who {
+            batch_id: batch_id.to_string(),
+            trickle: sequence == "trickle",
+            deliveries: expected_deliveries,
+        };
         let first_at = Instant::now();
         let Some(plan) = plan else {
+            let tried = self.answered(&who, body).await?;
             return Ok(Started {
-                answered: Some(self.answered(batch_id, body).await?),
+                answered: tried.accepted,
                 repeat: None,
+                failures: tried.failures,
             });
         };
         let record =
@@ -274,109 +302,105 @@ impl Poster {
         match plan.mode {
             RepeatMode::Concurrent => {
                 // The repeat leaves on its own clock, whether or not the original was answered.
-                let again = self.spawn_post(batch_id, body.clone(), first_at + plan.after);
-                let original = self.answered(batch_id, body).await?;
-                let rec = record(Some(&original), original.sent_ns);
+                let again = self.spawn_post(&who, body.clone(), first_at + plan.after, false);
+                let tried = self.answered(&who, body).await?;
+                let (rec, repeat_is_enqueue) = match &tried.accepted {
+                    Some(original) => (record(Some(original), original.sent_ns), false),
+                    // Never accepted: an accepted repeat is the batch's enqueue.
+                    None => (record(None, tried.first_sent_ns()), true),
+                };
                 Ok(Started {
-                    answered: Some(original),
-                    repeat: Some(finish(again, rec, false)),
+                    answered: tried.accepted,
+                    repeat: Some(finish(again, rec, repeat_is_enqueue)),
+                    failures: tried.failures,
                 })
             }
             RepeatMode::AfterAnswer => {
-                let original = self.answered(batch_id, body.clone()).await?;
-                let again = self.spawn_post(batch_id, body, Instant::now() + plan.after);
-                let rec = record(Some(&original), original.sent_ns);
+                let tried = self.answered(&who, body.clone()).await?;
+                // Nothing to repeat after an answer that never came.
+                let repeat = tried.accepted.as_ref().map(|original| {
+                    let again = self.spawn_post(&who, body, Instant::now() + plan.after, false);
+                    finish(again, record(Some(original), original.sent_ns), false)
+                });
                 Ok(Started {
-                    answered: Some(original),
-                    repeat: Some(finish(again, rec, false)),
+                    answered: tried.accepted,
+                    repeat,
+                    failures: tried.failures,
                 })
             }
             RepeatMode::LostAnswer => {
                 let sent_ns = (self.now_ns)();
-                repeat::post_and_hang_up(&self.api_base, &body, plan.hang_up_after)
-                    .await
-                    .map_err(|e| fail(format!("request error: {e}")))?;
-                let again = self.spawn_post(batch_id, body, Instant::now() + plan.after);
+                let mut failures = EnqueueFailures::default();
+                if let Err(e) =
+                    repeat::post_and_hang_up(&self.api_base, &body, plan.hang_up_after).await
+                {
+                    // The request never reached the stack: a failed attempt like any other; the
+                    // retry below is the batch's enqueue either way.
+                    failures.attempts.push(who.failed(
+                        sent_ns,
+                        (self.now_ns)(),
+                        None,
+                        None,
+                        format!("request error: {e}"),
+                    ));
+                }
+                let again = self.spawn_post(&who, body, Instant::now() + plan.after, true);
                 Ok(Started {
                     answered: None,
                     repeat: Some(finish(again, record(None, sent_ns), true)),
+                    failures,
                 })
             }
         }
     }
 
-    /// [`Poster::post`] until the answer is 202 or 200, as a client does: a 5xx or no answer is
-    /// retried with the same `batch_id` (the contract makes that safe) for up to
-    /// [`RETRY_FOR`]; a 4xx is final. The answer's latency and send time are the client's: from
-    /// the first request to the accepted answer.
-    async fn answered(&self, batch_id: &str, body: Vec<u8>) -> Result<Answer, EnqueueError> {
-        let fail = |detail: String| EnqueueError {
-            batch_id: batch_id.to_string(),
-            detail,
-        };
-        let first = Instant::now();
-        let first_ns = (self.now_ns)();
-        let mut gap = Duration::from_millis(200);
-        loop {
-            let why = match self.post(batch_id, body.clone()).await {
-                Ok(a) if a.accepted() => {
-                    return Ok(Answer {
-                        latency_us: first.elapsed().as_micros() as u64,
-                        sent_ns: first_ns,
-                        ..a
-                    })
-                }
-                Ok(a) => {
-                    let why = format!(
-                        "HTTP {}: {}",
-                        a.status,
-                        a.body.chars().take(500).collect::<String>()
-                    );
-                    if a.status < 500 {
-                        return Err(fail(why));
-                    }
-                    why
-                }
-                Err(e) => e,
-            };
-            if first.elapsed() + gap > RETRY_FOR {
-                return Err(fail(format!(
-                    "{why} (retried for {}s)",
-                    first.elapsed().as_secs()
-                )));
-            }
-            tracing::warn!("enqueue of batch {batch_id}: {why}; retrying");
-            tokio::time::sleep(gap).await;
-            gap = (gap * 2).min(Duration::from_secs(2));
-        }
-    }
-
+    /// Sends `body` again at `at`: once (`retrying` false: a repeat the stack must answer), or
+    /// as the batch's enqueue, retried like the first ([`Poster::answered`]).
     fn spawn_post(
         &self,
-        batch_id: &str,
+        who: &retry::Who,
         body: Vec<u8>,
         at: Instant,
-    ) -> tokio::task::JoinHandle<(u64, Result<Answer, String>)> {
-        let (me, batch_id) = (self.clone(), batch_id.to_string());
+        retrying: bool,
+    ) -> tokio::task::JoinHandle<Posted> {
+        let (me, who) = (self.clone(), who.clone());
         tokio::spawn(async move {
             repeat::until(at).await;
             let sent_ns = (me.now_ns)();
-            (sent_ns, me.post(&batch_id, body).await)
+            if !retrying {
+                let answer = me.post(&who.batch_id, body).await;
+                return (sent_ns, answer, EnqueueFailures::default());
+            }
+            match me.answered(&who, body).await {
+                Ok(tried) => {
+                    let last = tried.last_error();
+                    (sent_ns, tried.accepted.ok_or(last), tried.failures)
+                }
+                Err(e) => (sent_ns, Err(e.detail), EnqueueFailures::default()),
+            }
         })
     }
 }
 
-/// Completes a repeat's record with its answer. `lost_answer`: the repeat is the batch's
-/// enqueue (its send time the dropped original's).
+/// A repeat's send time, its answer (or why none), and its failed attempts when it retried.
+type Posted = (u64, Result<Answer, String>, EnqueueFailures);
+
+/// Completes a repeat's record with its answer. `repeat_is_enqueue`: the repeat is the batch's
+/// enqueue (its send time the original's): the original's answer was dropped (`lost_answer`) or
+/// never came.
 fn finish(
-    again: tokio::task::JoinHandle<(u64, Result<Answer, String>)>,
+    again: tokio::task::JoinHandle<Posted>,
     mut rec: crate::report::RepeatRecord,
-    lost_answer: bool,
+    repeat_is_enqueue: bool,
 ) -> tokio::task::JoinHandle<Repeated> {
     tokio::spawn(async move {
-        let (sent_ns, answer) = match again.await {
+        let (sent_ns, answer, failures) = match again.await {
             Ok(r) => r,
-            Err(e) => (0, Err(format!("repeat task failed: {e}"))),
+            Err(e) => (
+                0,
+                Err(format!("repeat task failed: {e}")),
+                EnqueueFailures::default(),
+            ),
         };
         rec.sent_ns = sent_ns;
         let answered = match answer {
@@ -385,10 +409,9 @@ fn finish(
                 rec.status = Some(a.status);
                 rec.deliveries = a.deliveries;
                 let sent_ns = rec.original_sent_ns;
-                (lost_answer && a.accepted()).then_some(Answer { sent_ns, ..a })
+                (repeat_is_enqueue && a.accepted()).then_some(Answer { sent_ns, ..a })
             }
             Err(e) => {
-                rec.sent_ns = sent_ns;
                 rec.error = Some(e);
                 None
             }
@@ -396,6 +419,7 @@ fn finish(
         Repeated {
             answered,
             record: rec,
+            failures,
         }
     })
 }
@@ -429,6 +453,7 @@ pub async fn enqueue(
         let only_repeat = Started {
             answered: None,
             repeat: Some(repeat),
+            failures: EnqueueFailures::default(),
         };
         out.record_started(only_repeat, false).await?;
     }

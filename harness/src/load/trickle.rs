@@ -29,6 +29,8 @@ pub struct TrickleRun {
     fresh: Arc<Mutex<Vec<Order>>>,
     /// Batch ids of the orders the stack accepted, not yet taken.
     accepted: Arc<Mutex<Vec<String>>>,
+    /// Batch ids of the orders the stack never accepted, not yet taken.
+    not_accepted: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<Result<Enqueued, EnqueueError>>,
 }
 
@@ -64,6 +66,8 @@ impl TrickleRun {
         let publish = fresh.clone();
         let accepted: Arc<Mutex<Vec<String>>> = Arc::default();
         let accept = accepted.clone();
+        let not_accepted: Arc<Mutex<Vec<String>>> = Arc::default();
+        let refused = not_accepted.clone();
         let task = tokio::spawn(async move {
             let scenario = poster.scenario.clone();
             let people = Arc::new(people);
@@ -106,6 +110,7 @@ impl TrickleRun {
                     expected,
                 });
                 let (poster, people, accept) = (poster.clone(), people.clone(), accept.clone());
+                let refused = refused.clone();
                 posts.spawn(async move {
                     let _permit = permit;
                     let started = poster
@@ -115,6 +120,11 @@ impl TrickleRun {
                     one.record_started(started, true).await?;
                     let ids = one.batches.iter().map(|b| b.batch_id.clone());
                     accept.lock().unwrap().extend(ids);
+                    let gone = one.failures.not_accepted.iter();
+                    refused
+                        .lock()
+                        .unwrap()
+                        .extend(gone.map(|b| b.batch_id.clone()));
                     Ok::<_, EnqueueError>(one)
                 });
             }
@@ -132,6 +142,7 @@ impl TrickleRun {
             stop,
             fresh,
             accepted,
+            not_accepted,
             task,
         }
     }
@@ -144,6 +155,12 @@ impl TrickleRun {
     /// Batch ids of the orders accepted (202/200) since the last call.
     pub fn take_accepted(&self) -> Vec<String> {
         std::mem::take(&mut *self.accepted.lock().unwrap())
+    }
+
+    /// Batch ids of the orders the stack never accepted (within the retry window) since the
+    /// last call: their deliveries are not expected.
+    pub fn take_not_accepted(&self) -> Vec<String> {
+        std::mem::take(&mut *self.not_accepted.lock().unwrap())
     }
 
     /// Asks the trickle to stop once it has sent at least [`Trickle::MIN_ORDERS`] orders.

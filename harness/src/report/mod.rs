@@ -13,6 +13,7 @@ use crate::check::{ProcessRecord, Quiescence, Status, TimelineEvent, Verdict};
 pub mod atomic;
 pub mod chaos_steps;
 mod charts;
+mod enqueue_failures;
 pub mod gate;
 pub mod html;
 mod html_parts;
@@ -21,6 +22,7 @@ pub mod markdown;
 mod render;
 pub(crate) mod stats;
 
+pub use enqueue_failures::{EnqueueFailures, FailedEnqueue, NotAccepted};
 pub use render::{read_ledger, rerender, step_summary_path, write_all, write_rendered};
 pub use stats::{
     enqueue_times, latency, metrics, sends_by_pid, sends_unattributed, uncertain, Bucket,
@@ -137,6 +139,10 @@ pub struct LoadSummary {
     /// The batches POSTed again (`[load] repeat`) and the answers.
     #[serde(default)]
     pub repeats: Vec<RepeatRecord>,
+    /// Every enqueue attempt that failed (5xx, 429, no answer) and the batches never accepted.
+    /// Empty in reports written before it existed.
+    #[serde(default)]
+    pub enqueue_failures: EnqueueFailures,
 }
 
 /// One `POST /v1/batches` of the load, on the ledger clock (the timeline's `mono_ns`).

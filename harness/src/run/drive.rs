@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use mock_providers::ledger::Ledger;
 
-use super::infra;
 use super::start::{Stack, Workload};
 use super::watch::CrashWatch;
+use super::{infra, not_accepted};
 use crate::check::EventKind;
 use crate::load::{self, Enqueued, TrickleRun};
 use crate::scenario::Scenario;
@@ -89,11 +89,20 @@ pub(super) async fn load_and_chaos(
         }
         Err(why) => (Enqueued::new(), Some(why)),
     };
+    // A batch the stack never accepted within the retry window is judged by `responsiveness`;
+    // its deliveries were never the stack's to send.
+    let never = &enqueue.failures.not_accepted;
+    let gone = never.iter().map(|b| b.batch_id.as_str());
+    work.batch_deliveries -= not_accepted::forget(&mut work.expected, gone);
     world.event(
         EventKind::LoadDone,
         None,
         None,
-        format!("{} batches enqueued", work.plan.batches.len()),
+        format!(
+            "{} batches enqueued, {} never accepted",
+            work.plan.batches.len() - never.len(),
+            never.len()
+        ),
     );
     Ok(Driven {
         enqueue,

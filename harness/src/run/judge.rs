@@ -58,6 +58,7 @@ pub(super) async fn stop_and_judge(
         enqueue_us: &settled.enqueue.latency_us,
         batches: &settled.enqueue.batches,
         repeats: &settled.enqueue.repeats,
+        enqueue_failures: &settled.enqueue.failures,
         quiescence: &settled.quiescence,
         lost_batches: &settled.lost_batches,
         stalls: &stalls,

@@ -9,6 +9,7 @@ mod chaos;
 mod drive;
 mod env;
 mod judge;
+mod not_accepted;
 mod output;
 mod progress;
 mod provision;

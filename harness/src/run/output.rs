@@ -105,6 +105,7 @@ pub(super) async fn report(
         enqueue_latency_ms: report::Percentiles::from_us(&enqueue.latency_us),
         batch_enqueues: enqueue.batches.clone(),
         repeats: enqueue.repeats.clone(),
+        enqueue_failures: enqueue.failures.clone(),
     };
     report.ledger_summary = ledger_summary(&entries);
     report.callbacks_sent = entries

@@ -14,7 +14,7 @@ use mock_providers::ledger::Ledger;
 use super::drive::Driven;
 use super::provision::Fakes;
 use super::start::{Stack, Workload};
-use super::{infra, progress, settle, status, Resources};
+use super::{infra, not_accepted, progress, settle, status, Resources};
 use crate::check::{EventKind, LostBatch, Quiescence, StatusDelivery};
 use crate::load::{Enqueued, TrickleRun};
 use crate::scenario::{Channel, Scenario};
@@ -74,6 +74,10 @@ pub(super) async fn wait(
         // Read before taking its orders: a trickle finished by now has published them all.
         let trickling = trickle.as_ref().is_some_and(|t| !t.is_finished());
         take_trickle(trickle.as_ref(), &mut tracker, work, &mut batch_ids);
+        if let Some(t) = &trickle {
+            let (ids, max) = (t.take_not_accepted(), scenario.expect.max_attempts);
+            not_accepted::forget_tracked(&mut work.expected, &ids, &mut tracker, max, ledger);
+        }
         tracker.feed(&ledger.since(tracker.next_seq()));
         if stopped_early.is_none() {
             stopped_early = watch.poll();
@@ -193,6 +197,8 @@ pub(super) async fn wait(
         }
         None => {}
     }
+    let gone = enqueue.failures.not_accepted.iter();
+    not_accepted::forget(&mut work.expected, gone.map(|b| b.batch_id.as_str()));
     if status_view.enabled() {
         let now = world.now_ns();
         if let Err(e) = status_view

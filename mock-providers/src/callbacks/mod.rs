@@ -289,7 +289,8 @@ impl Dispatcher {
     }
 }
 
-/// Sends one report at `due`, retrying on 5xx / timeout / connection errors.
+/// Sends one report at `due`, retrying on 5xx / timeout / connection errors, after a backoff or
+/// the answer's `Retry-After` (whole seconds) when that is longer, as a webhook sender does.
 async fn deliver(inner: &Inner, job: Job, due: Instant) {
     let tries = if job.retry_on_error {
         1 + job.max_retries
@@ -327,15 +328,20 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
             .body(job.body.clone())
             .send()
             .await;
-        let (code, err) = match result {
+        let (code, err, retry_after) = match result {
             Ok(resp) => {
                 let code = resp.status().as_u16();
+                let retry_after = resp
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                    .map(|s| Duration::from_secs(s.min(60)));
                 // Drain the body so the connection goes back to the pool.
                 let _ = resp.bytes().await;
-                (Some(code), None)
+                (Some(code), None, retry_after)
             }
-            Err(e) if e.is_timeout() => (None, Some("timeout".to_string())),
-            Err(e) => (None, Some(format!("connection error: {e}"))),
+            Err(e) if e.is_timeout() => (None, Some("timeout".to_string()), None),
+            Err(e) => (None, Some(format!("connection error: {e}")), None),
         };
         let answered = Instant::now();
         let mut d = LedgerEntry::draft(job.provider, EntryKind::Callback, job.recipient.clone());
@@ -362,7 +368,7 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
         if !retryable || n == tries {
             return;
         }
-        due = answered + backoff(n);
+        due = answered + backoff(n).max(retry_after.unwrap_or_default());
     }
 }
 

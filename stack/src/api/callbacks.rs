@@ -11,6 +11,7 @@
 use axum::body::Bytes;
 use axum::extract::{Query, State as AxState};
 use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use sha2::Sha256;
@@ -31,8 +32,12 @@ pub(crate) async fn sms(
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<StatusCode, ApiError> {
-    to_completion(apply_sms(st, q, uri, headers, body)).await
+) -> Response {
+    let slot = match st.callbacks.admit().await {
+        Ok(slot) => slot,
+        Err(busy) => return busy,
+    };
+    to_completion(slot, apply_sms(st, q, uri, headers, body)).await
 }
 
 /// Runs a callback's work on its own task, so it finishes even when the provider stops waiting.
@@ -42,17 +47,27 @@ pub(crate) async fn sms(
 /// after most of it was done, and the retry would start over: each retry adds load to the very
 /// thing that is slow, until the provider gives up for good (seen in `restart-midway` on a loaded
 /// machine: e-mail events timed out four times and 59 deliveries stayed `submitted`). Run to
-/// completion, a retry finds its receipt and is answered at once.
+/// completion, a retry finds its receipt and is answered at once. The task holds `slot` (its
+/// admission, `shed.rs`) until the work is done.
 async fn to_completion(
+    slot: tokio::sync::OwnedSemaphorePermit,
     work: impl std::future::Future<Output = Result<StatusCode, ApiError>> + Send + 'static,
-) -> Result<StatusCode, ApiError> {
-    tokio::spawn(work).await.unwrap_or_else(|e| {
-        tracing::error!(error = %e, "callback task failed");
-        Err(ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal error",
-        ))
-    })
+) -> Response {
+    let work = async move {
+        let done = work.await;
+        drop(slot);
+        done
+    };
+    tokio::spawn(work)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "callback task failed");
+            Err(ApiError::status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error",
+            ))
+        })
+        .into_response()
 }
 
 async fn apply_sms(
@@ -171,12 +186,12 @@ struct EmailEvent {
     reason: Option<String>,
 }
 
-pub(crate) async fn email(
-    st: AxState<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<StatusCode, ApiError> {
-    to_completion(apply_email(st, headers, body)).await
+pub(crate) async fn email(st: AxState<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let slot = match st.callbacks.admit().await {
+        Ok(slot) => slot,
+        Err(busy) => return busy,
+    };
+    to_completion(slot, apply_email(st, headers, body)).await
 }
 
 async fn apply_email(

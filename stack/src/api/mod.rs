@@ -7,6 +7,7 @@
 
 mod batches;
 mod callbacks;
+mod shed;
 mod status;
 
 use std::future::Future;
@@ -30,6 +31,8 @@ pub(crate) struct AppState {
     /// Taking batches, and nothing else: a storm of delivery reports must never make an order
     /// wait for a connection.
     pub front: PgPool,
+    /// Callbacks applied at once; past them a callback is answered 503 (`shed.rs`).
+    pub callbacks: shed::Admission,
 }
 
 /// Connections the API keeps for callbacks, status and metrics, and apart for taking batches:
@@ -121,6 +124,7 @@ pub async fn run(
         cfg: Arc::new(cfg),
         pool: pool.clone(),
         front: front.clone(),
+        callbacks: shed::Admission::default(),
     };
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     axum::serve(listener, router(state))
