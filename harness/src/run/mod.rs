@@ -6,6 +6,7 @@
 //! caller interrupts [`run`] by resolving `interrupt` (Ctrl-C, SIGTERM).
 
 mod chaos;
+mod db_links;
 mod env;
 mod progress;
 mod settle;
@@ -352,6 +353,7 @@ async fn execute(
             argv: worker_argv,
             env: env.clone(),
             cwd: cwd.clone(),
+            db_links: db_links::for_run(scenario, &db_url).map_err(|e| infra(format!("{e:#}")))?,
         },
     );
     res.world = Some(world.clone());
@@ -415,8 +417,16 @@ async fn execute(
             report_dir.join("logs").join(&rec.log).display()
         )));
     }
+    let mut api = spec(Role::Api, api_argv);
+    db_links::route(
+        &world.worker.db_links,
+        crate::netchaos::LinkOwner::Api,
+        &mut api.env,
+    )
+    .await
+    .map_err(|e| infra(format!("database link proxy: {e:#}")))?;
     let api_pid = supervisor
-        .spawn(spec(Role::Api, api_argv))
+        .spawn(api)
         .await
         .map_err(|e| infra(format!("stack api could not start: {e:#}")))?;
     attributor.add_candidate(api_pid);
