@@ -96,7 +96,7 @@ fn caught(flaw: &str, scenario: &str, edits: &[(&str, &str, &str)], expected: &[
         .collect();
     assert!(
         !hits.is_empty(),
-        "flaw {flaw} on {scenario} was not caught as any of {expected:?}:\n{summaries:#?}"
+        "flaw {flaw} on {scenario} was not caught as any of {expected:?}:\n{summaries:#?}\n{out}"
     );
     assert_eq!(code, 1, "flaw {flaw}: {out}");
     assert!(out.contains("VIOLATED"), "{out}");
