@@ -771,12 +771,17 @@ bytes_per_s = 20000
         .filter_map(|e| e["kind"].as_str())
         .filter(|k| k.starts_with("db_link"))
         .collect();
-    for k in ["db_link_partition", "db_link_heal", "db_link_reset", "db_link_slow", "db_link_slow_end"] {
+    for k in [
+        "db_link_partition",
+        "db_link_heal",
+        "db_link_reset",
+        "db_link_slow",
+        "db_link_slow_end",
+    ] {
         assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
     }
     assert_eq!(
-        report["sends_unattributed"],
-        0,
+        report["sends_unattributed"], 0,
         "proxies on the database links leave attribution exact"
     );
 }

@@ -46,7 +46,6 @@ pub async fn dblink(args: DblinkArgs) -> i32 {
 }
 
 struct Side {
-    name: &'static str,
     conn: PgConnection,
     hist: Histogram<u64>,
 }
@@ -69,12 +68,10 @@ async fn measure(args: &DblinkArgs) -> anyhow::Result<()> {
     let proxied_url = links.url_for(LinkOwner::Worker(1)).await?;
     let mut sides = [
         Side {
-            name: "direct",
             conn: PgConnection::connect(db.url()).await?,
             hist: Histogram::new(3)?,
         },
         Side {
-            name: "proxy",
             conn: PgConnection::connect(&proxied_url).await?,
             hist: Histogram::new(3)?,
         },
