@@ -114,7 +114,7 @@ enum Command {
         #[command(subcommand)]
         command: DbCommand,
     },
-    /// Benchmarks that print figures beside a same-run ceiling: claim, e2e, mocks.
+    /// Benchmarks that print figures beside a same-run ceiling: claim, e2e, mocks, dblink.
     Bench {
         #[command(subcommand)]
         what: ting_chaos_harness::bench::BenchCommand,
@@ -239,6 +239,7 @@ fn main() -> ExitCode {
                     bench::e2e(args, &me).await
                 }
                 BenchCommand::Mocks(args) => bench::mocks(args).await,
+                BenchCommand::Dblink(args) => bench::dblink(args).await,
             }
         }),
         Command::Stack { .. } => unreachable!("dispatched above"),

@@ -777,3 +777,65 @@ fn one_enqueue_cannot_hold_an_enqueue_p99() {
     assert_eq!(code(&out), 4, "{}", text(&out));
     assert_eq!(report["verdict"], "inconclusive");
 }
+
+/// Every database-link action takes effect on the proxies and is judged by its effect (bytes
+/// held back, connections reset, bytes delayed), with start and heal on the timeline; the
+/// correct stack passes all four, one after another, on the links of one worker and of all.
+#[test]
+fn database_link_actions_apply_and_the_correct_stack_passes() {
+    let mut toml = set(&shipped("partition"), "load", "recipients", "150");
+    toml = set(&toml, "expect", "max_unknown", "200");
+    toml.push_str(
+        r#"
+[[chaos]]
+progress = "45%"
+action = "db_reset"
+target = "all"
+
+[[chaos]]
+progress = "60%"
+action = "db_latency"
+target = "busiest"
+for = "2s"
+delay = "20ms"
+jitter = "10ms"
+
+[[chaos]]
+progress = "75%"
+action = "db_bandwidth"
+target = 2
+for = "2s"
+bytes_per_s = 20000
+"#,
+    );
+    let case = Case::new("e2e-db-links", &toml);
+    let out = case.run(&[]);
+    let report = case.report();
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let steps = report["chaos_steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 4);
+    for s in steps {
+        assert_eq!(s["outcome"], "applied", "{s:#}");
+        assert!(s["count"].as_u64() > Some(0), "{s:#}");
+    }
+    let kinds: Vec<&str> = report["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .filter(|k| k.starts_with("db_link"))
+        .collect();
+    for k in [
+        "db_link_partition",
+        "db_link_heal",
+        "db_link_reset",
+        "db_link_slow",
+        "db_link_slow_end",
+    ] {
+        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+    }
+    assert_eq!(
+        report["sends_unattributed"], 0,
+        "proxies on the database links leave attribution exact"
+    );
+}

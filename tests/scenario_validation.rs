@@ -133,10 +133,18 @@ fn cross_field_errors_point_at_the_key() {
         ("progress = \"40%\"", "at = \"1s\"\nprogress = \"40%\"", "progress", 15, 1, "`at` and `progress` are both given; give exactly one trigger", None),
         ("progress = \"40%\"", "progress = \"40%\"\non_accept = { channel = \"sms\", nth = 3 }", "on_accept", 15, 1, "`progress` and `on_accept` are both given", None),
         ("action = \"sigkill\"", "action = \"sigstop\"", "action", 15, 1, "`sigstop` needs `for`", None),
-        ("target = 2", "target = 2\nfor = \"1s\"", "for", 17, 1, "`for` only applies to `sigstop` and `db_idle_tx`, not `sigkill`", None),
+        ("target = 2", "target = 2\nfor = \"1s\"", "for", 17, 1, "`for` only applies to `sigstop`, `db_idle_tx`, `db_partition`, `db_latency` and `db_bandwidth`, not `sigkill`", None),
         ("progress = \"40%\"", "on_accept = { channel = \"sms\", nth = 0 }", "nth", 14, 32, "counts from 1", None),
         ("progress = \"40%\"", "on_accept = { channel = \"email\", nth = 2 }", "channel", 14, 15, "does not send on", None),
         ("action = \"sigkill\"", "action = \"db_restart\"\nrestart_after = \"1s\"", "restart_after", 16, 1, "worker actions only", None),
+        // The database-link actions: each takes its own keys, in range.
+        ("action = \"sigkill\"", "action = \"db_partition\"", "action", 15, 1, "`db_partition` needs `for`", None),
+        ("action = \"sigkill\"", "action = \"db_latency\"\nfor = \"1s\"", "action", 15, 1, "`db_latency` needs `delay`", None),
+        ("action = \"sigkill\"", "action = \"db_latency\"\nfor = \"1s\"\ndelay = \"2m\"", "delay", 17, 1, "`delay` is at most 1m", None),
+        ("action = \"sigkill\"", "action = \"db_bandwidth\"\nfor = \"1s\"\nbytes_per_s = 0", "bytes_per_s", 17, 1, "at least 1", None),
+        ("action = \"sigkill\"", "action = \"db_reset\"\ndelay = \"5ms\"", "delay", 16, 1, "`delay` only applies to `db_latency`", None),
+        ("action = \"sigkill\"", "action = \"db_reset\"\nfor = \"1s\"", "for", 16, 1, "not `db_reset`", None),
+        ("action = \"sigkill\"", "action = \"db_partition\"\nfor = \"1s\"\nrestart_after = \"1s\"", "restart_after", 17, 1, "worker actions only", None),
         // A server database leaves nothing the harness may restart: refused, never skipped.
         ("action = \"sigkill\"\ntarget = 2\n", "action = \"db_restart\"\n\n[database]\nurl = \"postgres://u@db.example/x\"\n", "action", 15, 1, "[[chaos]] #1: `db_restart` restarts the run's throwaway PostgreSQL cluster, but [database].url puts", None),
         // The second of several [[chaos]] entries.
@@ -843,4 +851,30 @@ fn every_file_in_the_broken_corpus_is_refused_at_its_place() {
         );
     }
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// The database-link actions at their edges: the smallest cap, the longest delay, a partition
+/// of every link.
+#[test]
+fn database_link_actions_parse_into_their_faults() {
+    use std::time::Duration;
+    use ting_chaos_harness::scenario::{ChaosAction, DbLinkFault};
+    #[rustfmt::skip]
+    let cases: &[(&str, ChaosAction, DbLinkFault, Target)] = &[
+        ("action = \"db_partition\"\nfor = \"8s\"\ntarget = \"all\"", ChaosAction::DbPartition, DbLinkFault::Partition, Target::All),
+        ("action = \"db_reset\"\ntarget = \"busiest\"", ChaosAction::DbReset, DbLinkFault::Reset, Target::Busiest),
+        ("action = \"db_latency\"\nfor = \"1s\"\ndelay = \"1m\"\ntarget = 3", ChaosAction::DbLatency, DbLinkFault::Latency { delay: Duration::from_secs(60), jitter: Duration::ZERO }, Target::Worker(3)),
+        ("action = \"db_latency\"\nfor = \"1s\"\ndelay = \"5ms\"\njitter = \"2ms\"\ntarget = 1", ChaosAction::DbLatency, DbLinkFault::Latency { delay: Duration::from_millis(5), jitter: Duration::from_millis(2) }, Target::Worker(1)),
+        ("action = \"db_bandwidth\"\nfor = \"1s\"\nbytes_per_s = 1\ntarget = 1", ChaosAction::DbBandwidth, DbLinkFault::Bandwidth { bytes_per_s: 1 }, Target::Worker(1)),
+    ];
+    for (to, action, fault, target) in cases {
+        let text = with("action = \"sigkill\"\ntarget = 2", to);
+        let s = parse(&text).unwrap_or_else(|e| panic!("{to:?}: {e}"));
+        let step = &s.chaos[0];
+        assert_eq!(step.action, *action, "{to:?}");
+        assert_eq!(step.db_link, Some(*fault), "{to:?}");
+        assert_eq!(&step.target, target, "{to:?}");
+    }
+    let plain = parse(BASE).unwrap();
+    assert_eq!(plain.chaos[0].db_link, None);
 }

@@ -12,6 +12,7 @@ pub mod check;
 pub mod cli;
 pub mod exit;
 pub mod load;
+pub mod netchaos;
 pub mod report;
 pub mod run;
 pub mod scenario;

@@ -58,10 +58,11 @@ pub enum Flaw {
     AttemptsOffByOne,
     FifoByBatch,
     NonIdempotentBatch,
+    NoLeaseDeadline,
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 23] = [
+    pub const ALL: [(&'static str, Flaw); 24] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -85,6 +86,7 @@ impl Flaw {
         ("attempts-off-by-one", Flaw::AttemptsOffByOne),
         ("fifo-by-batch", Flaw::FifoByBatch),
         ("non-idempotent-batch", Flaw::NonIdempotentBatch),
+        ("no-lease-deadline", Flaw::NoLeaseDeadline),
     ];
 
     pub fn name(self) -> &'static str {

@@ -59,6 +59,31 @@ pub fn init_logging() {
     };
 }
 
+/// A worker's pool: [`pool`], and the server ends any of its sessions that sits idle inside a
+/// transaction for longer than `lease`. A worker cut off from the database mid-transaction (its
+/// link partitioned, the process frozen) would otherwise keep that transaction's locks, the
+/// rescuer's advisory lock among them, until it came back: every other worker's rescue would
+/// wait on a worker whose leases have all lapsed.
+pub(crate) async fn worker_pool(
+    url: &str,
+    max: u32,
+    lease: std::time::Duration,
+) -> anyhow::Result<sqlx::PgPool> {
+    use std::str::FromStr;
+    let opts = sqlx::postgres::PgConnectOptions::from_str(url)
+        .context("parsing the database URL")?
+        .options([(
+            "idle_in_transaction_session_timeout",
+            format!("{}ms", lease.as_millis().max(1)),
+        )]);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .connect_with(opts)
+        .await
+        .context("connecting to the database")
+}
+
 /// Connects a pool sized for `max` concurrent users.
 pub(crate) async fn pool(url: &str, max: u32) -> anyhow::Result<sqlx::PgPool> {
     sqlx::postgres::PgPoolOptions::new()

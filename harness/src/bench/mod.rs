@@ -1,4 +1,4 @@
-//! `ting-chaos bench claim|e2e|mocks`: commands that print figures, each beside what it is
+//! `ting-chaos bench claim|e2e|mocks|dblink`: commands that print figures, each beside what it is
 //! compared against in the same run, and write `reports/bench/<name>-<stamp>/{bench.json,chart.svg}`.
 //!
 //! - `claim`: the reference stack's claim path against `pgbench` on the identical SQL. This
@@ -8,11 +8,13 @@
 //! - `e2e`: deliveries/s through a whole stack (any stack: it goes through [`crate::run::run`]
 //!   and the stack contract) at several worker counts, provider latencies and channel sets.
 //! - `mocks`: the fake providers' capacity beside a plain hyper/tokio ceiling.
+//! - `dblink`: the round trip through a database-link proxy beside a direct connection.
 //!
 //! Nothing here is a test and nothing here asserts a figure; exit 1 means a correctness check
 //! under load failed (a row claimed twice, a run that violated an invariant), never "too slow".
 
 mod claim;
+mod dblink;
 mod e2e;
 mod machine;
 pub mod output;
@@ -23,6 +25,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 pub use claim::{claim, find_pgbench, ClaimOutcome, ClaimPlan};
+pub use dblink::{dblink, DblinkArgs};
 pub use e2e::e2e;
 pub use machine::{describe as describe_machine, Machine, PgInfo};
 
@@ -35,6 +38,8 @@ pub enum BenchCommand {
     E2e(E2eArgs),
     /// Requests/s the fake providers sustain beside a plain hyper/tokio ceiling.
     Mocks(MocksArgs),
+    /// Round-trip time through a database-link proxy beside a direct connection.
+    Dblink(DblinkArgs),
 }
 
 #[derive(Args, Debug)]

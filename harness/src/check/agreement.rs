@@ -81,11 +81,15 @@ const COUNTS: [&str; 6] = [
     "resends_after_accept_explained",
 ];
 
-/// What could have kept a sender from recording an answer: per pid the moments it was signalled
-/// or exited, and the database's outages (start, end) on the ledger clock.
+/// What could have kept a sender from recording an answer: per pid the moments it was signalled,
+/// exited or had its database link reset, the spans its link was partitioned, and the database's
+/// outages (start, end) on the ledger clock.
 struct Disturbances {
     by_pid: HashMap<u32, Vec<u64>>,
     db: Vec<(u64, u64)>,
+    /// Per pid, the spans its database link was partitioned (start, heal): an answer it heard
+    /// then could not be recorded before the heal.
+    cut_off: HashMap<u32, Vec<(u64, u64)>>,
 }
 
 impl Disturbances {
@@ -93,11 +97,21 @@ impl Disturbances {
         let mut by_pid: HashMap<u32, Vec<u64>> = HashMap::new();
         let mut db = Vec::new();
         let mut open: HashMap<&str, u64> = HashMap::new();
+        let mut cut_off: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         for e in input.timeline {
             use EventKind::*;
             match (e.kind, e.pid) {
                 (Sigkill | Sigstop | Sigcont | Sigterm, Some(pid)) => {
                     by_pid.entry(pid).or_default().push(e.mono_ns)
+                }
+                (DbLinkReset, Some(pid)) => by_pid.entry(pid).or_default().push(e.mono_ns),
+                (DbLinkPartition, Some(pid)) => {
+                    cut_off.entry(pid).or_default().push((e.mono_ns, u64::MAX))
+                }
+                (DbLinkHeal, Some(pid)) => {
+                    if let Some(open) = cut_off.get_mut(&pid).and_then(|v| v.last_mut()) {
+                        open.1 = e.mono_ns;
+                    }
                 }
                 (DbTerminate, _) => db.push((e.mono_ns, e.mono_ns)),
                 (DbRestart, _) => {
@@ -126,7 +140,11 @@ impl Disturbances {
                 by_pid.entry(p.pid).or_default().push(x);
             }
         }
-        Disturbances { by_pid, db }
+        Disturbances {
+            by_pid,
+            db,
+            cut_off,
+        }
     }
 
     /// Whether `pid` or the database was disturbed within `[from, to]`.
@@ -135,7 +153,11 @@ impl Disturbances {
             .by_pid
             .get(&pid)
             .is_some_and(|v| v.iter().any(|t| (from..=to).contains(t)));
-        pid_hit || self.db.iter().any(|(s, e)| *s <= to && *e >= from)
+        let link_cut = self
+            .cut_off
+            .get(&pid)
+            .is_some_and(|v| v.iter().any(|(s, e)| *s <= to && *e >= from));
+        pid_hit || link_cut || self.db.iter().any(|(s, e)| *s <= to && *e >= from)
     }
 }
 

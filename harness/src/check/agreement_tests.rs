@@ -335,3 +335,31 @@ fn without_a_status_api_only_resends_are_judged() {
     let v = check(&w.input());
     assert_eq!(rules(&v), ["resend_after_accept"]);
 }
+
+/// An accept answered while its sender's database link was partitioned could not be recorded
+/// before the heal, so the rescuer's resend (the retry key answers 409) is explained; the same
+/// resend after a partition of some other process's link is not.
+#[test]
+fn a_resend_after_its_senders_link_was_partitioned_is_explained() {
+    for (partitioned, explained) in [(7, true), (6, false)] {
+        let mut w = healthy();
+        let a = w.expect("r9", Line);
+        w.event(EventKind::DbLinkPartition, Some(partitioned), 1_000);
+        w.send(Line, &a, Accepted, 3_000).pid(7);
+        w.event(EventKind::DbLinkHeal, Some(partitioned), 9_000);
+        w.send(Line, &a, IdempotentRepeat, 9_500).pid(8);
+        w.status_row("r9", Line, None, &["sending", "delivered"]);
+        let v = check(&w.input());
+        let want = if explained {
+            Status::Holds
+        } else {
+            Status::Violated
+        };
+        assert_eq!(v.status, want, "partition of pid {partitioned}: {v:#?}");
+        assert_eq!(
+            v.figures["resends_after_accept_explained"].as_u64(),
+            Some(u64::from(explained)),
+            "partition of pid {partitioned}"
+        );
+    }
+}

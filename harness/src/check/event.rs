@@ -47,6 +47,14 @@ pub enum EventKind {
     /// An idle transaction holding locks: begun, ended.
     DbIdleTx,
     DbIdleTxEnd,
+    /// A stack process's database link (`harness/src/netchaos`): partitioned (traffic held both
+    /// ways, connections open), healed, its connections reset, slowed (latency or a bandwidth
+    /// cap), back to full speed. Each names the process whose link it is.
+    DbLinkPartition,
+    DbLinkHeal,
+    DbLinkReset,
+    DbLinkSlow,
+    DbLinkSlowEnd,
     /// The run settled / reached its deadline unsettled / stopped before settling (nothing left
     /// to make progress).
     Quiescent,
@@ -83,6 +91,11 @@ impl EventKind {
             DbTerminateFailed => "db_terminate_failed",
             DbIdleTx => "db_idle_tx",
             DbIdleTxEnd => "db_idle_tx_end",
+            DbLinkPartition => "db_link_partition",
+            DbLinkHeal => "db_link_heal",
+            DbLinkReset => "db_link_reset",
+            DbLinkSlow => "db_link_slow",
+            DbLinkSlowEnd => "db_link_slow_end",
             Quiescent => "quiescent",
             Deadline => "deadline",
             StoppedEarly => "stopped_early",
@@ -101,6 +114,12 @@ impl EventKind {
     /// An action on the database (it concerns every process, not one pid).
     pub fn is_database(self) -> bool {
         self.as_str().starts_with("db_")
+    }
+
+    /// A fault that cut one process off its database (a partition or a reset of its link): what
+    /// it was doing may not be recorded, like a kill's, though the process runs on.
+    pub fn cuts_database_link(self) -> bool {
+        matches!(self, EventKind::DbLinkPartition | EventKind::DbLinkReset)
     }
 
     /// A signal that stops a worker from acting (it is dead or frozen).
@@ -173,6 +192,11 @@ mod tests {
             DbTerminateFailed,
             DbIdleTx,
             DbIdleTxEnd,
+            DbLinkPartition,
+            DbLinkHeal,
+            DbLinkReset,
+            DbLinkSlow,
+            DbLinkSlowEnd,
             Quiescent,
             Deadline,
             StoppedEarly,

@@ -119,11 +119,14 @@ fn answer_unheard(input: &Input, s: &LedgerEntry) -> bool {
     s.client_hung_up || sender_hit(input, s, s.received_ns, s.mono_ns + ANSWER_RECORD_WINDOW_NS)
 }
 
-/// Whether the sender of `s` was SIGKILLed or SIGSTOPped within `[from, to]`.
+/// Whether the sender of `s` was SIGKILLed or SIGSTOPped, or cut off its database (a link
+/// partition or reset), within `[from, to]`.
 fn sender_hit(input: &Input, s: &LedgerEntry, from: u64, to: u64) -> bool {
     input.pids.get(&s.seq).is_some_and(|pid| {
         input.timeline.iter().any(|ev| {
-            ev.kind.disables_worker() && ev.pid == Some(*pid) && (from..=to).contains(&ev.mono_ns)
+            (ev.kind.disables_worker() || ev.kind.cuts_database_link())
+                && ev.pid == Some(*pid)
+                && (from..=to).contains(&ev.mono_ns)
         })
     })
 }

@@ -77,14 +77,14 @@ impl Excuse {
     }
 }
 
-/// Kinds of timeline events that cut an attempt short. Process events name the pid they hit;
-/// database events hit every process.
+/// Kinds of timeline events that cut an attempt short. Process events (a database-link partition
+/// or reset among them) name the pid they hit; database events hit every process.
 fn cuts(ev: &TimelineEvent) -> bool {
     use EventKind::*;
     matches!(
         ev.kind,
         Sigkill | Sigstop | GraceExceeded | DbTerminate | DbRestart
-    )
+    ) || ev.kind.cuts_database_link()
 }
 
 fn hits(ev: &TimelineEvent, pid: Option<u32>) -> bool {
@@ -199,7 +199,7 @@ mod tests {
     #[test]
     fn excuses_at_both_edges() {
         // Base lease 1 s, heartbeat 200 ms (testkit::BASE).
-        let cases: [Case; 9] = [
+        let cases: [Case; 12] = [
             (
                 "kill between request and answer",
                 |w| {
@@ -257,6 +257,38 @@ mod tests {
                 },
                 Some("provider"),
                 "(accept_then_drop)",
+            ),
+            (
+                "the holder's database link partitioned after its answer",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Accepted, 100)
+                        .pid(7)
+                        .latency(50);
+                    w.event(EventKind::DbLinkPartition, Some(7), 130);
+                },
+                Some("chaos"),
+                "db_link_partition of pid 7 at 130.0 ms",
+            ),
+            (
+                "a partition after the last attempt, which may have left no entry",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Transient, 100).pid(7);
+                    w.event(EventKind::DbLinkPartition, Some(8), 5_000);
+                    w.event(EventKind::DbLinkHeal, Some(8), 9_000);
+                },
+                Some("chaos_unattributed"),
+                "db_link_partition of pid 8 at 5000.0 ms after attempt #1 arrived",
+            ),
+            (
+                "a slow link cuts nothing",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Accepted, 100)
+                        .pid(7)
+                        .latency(50);
+                    w.event(EventKind::DbLinkSlow, Some(7), 130);
+                },
+                None,
+                "",
             ),
             ("no chaos at all", |_| {}, None, ""),
             (

@@ -94,6 +94,10 @@ pub fn action_str(a: ChaosAction) -> &'static str {
         ChaosAction::DbRestart => "db_restart",
         ChaosAction::DbTerminate => "db_terminate",
         ChaosAction::DbIdleTx => "db_idle_tx",
+        ChaosAction::DbPartition => "db_partition",
+        ChaosAction::DbReset => "db_reset",
+        ChaosAction::DbLatency => "db_latency",
+        ChaosAction::DbBandwidth => "db_bandwidth",
     }
 }
 

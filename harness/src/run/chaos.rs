@@ -3,10 +3,11 @@
 //! step counts as applied only once its effect is observed ([`log`]): the process exited by the
 //! signal, `/proc` showed it stopped and then running again, the replacement started. A signal
 //! for one chosen worker is aimed at a moment it has a send in flight ([`aim`]). The database
-//! actions live in [`db`].
+//! actions live in [`db`], those on one process's database link in [`db_link`].
 
 mod aim;
 mod db;
+mod db_link;
 mod log;
 
 use std::collections::HashMap;
@@ -199,6 +200,10 @@ impl Chaos {
             ChaosAction::DbRestart => return db::restart(self, i, why).await,
             ChaosAction::DbTerminate => return db::terminate(self, i, why).await,
             ChaosAction::DbIdleTx => return db::idle_tx(self, i, &step, why),
+            ChaosAction::DbPartition
+            | ChaosAction::DbReset
+            | ChaosAction::DbLatency
+            | ChaosAction::DbBandwidth => return db_link::act(self, i, &step, sender, why).await,
             _ => {}
         }
         let targets = self.targets(&step.target, sender);

@@ -6,6 +6,7 @@
 //! interrupts [`run`] by resolving `interrupt` (Ctrl-C, SIGTERM).
 
 mod chaos;
+mod db_links;
 mod drive;
 mod env;
 mod judge;

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use mock_providers::ledger::Ledger;
 
 use super::provision::{Database, Fakes};
-use super::{chaos, env, infra, progress, world, Resources, RunOptions, WorkerCommand};
+use super::{chaos, db_links, env, infra, progress, world, Resources, RunOptions, WorkerCommand};
 use crate::check::{EventKind, Expected, Role};
 use crate::load::{recipients, Plan, Recipient};
+use crate::netchaos::LinkOwner;
 use crate::scenario::{Channel, Scenario, StackKind};
 use crate::supervise::{Spec, Supervisor};
 
@@ -93,6 +94,7 @@ pub(super) async fn stack(
             argv: commands.worker,
             env: env.clone(),
             cwd: commands.cwd.clone(),
+            db_links: db_links::for_run(scenario, &db.url).map_err(|e| infra(format!("{e:#}")))?,
         },
     );
     res.world = Some(world.clone());
@@ -132,8 +134,13 @@ pub(super) async fn stack(
         report_dir,
     )
     .await?;
+    // The API reaches the database through its own link proxy when a chaos step needs one.
+    let mut api = spec(Role::Api, commands.api);
+    db_links::route(&world.worker.db_links, LinkOwner::Api, &mut api.env)
+        .await
+        .map_err(|e| infra(format!("database link proxy: {e:#}")))?;
     let api_pid = supervisor
-        .spawn(spec(Role::Api, commands.api))
+        .spawn(api)
         .await
         .map_err(|e| infra(format!("stack api could not start: {e:#}")))?;
     fakes.attributor.add_candidate(api_pid);

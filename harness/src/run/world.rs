@@ -20,6 +20,9 @@ pub struct WorkerCommand {
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    /// The database-link proxies, when the scenario has a step on them: each slot's worker
+    /// (its replacements too) reaches PostgreSQL through its slot's own.
+    pub db_links: Option<Arc<crate::netchaos::Links>>,
 }
 
 pub struct World {
@@ -227,6 +230,8 @@ impl World {
         };
         let mut env = self.worker.env.clone();
         env.insert("TING_WORKER_ID".into(), worker_id.clone());
+        let owner = crate::netchaos::LinkOwner::Worker(slot);
+        super::db_links::route(&self.worker.db_links, owner, &mut env).await?;
         let pid = self
             .supervisor
             .spawn(Spec {

@@ -49,6 +49,7 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "attempts-off-by-one",
     "fifo-by-batch",
     "non-idempotent-batch",
+    "no-lease-deadline",
 ];
 
 /// A validated experiment.
@@ -231,6 +232,26 @@ pub struct ChaosStep {
     pub restart_after: Option<Duration>,
     /// The run may pass when this step did not take effect.
     pub optional: bool,
+    /// What a database-link action does to the link (`db_partition`, `db_reset`, `db_latency`,
+    /// `db_bandwidth`); `None` for every other action.
+    pub db_link: Option<DbLinkFault>,
+}
+
+/// A fault on a stack process's database link (`harness/src/netchaos`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DbLinkFault {
+    Partition,
+    Reset,
+    Latency {
+        #[serde(with = "ms")]
+        delay: Duration,
+        #[serde(with = "ms")]
+        jitter: Duration,
+    },
+    Bandwidth {
+        bytes_per_s: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -383,6 +383,15 @@ pub enum ChaosAction {
     DbTerminate,
     /// Hold an idle-in-transaction session with row locks for `for`.
     DbIdleTx,
+    /// Stop the target's database link both ways for `for`, its connections left open; at the
+    /// heal the held bytes flow on (delayed, not lost, as TCP retransmits them).
+    DbPartition,
+    /// Reset every connection on the target's database link now (the peers see RST).
+    DbReset,
+    /// Add `delay` (plus up to `jitter`, seeded) each way on the target's database link for `for`.
+    DbLatency,
+    /// Cap the target's database link at `bytes_per_s` each way for `for`.
+    DbBandwidth,
 }
 
 /// The Nth accepted send on a channel.
@@ -417,6 +426,12 @@ pub struct RawChaos {
     pub duration: Option<HumanDuration>,
     /// Start a replacement worker this long after the action (kill/term/stop actions).
     pub restart_after: Option<HumanDuration>,
+    /// `db_latency`: the delay added each way on the database link.
+    pub delay: Option<HumanDuration>,
+    /// `db_latency`: up to this much more per chunk, drawn from the run's seed. Default 0.
+    pub jitter: Option<HumanDuration>,
+    /// `db_bandwidth`: bytes per second each way on the database link (at least 1).
+    pub bytes_per_s: Option<u64>,
     /// The run may pass when this step did not take effect (found no target, never triggered).
     /// Default `false`: a step that did not take effect makes the run inconclusive.
     #[serde(default)]

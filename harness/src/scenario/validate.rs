@@ -7,6 +7,8 @@ use super::keys::{leaf, Keys};
 use super::raw::{self, ChaosAction, RawScenario};
 use super::*;
 
+mod db_link;
+
 struct Ctx<'a> {
     file: &'a str,
     text: &'a str,
@@ -728,7 +730,14 @@ fn validate_chaos(
             "`target = \"sender\"` needs an `on_accept` trigger".into(),
         ));
     }
-    let needs_for = matches!(c.action, ChaosAction::Sigstop | ChaosAction::DbIdleTx);
+    let needs_for = matches!(
+        c.action,
+        ChaosAction::Sigstop
+            | ChaosAction::DbIdleTx
+            | ChaosAction::DbPartition
+            | ChaosAction::DbLatency
+            | ChaosAction::DbBandwidth
+    );
     let action = serde_json::to_value(c.action)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
@@ -744,7 +753,10 @@ fn validate_chaos(
         (false, Some(_)) => {
             return Err(err(
                 "for",
-                format!("`for` only applies to `sigstop` and `db_idle_tx`, not `{action}`"),
+                format!(
+                    "`for` only applies to `sigstop`, `db_idle_tx`, `db_partition`, `db_latency` \
+                     and `db_bandwidth`, not `{action}`"
+                ),
             ));
         }
         _ => {}
@@ -752,7 +764,8 @@ fn validate_chaos(
     let is_db = matches!(
         c.action,
         ChaosAction::DbRestart | ChaosAction::DbTerminate | ChaosAction::DbIdleTx
-    );
+    ) || db_link::is_db_link(c.action);
+    let db_link = db_link::fault(cx, index, c)?;
     if c.action == ChaosAction::DbRestart {
         refuse_restart_of_a_server(cx, &key("action"), index)?;
     }
@@ -769,6 +782,7 @@ fn validate_chaos(
         duration: c.duration.map(|d| d.0),
         restart_after: c.restart_after.map(|d| d.0),
         optional: c.optional,
+        db_link,
     })
 }
 

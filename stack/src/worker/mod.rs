@@ -307,7 +307,8 @@ impl Drop for AbortOnDrop {
 
 /// Start-up: connect, register, build the shared state (and the `restart-from-first` flaw).
 async fn start(cfg: Arc<Config>, stopping: watch::Receiver<bool>) -> anyhow::Result<Arc<Worker>> {
-    let pool = crate::pool(&cfg.database_url, (cfg.concurrency as u32).min(12) + 3).await?;
+    let max = (cfg.concurrency as u32).min(12) + 3;
+    let pool = crate::worker_pool(&cfg.database_url, max, cfg.lease).await?;
     sqlx::query(
         "INSERT INTO workers (id, pid) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE \
          SET pid = $2, started_at = now(), heartbeat_at = now(), stopped_at = NULL",

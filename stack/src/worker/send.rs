@@ -53,9 +53,13 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
         return give_back(w, d, "released on shutdown before start").await;
     }
     let zombie = w.cfg.flaws.has(Flaw::ZombieSend);
-    // Whether the local lease deadline is too close to act under the lease (never, with the flaw).
+    // Flaw `no-lease-deadline`: a database that stops answering is taken to mean the claim holds.
+    let trusting = w.cfg.flaws.has(Flaw::NoLeaseDeadline);
+    // Whether the local lease deadline is too close to act under the lease (never, with either
+    // flaw).
     let too_late = || {
         !zombie
+            && !trusting
             && Instant::now() + w.margin() >= w.local_deadline((d.id, d.lease_token), claimed_at)
     };
     if too_late() {
@@ -77,6 +81,14 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
     let attempts = if zombie {
         // Flaw: send without proving the lease is still ours.
         d.attempts + 1
+    } else if trusting {
+        match trusted_start(w, d).await? {
+            Some(a) => a,
+            None => {
+                tracing::info!(key = %d.key, "lease lost before the attempt started; not sending");
+                return Ok(());
+            }
+        }
     } else {
         match claim::start_attempt(&w.pool, d, w.margin()).await? {
             Some(a) => a,
@@ -98,6 +110,11 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
     let before_body = async {
         if zombie {
             return true;
+        }
+        if trusting {
+            let marked = tokio::time::timeout(w.margin(), claim::mark_body(&w.pool, d)).await;
+            // Flaw: no answer from the database is taken as "still ours".
+            return marked.map_or(true, |r| r.unwrap_or(true));
         }
         match claim::mark_body(&w.pool, d).await {
             Ok(ours) => ours,
@@ -142,6 +159,23 @@ async fn attempt(w: &Worker, d: &Claimed, claimed_at: Instant) -> anyhow::Result
         replay_whole_batch(&mut conn, d).await?;
     }
     Ok(())
+}
+
+/// The `no-lease-deadline` flaw: the fenced start, but a database that does not answer within
+/// the margin, or whose connection broke (its link died), is taken to mean the claim still holds:
+/// the row is sent anyway, and its local lease deadline is never looked at. The correct worker
+/// waits for the fence and checks its deadline, so a cut-off worker sends nothing a rescuer may
+/// send again.
+async fn trusted_start(w: &Worker, d: &Claimed) -> anyhow::Result<Option<i32>> {
+    let margin = w.margin();
+    match tokio::time::timeout(margin, claim::start_attempt(&w.pool, d, margin)).await {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)) | Err(_) => {
+            tracing::warn!(key = %d.key, "database not answering; sending under the claim anyway");
+            Ok(Some(d.attempts + 1))
+        }
+        Ok(Err(e)) => Err(e.into()),
+    }
 }
 
 /// The `whole-batch-replay` flaw: the batch is the unit of retry, so a partial failure puts every

@@ -1,0 +1,94 @@
+//! The rules of the database-link chaos actions (`db_partition`, `db_reset`, `db_latency`,
+//! `db_bandwidth`): which of `delay`, `jitter` and `bytes_per_s` each takes, and their ranges.
+//! The rules every action shares (trigger, target, `for`) stay in the parent module.
+
+use std::time::Duration;
+
+use super::super::raw::{ChaosAction, RawChaos};
+use super::super::DbLinkFault;
+use super::{Ctx, ScenarioError};
+
+/// The longest `delay` or `jitter`: a link slower than this is a partition, and says so.
+const MAX_DELAY: Duration = Duration::from_secs(60);
+
+/// Whether `a` acts on a database link.
+pub(super) fn is_db_link(a: ChaosAction) -> bool {
+    matches!(
+        a,
+        ChaosAction::DbPartition
+            | ChaosAction::DbReset
+            | ChaosAction::DbLatency
+            | ChaosAction::DbBandwidth
+    )
+}
+
+/// The link fault of chaos step `index` (`None` for an action that is not on a link), or the
+/// error of the first key it misuses.
+pub(super) fn fault(
+    cx: &Ctx,
+    index: usize,
+    c: &RawChaos,
+) -> Result<Option<DbLinkFault>, ScenarioError> {
+    let key = |k: &str| format!("chaos[{index}].{k}");
+    let err = |k: &str, msg: String| cx.at(&key(k), format!("[[chaos]] #{}: {msg}", index + 1));
+    let only = |k: &str, given: bool, owner: &str| {
+        if given && c.action != owner_action(owner) {
+            return Err(err(k, format!("`{k}` only applies to `{owner}`")));
+        }
+        Ok(())
+    };
+    only("delay", c.delay.is_some(), "db_latency")?;
+    only("jitter", c.jitter.is_some(), "db_latency")?;
+    only("bytes_per_s", c.bytes_per_s.is_some(), "db_bandwidth")?;
+    let fault = match c.action {
+        ChaosAction::DbPartition => DbLinkFault::Partition,
+        ChaosAction::DbReset => DbLinkFault::Reset,
+        ChaosAction::DbLatency => {
+            let Some(delay) = c.delay.map(|d| d.0) else {
+                return Err(err(
+                    "action",
+                    "`db_latency` needs `delay`, the time added each way (e.g. \"20ms\")".into(),
+                ));
+            };
+            let jitter = c.jitter.map_or(Duration::ZERO, |d| d.0);
+            if delay.is_zero() {
+                return Err(err("delay", "`delay` must be greater than 0".into()));
+            }
+            for (k, d) in [("delay", delay), ("jitter", jitter)] {
+                if d > MAX_DELAY {
+                    return Err(err(
+                        k,
+                        format!(
+                            "`{k}` is at most {}; a link slower than that is a `db_partition`",
+                            humantime::format_duration(MAX_DELAY)
+                        ),
+                    ));
+                }
+            }
+            DbLinkFault::Latency { delay, jitter }
+        }
+        ChaosAction::DbBandwidth => match c.bytes_per_s {
+            None => {
+                return Err(err(
+                    "action",
+                    "`db_bandwidth` needs `bytes_per_s`, the cap each way".into(),
+                ))
+            }
+            Some(0) => return Err(err(
+                "bytes_per_s",
+                "`bytes_per_s` must be at least 1 (a link that passes nothing is a `db_partition`)"
+                    .into(),
+            )),
+            Some(n) => DbLinkFault::Bandwidth { bytes_per_s: n },
+        },
+        _ => return Ok(None),
+    };
+    Ok(Some(fault))
+}
+
+fn owner_action(word: &str) -> ChaosAction {
+    match word {
+        "db_latency" => ChaosAction::DbLatency,
+        _ => ChaosAction::DbBandwidth,
+    }
+}
