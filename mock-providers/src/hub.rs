@@ -58,6 +58,30 @@ impl Hub {
         *self.smtp.write().unwrap_or_else(|p| p.into_inner()) = cfg.smtp;
     }
 
+    /// Starts (`Some`) or ends (`None`) a provider-wide outage on `provider`, leaving the rest of
+    /// its profile as it is. The SMTP fake has no outage mode: `Err` names why.
+    pub fn set_outage(
+        &self,
+        provider: crate::ledger::Provider,
+        outage: Option<crate::outage::Outage>,
+    ) -> Result<(), &'static str> {
+        use crate::ledger::Provider;
+        match provider {
+            Provider::Line => {
+                let mut c = (*self.line.get()).clone();
+                c.outage = outage;
+                self.line.set(c);
+            }
+            Provider::Sms => {
+                let mut c = (*self.sms.get()).clone();
+                c.outage = outage;
+                self.sms.set(c);
+            }
+            Provider::Smtp => return Err("the SMTP fake has no outage mode (LINE and SMS do)"),
+        }
+        Ok(())
+    }
+
     /// Registers provider state (idempotency keys, stored messages) to forget on reset.
     pub fn on_reset(&self, f: impl Fn() + Send + Sync + 'static) {
         self.resets
