@@ -54,7 +54,12 @@ pub const MAX_HOLD: Duration = Duration::from_secs(600);
 /// What the fake does for a send during `outage`: at once for `unavailable`; for `hang`, holds
 /// the request until its sender hangs up. Returns the ledger's `status` (`503`, or `no_answer`
 /// when the sender hung up first) and whether the sender hung up.
-pub(crate) async fn answer(outage: Outage) -> (String, bool) {
+pub(crate) async fn answer(
+    hub: &crate::hub::Hub,
+    provider: crate::ledger::Provider,
+    outage: Outage,
+) -> (String, bool) {
+    hub.outage_hit(provider);
     let hung_up = match outage.mode {
         OutageMode::Unavailable => crate::http::client_gone(),
         OutageMode::Hang => hold_until_hung_up().await,

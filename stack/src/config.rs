@@ -58,10 +58,16 @@ pub enum Flaw {
     AttemptsOffByOne,
     FifoByBatch,
     NonIdempotentBatch,
+    /// Provider HTTP clients with no connect or read timeout: a provider that never answers
+    /// holds the worker's send (and its concurrency slot) for ever.
+    NoProviderTimeout,
+    /// The API answers 202 before the batch is committed (a write-behind): a kill or a deploy
+    /// just after the answer loses the batch.
+    ApiLosesBatch,
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 23] = [
+    pub const ALL: [(&'static str, Flaw); 25] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -85,6 +91,8 @@ impl Flaw {
         ("attempts-off-by-one", Flaw::AttemptsOffByOne),
         ("fifo-by-batch", Flaw::FifoByBatch),
         ("non-idempotent-batch", Flaw::NonIdempotentBatch),
+        ("no-provider-timeout", Flaw::NoProviderTimeout),
+        ("api-loses-batch", Flaw::ApiLosesBatch),
     ];
 
     pub fn name(self) -> &'static str {

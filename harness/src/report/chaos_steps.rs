@@ -58,7 +58,8 @@ pub struct ChaosStepResult {
     /// The processes it acted on.
     #[serde(default)]
     pub pids: Vec<u32>,
-    /// `db_terminate`: sessions terminated. `db_idle_tx`: row locks held.
+    /// `db_terminate`: sessions terminated. `db_idle_tx`: row locks held. `provider_outage`:
+    /// send requests the outage answered 503 or held unanswered.
     #[serde(default)]
     pub count: Option<u64>,
 }
@@ -94,6 +95,7 @@ pub fn action_str(a: ChaosAction) -> &'static str {
         ChaosAction::DbRestart => "db_restart",
         ChaosAction::DbTerminate => "db_terminate",
         ChaosAction::DbIdleTx => "db_idle_tx",
+        ChaosAction::ProviderOutage => "provider_outage",
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) fn event_color(kind: EventKind) -> RGBColor {
         Sigterm | RestartBegin => RGBColor(0xf5, 0x9e, 0x0b),
         Sigstop | Sigcont => RGBColor(0x93, 0x33, 0xea),
         Restart => RGBColor(0x08, 0x91, 0xb2),
+        ApiSignal => RGBColor(0xbe, 0x18, 0x5d),
+        ProviderOutage | ProviderOutageEnd => RGBColor(0x0f, 0x76, 0x6e),
         k if k.is_database() => RGBColor(0x92, 0x40, 0x0e),
         _ => RGBColor(0x94, 0xa3, 0xb8),
     }

@@ -383,6 +383,7 @@ async fn execute(
         acceptable,
     );
     res.chaos = Some(chaos.clone());
+    chaos.set_hub(res.providers.as_ref().expect("providers started").hub().clone());
     ledger.add_hook(Arc::new(world::Observer::new(
         world.clone(),
         chaos.clone(),
@@ -416,13 +417,18 @@ async fn execute(
         )));
     }
     let api_pid = supervisor
-        .spawn(spec(Role::Api, api_argv))
+        .spawn(spec(Role::Api, api_argv.clone()))
         .await
         .map_err(|e| infra(format!("stack api could not start: {e:#}")))?;
     attributor.add_candidate(api_pid);
     let api_base = format!("http://{api_addr}");
     wait_healthy(&supervisor, api_pid, &api_base, Duration::from_secs(30)).await?;
     world.event(EventKind::ApiReady, None, Some(api_pid), api_base.clone());
+    chaos.set_api(chaos::ApiProcess {
+        pid: api_pid,
+        spec: spec(Role::Api, api_argv),
+        base: api_base.clone(),
+    });
     for slot in 1..=scenario.stack.workers {
         world
             .start_worker(slot)
@@ -876,7 +882,7 @@ async fn server_version(url: &str) -> Option<String> {
         .ok()
 }
 
-async fn wait_healthy(
+pub(crate) async fn wait_healthy(
     sup: &Supervisor,
     pid: u32,
     base: &str,

@@ -49,6 +49,8 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "attempts-off-by-one",
     "fifo-by-batch",
     "non-idempotent-batch",
+    "no-provider-timeout",
+    "api-loses-batch",
 ];
 
 /// A validated experiment.
@@ -208,6 +210,16 @@ pub struct ChaosStep {
     pub restart_after: Option<Duration>,
     /// The run may pass when this step did not take effect.
     pub optional: bool,
+    /// What a provider action (`provider_outage`) does to which provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_fault: Option<ProviderFault>,
+}
+
+/// A provider action's provider and how it fails (`provider_outage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProviderFault {
+    pub provider: mock_providers::ledger::Provider,
+    pub mode: mock_providers::outage::OutageMode,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -228,6 +240,8 @@ pub enum Target {
     All,
     /// The process that sent the triggering request (`on_accept` only).
     Sender,
+    /// The API process (signals and restart only); it comes back on the same address.
+    Api,
 }
 
 #[derive(Debug, Clone, Serialize)]

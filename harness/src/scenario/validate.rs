@@ -7,6 +7,8 @@ use super::keys::{leaf, Keys};
 use super::raw::{self, ChaosAction, RawScenario};
 use super::*;
 
+mod chaos_ext;
+
 struct Ctx<'a> {
     file: &'a str,
     text: &'a str,
@@ -607,6 +609,7 @@ fn validate_providers(
     cx: &Ctx,
     p: &mock_providers::config::ProvidersConfig,
 ) -> Result<(), ScenarioError> {
+    chaos_ext::no_outage_in_profiles(cx, p)?;
     mock_providers::validate::providers(p).map_err(|e| {
         let e = e.under("providers");
         let paths: Vec<&str> = e.paths.iter().map(String::as_str).collect();
@@ -703,11 +706,12 @@ fn validate_chaos(
             "busiest" => Target::Busiest,
             "all" => Target::All,
             "sender" => Target::Sender,
+            "api" => Target::Api,
             other => {
                 let mut e = err("target", format!(
-                    "unknown `target` {other:?}; expected a worker number, `random`, `busiest`, `all` or `sender`"
+                    "unknown `target` {other:?}; expected a worker number, `random`, `busiest`, `all`, `sender` or `api`"
                 ));
-                e.suggestion = nearest(other, ["random", "busiest", "all", "sender"]);
+                e.suggestion = nearest(other, ["random", "busiest", "all", "sender", "api"]);
                 return Err(e);
             }
         },
@@ -724,7 +728,12 @@ fn validate_chaos(
             "`target = \"sender\"` needs an `on_accept` trigger".into(),
         ));
     }
-    let needs_for = matches!(c.action, ChaosAction::Sigstop | ChaosAction::DbIdleTx);
+    chaos_ext::api_target(&err, c, &target)?;
+    let provider_fault = chaos_ext::provider_fault(&err, cx, &key, c)?;
+    let needs_for = matches!(
+        c.action,
+        ChaosAction::Sigstop | ChaosAction::DbIdleTx | ChaosAction::ProviderOutage
+    );
     let action = serde_json::to_value(c.action)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
@@ -740,7 +749,9 @@ fn validate_chaos(
         (false, Some(_)) => {
             return Err(err(
                 "for",
-                format!("`for` only applies to `sigstop` and `db_idle_tx`, not `{action}`"),
+                format!(
+                    "`for` only applies to `sigstop`, `db_idle_tx` and `provider_outage`, not `{action}`"
+                ),
             ));
         }
         _ => {}
@@ -765,6 +776,7 @@ fn validate_chaos(
         duration: c.duration.map(|d| d.0),
         restart_after: c.restart_after.map(|d| d.0),
         optional: c.optional,
+        provider_fault,
     })
 }
 

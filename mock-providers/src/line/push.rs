@@ -117,7 +117,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
         d.idempotency_key = retry_key;
         d.payload_hash = Some(sha256_hex(push.messages_json().as_bytes()));
         d.body = Some(push.texts.join("\n"));
-        let (status, hung_up) = crate::outage::answer(outage).await;
+        let (status, hung_up) = crate::outage::answer(&hub, Provider::Line, outage).await;
         d.outcome = Outcome::Transient;
         d.fault = Some(outage.mode.label().into());
         d.status = status;

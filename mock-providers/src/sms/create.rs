@@ -150,7 +150,7 @@ async fn handle(
         d.idempotency_key = key;
         d.payload_hash = Some(sha256_hex(form.body.as_bytes()));
         d.body = Some(form.body.clone());
-        let (status, hung_up) = crate::outage::answer(outage).await;
+        let (status, hung_up) = crate::outage::answer(&hub, Provider::Sms, outage).await;
         d.outcome = Outcome::Transient;
         d.fault = Some(outage.mode.label().into());
         d.status = status;
