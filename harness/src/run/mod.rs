@@ -383,7 +383,13 @@ async fn execute(
         acceptable,
     );
     res.chaos = Some(chaos.clone());
-    chaos.set_hub(res.providers.as_ref().expect("providers started").hub().clone());
+    chaos.set_hub(
+        res.providers
+            .as_ref()
+            .expect("providers started")
+            .hub()
+            .clone(),
+    );
     ledger.add_hook(Arc::new(world::Observer::new(
         world.clone(),
         chaos.clone(),

@@ -33,9 +33,10 @@ pub struct ApiProcess {
 /// Signals the API and, on a task the run waits for, observes its exit and starts the new one.
 pub(super) async fn act(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str) {
     let Some(api) = chaos.api.lock().unwrap().clone() else {
-        chaos
-            .log(i)
-            .decide(ChaosOutcome::NoTarget, format!("{why}: no API process is running"));
+        chaos.log(i).decide(
+            ChaosOutcome::NoTarget,
+            format!("{why}: no API process is running"),
+        );
         return;
     };
     let w = &chaos.world;
@@ -124,10 +125,7 @@ impl Chaos {
             }
         };
         w.attributor.add_candidate(pid);
-        *self.api.lock().unwrap() = Some(ApiProcess {
-            pid,
-            ..old.clone()
-        });
+        *self.api.lock().unwrap() = Some(ApiProcess { pid, ..old.clone() });
         let ready = crate::run::wait_healthy(&w.supervisor, pid, &old.base, READY_WITHIN).await;
         match ready {
             Ok(()) => {
@@ -142,9 +140,16 @@ impl Chaos {
                 );
             }
             Err(e) => {
-                w.event(EventKind::RestartFailed, None, Some(pid), format!("api: {e:#}"));
-                self.log(i)
-                    .observe(false, format!("the new API pid {pid} never became ready: {e:#}"));
+                w.event(
+                    EventKind::RestartFailed,
+                    None,
+                    Some(pid),
+                    format!("api: {e:#}"),
+                );
+                self.log(i).observe(
+                    false,
+                    format!("the new API pid {pid} never became ready: {e:#}"),
+                );
             }
         }
     }

@@ -122,6 +122,7 @@ mod tests {
             duration: None,
             restart_after: None,
             optional: false,
+            provider_fault: None,
         }
     }
 

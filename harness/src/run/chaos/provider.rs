@@ -32,7 +32,9 @@ pub(super) fn outage(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str) 
     let hold = step.duration.unwrap_or_default();
     let name = fault.provider.as_str();
     if let Err(e) = hub.set_outage(fault.provider, Some(Outage { mode: fault.mode })) {
-        chaos.log(i).decide(ChaosOutcome::Skipped, format!("{why}: {e}"));
+        chaos
+            .log(i)
+            .decide(ChaosOutcome::Skipped, format!("{why}: {e}"));
         return;
     }
     let before = hub.outage_hits(fault.provider);
@@ -72,4 +74,3 @@ pub(super) fn outage(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str) 
         }
     }));
 }
-

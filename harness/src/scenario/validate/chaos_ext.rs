@@ -21,7 +21,11 @@ fn action_name(a: ChaosAction) -> String {
 
 /// `target = "api"`: SIGKILL, SIGTERM or restart of the API, which must come back (the load and
 /// the fakes' callbacks use it), so a kill or a term needs `restart_after`.
-pub(super) fn api_target(err: Err, c: &raw::RawChaos, target: &Target) -> Result<(), ScenarioError> {
+pub(super) fn api_target(
+    err: Err,
+    c: &raw::RawChaos,
+    target: &Target,
+) -> Result<(), ScenarioError> {
     if *target != Target::Api {
         return Ok(());
     }
@@ -54,7 +58,10 @@ pub(super) fn provider_fault(
     c: &raw::RawChaos,
 ) -> Result<Option<ProviderFault>, ScenarioError> {
     if c.action != ChaosAction::ProviderOutage {
-        for (k, given) in [("provider", c.provider.is_some()), ("mode", c.mode.is_some())] {
+        for (k, given) in [
+            ("provider", c.provider.is_some()),
+            ("mode", c.mode.is_some()),
+        ] {
             if given {
                 return Err(err(
                     k,
@@ -104,7 +111,10 @@ pub(super) fn no_outage_in_profiles(
     cx: &Ctx,
     p: &mock_providers::config::ProvidersConfig,
 ) -> Result<(), ScenarioError> {
-    for (name, set) in [("line", p.line.outage.is_some()), ("sms", p.sms.outage.is_some())] {
+    for (name, set) in [
+        ("line", p.line.outage.is_some()),
+        ("sms", p.sms.outage.is_some()),
+    ] {
         if set {
             return Err(cx.at(
                 &format!("providers.{name}.outage"),
