@@ -4,9 +4,10 @@
 //! the ledger (the entries the outage answered: `fault` `outage_503` / `outage_hang`, labels
 //! from [`mock_providers::outage::OutageMode::label`]), never from the stack.
 //!
-//! `retry_discipline`'s cap does not count time inside such a window: no correct stack gets a
-//! send through a provider that answers nobody, and a worker whose every slot holds a request
-//! the provider will never answer cannot start its retry before its own timeout frees one.
+//! `retry_discipline`'s cap does not count time inside such a window, nor (for any provider)
+//! time in which a hung provider held requests: no correct stack gets a send through a provider
+//! that answers nobody, and a worker whose every slot holds a request the provider will never
+//! answer cannot start any retry before its own timeout frees one.
 //! Deciding nothing on its own.
 
 use mock_providers::ledger::{EntryKind, LedgerEntry, Provider};
@@ -69,12 +70,39 @@ pub fn windows(input: &Input, provider: Provider) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Nanoseconds of `[from, to)` inside an outage of `provider`.
+/// Nanoseconds of `[from, to)` in which a retry to `provider` could be held up by an outage: an
+/// outage of `provider` itself ([`windows`]), or any time some provider held a request it would
+/// never answer (`outage_hang`): a worker's slots are shared by its channels (the contract's
+/// per-channel limit defaults to the worker's), so requests a hung provider holds can keep a
+/// worker from starting any send until its own timeout frees them. Each moment counted once.
 pub fn out_ns(input: &Input, provider: Provider, from: u64, to: u64) -> u64 {
-    windows(input, provider)
-        .iter()
-        .map(|(s, e)| (*e).min(to).saturating_sub((*s).max(from)))
-        .sum()
+    if to <= from {
+        return 0;
+    }
+    let hang = OutageMode::Hang.label();
+    let mut spans = windows(input, provider);
+    spans.extend(
+        input
+            .ledger
+            .iter()
+            .filter(|e| e.kind == EntryKind::Send && e.fault.as_deref() == Some(hang))
+            .map(|e| (e.received_ns, e.mono_ns)),
+    );
+    let mut clipped: Vec<(u64, u64)> = spans
+        .into_iter()
+        .map(|(s, e)| (s.max(from), e.min(to)))
+        .filter(|(s, e)| s < e)
+        .collect();
+    clipped.sort_unstable();
+    let (mut total, mut reach) = (0u64, from);
+    for (s, e) in clipped {
+        let s = s.max(reach);
+        if e > s {
+            total += e - s;
+            reach = e;
+        }
+    }
+    total
 }
 
 #[cfg(test)]
@@ -99,12 +127,19 @@ mod tests {
         let i = w.input();
         assert_eq!(windows(&i, Provider::Sms), vec![(ns(1_000), ns(4_500))]);
         assert!(windows(&i, Provider::Line).is_empty(), "LINE met no outage");
-        // (from, to, out ms)
-        for (from, to, want) in [(0, 900, 0), (0, 2_000, 1_000), (4_000, 9_000, 500)] {
+        // (provider, from, to, out ms): LINE only while the SMS request was held (1.5-4.5 s).
+        for (p, from, to, want) in [
+            (Provider::Sms, 0, 900, 0),
+            (Provider::Sms, 0, 2_000, 1_000),
+            (Provider::Sms, 4_000, 9_000, 500),
+            (Provider::Line, 0, 2_000, 500),
+            (Provider::Line, 0, 9_000, 3_000),
+            (Provider::Line, 5_000, 9_000, 0),
+        ] {
             assert_eq!(
-                out_ns(&i, Provider::Sms, ns(from), ns(to)),
+                out_ns(&i, p, ns(from), ns(to)),
                 ns(want),
-                "{from}..{to}"
+                "{p:?} {from}..{to}"
             );
         }
     }

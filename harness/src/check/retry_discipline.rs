@@ -28,7 +28,8 @@
 //!   answer, not counting time in which no correct stack could have made it: no worker running
 //!   and awake, the database down or locked by chaos (`check::availability`), the machine
 //!   stalled (`crate::stalls`), the provider out for everyone until it let go of the last request
-//!   it held (`check::outages`). Not judged when
+//!   it held, or any hung provider holding requests that fill the workers' shared slots
+//!   (`check::outages`). Not judged when
 //!   the failed attempt's sender was SIGKILLed or SIGSTOPped before the next attempt (its answer
 //!   may be lost and its lease must lapse first: `recovery` judges that). A delivery that fell
 //!   due (answer + cap + jitter, or the Retry-After) while the stack kept working through a queue
@@ -350,8 +351,8 @@ fn above_cap(
     let slack = input.scenario.expect.retry_cap_slack.as_nanos() as u64;
     // Time the stack could not have sent in: the database down, the machine stalled.
     let stalled = crate::stalls::stalled_ns(input.stalls, prev.mono_ns, next.received_ns);
-    // And time its provider answered nobody (`provider_outage`; may overlap the rest, which
-    // only widens the allowance inside chaos the scenario asked for).
+    // And time a provider outage held it up (`check::outages`; may overlap the rest, which only
+    // widens the allowance inside chaos the scenario asked for).
     let out = super::outages::out_ns(input, prev.provider, prev.mono_ns, next.received_ns);
     let blocked = blocked_ns(input, prev.mono_ns, next.received_ns) + stalled + out;
     let late = gap.saturating_sub(blocked);
@@ -596,7 +597,7 @@ mod tests {
         type Tweak = fn(&mut World);
         let none: Tweak = |_| {};
         // (case, retry at ms, tweak, flagged?)
-        let cases: [(&str, u64, Tweak, bool); 14] = [
+        let cases: [(&str, u64, Tweak, bool); 15] = [
             ("at the cap plus slack", 3_205, none, false),
             ("past it", 3_300, none, true),
             (
@@ -720,7 +721,7 @@ mod tests {
                 false,
             ),
             (
-                "an outage of SMS excuses nothing on LINE",
+                "requests a hung SMS provider held until 4 s fill the shared slots",
                 5_000,
                 |w| {
                     w.event(EventKind::ProviderOutage, None, 100);
@@ -730,6 +731,17 @@ mod tests {
                         .latency(3_000)
                         .fault("outage_hang")
                         .hung_up();
+                },
+                false,
+            ),
+            (
+                "an SMS outage answering 503 excuses nothing on LINE",
+                5_000,
+                |w| {
+                    w.event(EventKind::ProviderOutage, None, 100);
+                    w.event(EventKind::ProviderOutageEnd, None, 4_000);
+                    let a = w.expect("h1", Sms);
+                    w.send(Sms, &a, Transient, 1_000).fault("outage_503");
                 },
                 true,
             ),
