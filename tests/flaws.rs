@@ -155,6 +155,18 @@ const CRASH: &[(&str, &str, &str)] = &[];
 const INJECTION: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
 const LONG: &[(&str, &str, &str)] = &[("load", "recipients", "60")];
 
+/// The outage stays 15 s (longer than the reference stack's 10 s provider timeout, or nothing
+/// would time out); fewer recipients.
+const OUTAGE: &[(&str, &str, &str)] = &[("load", "recipients", "200"), ("load", "batches", "4")];
+/// Sends with no timeout stay stuck for good; 20 s is past the 15 s outage.
+const OUTAGE_STUCK: &[(&str, &str, &str)] = &[
+    ("load", "recipients", "200"),
+    ("load", "batches", "4"),
+    ("expect", "quiescence", "\"20s\""),
+];
+/// 30 batches of 10 over the same 6 s, so both API signals land while batches are enqueued.
+const REDEPLOY: &[(&str, &str, &str)] = &[("load", "recipients", "300")];
+
 /// `edits` plus a shorter quiescence deadline, for flaws that leave deliveries open forever.
 fn impatient(
     edits: &[(&'static str, &'static str, &'static str)],
@@ -364,6 +376,42 @@ fn flaw_restart_from_first() {
         "restart-midway",
         MIDWAY,
         &[("exactly_once", "duplicate")],
+    );
+}
+
+#[test]
+fn correct_stack_passes_provider_outage() {
+    let report = passes("provider-outage", OUTAGE);
+    // The outage met sends, and the reference stack gave up on every one it held (its timeout).
+    assert!(report["chaos_steps"][0]["count"].as_u64().unwrap_or(0) > 0);
+}
+
+#[test]
+fn correct_stack_passes_api_redeploy() {
+    let report = passes("api-redeploy", REDEPLOY);
+    // Both API signals were applied: the old API exited and a new one answered /healthz.
+    for step in report["chaos_steps"].as_array().unwrap() {
+        assert_eq!(step["observed"].as_array().unwrap().len(), 2, "{step}");
+    }
+}
+
+#[test]
+fn flaw_no_provider_timeout() {
+    caught(
+        "no-provider-timeout",
+        "provider-outage",
+        OUTAGE_STUCK,
+        &[("no_loss", "open"), ("no_loss", "lost")],
+    );
+}
+
+#[test]
+fn flaw_api_loses_batch() {
+    caught(
+        "api-loses-batch",
+        "api-redeploy",
+        &impatient(REDEPLOY),
+        &[("no_loss", "batch_lost")],
     );
 }
 

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::outage::{Outage, OutageMode};
 use crate::units::{HumanDuration, Ratio};
 
 /// The three providers. `seed` is not here: it is the scenario's and is passed to [`crate`] start.
@@ -191,6 +192,10 @@ pub struct LineConfig {
     pub idempotency: bool,
     /// The channel access token expected as `Authorization: Bearer …`.
     pub channel_token: String,
+    /// A provider-wide outage in force (set mid-run by the harness's `provider_outage` step or
+    /// `PUT /_mock/faults`; timing-based by nature): every send answered 503 or never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outage: Option<Outage>,
 }
 
 impl Default for LineConfig {
@@ -204,6 +209,7 @@ impl Default for LineConfig {
             rate_limit: None,
             idempotency: true,
             channel_token: "ting-line-token".into(),
+            outage: None,
         }
     }
 }
@@ -305,6 +311,9 @@ pub struct SmsConfig {
     pub auth_token: String,
     /// Status callbacks to each message's `StatusCallback`.
     pub callbacks: CallbackConfig,
+    /// A provider-wide outage in force (see [`LineConfig::outage`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outage: Option<Outage>,
 }
 
 impl Default for SmsConfig {
@@ -320,6 +329,7 @@ impl Default for SmsConfig {
             account_sid: "AC00000000000000000000000000000000".into(),
             auth_token: "ting-sms-auth-token".into(),
             callbacks: CallbackConfig::default(),
+            outage: None,
         }
     }
 }

@@ -22,6 +22,8 @@ pub struct Hub {
     pub smtp: Arc<RwLock<SmtpConfig>>,
     pub callbacks: Dispatcher,
     resets: Mutex<Vec<ResetFn>>,
+    /// Send requests an outage answered 503 or held, per provider (LINE, SMTP, SMS order).
+    outage_hits: [std::sync::atomic::AtomicU64; 3],
 }
 
 impl Hub {
@@ -35,6 +37,7 @@ impl Hub {
             sms: Live::new(cfg.sms),
             smtp: Arc::new(RwLock::new(cfg.smtp)),
             resets: Mutex::new(Vec::new()),
+            outage_hits: Default::default(),
         })
     }
 
@@ -56,6 +59,41 @@ impl Hub {
         self.line.set(cfg.line);
         self.sms.set(cfg.sms);
         *self.smtp.write().unwrap_or_else(|p| p.into_inner()) = cfg.smtp;
+    }
+
+    /// Starts (`Some`) or ends (`None`) a provider-wide outage on `provider`, leaving the rest of
+    /// its profile as it is. The SMTP fake has no outage mode: `Err` names why.
+    pub fn set_outage(
+        &self,
+        provider: crate::ledger::Provider,
+        outage: Option<crate::outage::Outage>,
+    ) -> Result<(), &'static str> {
+        use crate::ledger::Provider;
+        match provider {
+            Provider::Line => {
+                let mut c = (*self.line.get()).clone();
+                c.outage = outage;
+                self.line.set(c);
+            }
+            Provider::Sms => {
+                let mut c = (*self.sms.get()).clone();
+                c.outage = outage;
+                self.sms.set(c);
+            }
+            Provider::Smtp => return Err("the SMTP fake has no outage mode (LINE and SMS do)"),
+        }
+        Ok(())
+    }
+
+    /// Counts one send request an outage of `provider` answered or began to hold.
+    pub(crate) fn outage_hit(&self, provider: crate::ledger::Provider) {
+        self.outage_hits[provider as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Send requests outages of `provider` have answered 503 or begun to hold, since the start
+    /// (held ones are counted when they arrive, before their entry is recorded).
+    pub fn outage_hits(&self, provider: crate::ledger::Provider) -> u64 {
+        self.outage_hits[provider as usize].load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Registers provider state (idempotency keys, stored messages) to forget on reset.

@@ -6,6 +6,7 @@
 //! so a failing run can be replayed exactly.
 //!
 //! The exceptions, each by nature and documented where it is decided:
+//! - a provider-wide `outage` (503 or no answer) lasts while it is set ([`outage`]);
 //! - the LINE / SMS `rate_limit` is a token bucket: timing-based, and the 429s it answers use
 //!   attempt numbers ([`ratelimit`]);
 //! - an SMTP greeting fault is decided before anything about the message is known, keyed on the
@@ -33,6 +34,7 @@ pub mod latency;
 pub mod ledger;
 pub mod line;
 pub mod live;
+pub mod outage;
 pub mod ratelimit;
 mod run;
 pub mod signing;

@@ -191,6 +191,15 @@ impl Providers {
     }
 
     /// Replaces all three fault profiles mid-run.
+    /// Starts or ends a provider-wide outage ([`Hub::set_outage`]).
+    pub fn set_outage(
+        &self,
+        provider: crate::ledger::Provider,
+        outage: Option<crate::outage::Outage>,
+    ) -> Result<(), &'static str> {
+        self.hub.set_outage(provider, outage)
+    }
+
     pub fn set_config(&self, cfg: ProvidersConfig) {
         self.hub.set_config(cfg)
     }

@@ -485,3 +485,40 @@ async fn out_of_order_callbacks_arrive_out_of_order() {
         w.p.shutdown().await;
     }
 }
+
+/// A receiver that refuses connections (the stack's API restarting) is tried again every 250 ms
+/// without using up the report's retries: with `max_retries = 1`, a report still arrives once the
+/// receiver listens again 1.5 s later, and every refused try is in the ledger.
+#[tokio::test]
+async fn reports_to_a_receiver_that_is_down_wait_for_it_to_come_back() {
+    // A port nobody listens on yet: bound, read, released.
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut cfg = ProvidersConfig::default();
+    cfg.sms.callbacks = CallbackConfig {
+        max_retries: 1,
+        ..reports(1, 10)
+    };
+    let w = world(24, cfg).await;
+    let cb = format!("http://{addr}/sms");
+    assert_eq!(w.sms_send(&phone(7), "hi", Some(&cb)).await.status, 201);
+    let refused = || {
+        w.entries()
+            .iter()
+            .filter(|e| e.kind == mock_providers::ledger::EntryKind::Callback)
+            .filter(|e| e.callback_response.is_none())
+            .count()
+    };
+    until(20, || refused() >= 3).await;
+    // The receiver comes back on the same address.
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let hits: Arc<Mutex<Vec<Hit>>> = Arc::default();
+    let app = Router::new()
+        .route("/{*path}", post(hit))
+        .with_state(hits.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    until(20, || !hits.lock().unwrap().is_empty()).await;
+    assert!(refused() >= 3, "the refused tries are recorded");
+}

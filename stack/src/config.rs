@@ -59,10 +59,16 @@ pub enum Flaw {
     FifoByBatch,
     NonIdempotentBatch,
     NoLeaseDeadline,
+    /// Provider HTTP clients with no connect or read timeout: a provider that never answers
+    /// holds the worker's send (and its concurrency slot) for ever.
+    NoProviderTimeout,
+    /// The API answers 202 before the batch is committed (a write-behind): a kill or a deploy
+    /// just after the answer loses the batch.
+    ApiLosesBatch,
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 24] = [
+    pub const ALL: [(&'static str, Flaw); 26] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -87,6 +93,8 @@ impl Flaw {
         ("fifo-by-batch", Flaw::FifoByBatch),
         ("non-idempotent-batch", Flaw::NonIdempotentBatch),
         ("no-lease-deadline", Flaw::NoLeaseDeadline),
+        ("no-provider-timeout", Flaw::NoProviderTimeout),
+        ("api-loses-batch", Flaw::ApiLosesBatch),
     ];
 
     pub fn name(self) -> &'static str {

@@ -55,6 +55,13 @@ pub enum EventKind {
     DbLinkReset,
     DbLinkSlow,
     DbLinkSlowEnd,
+    /// A chaos signal to the API process (`target = "api"`); the detail names the signal. The
+    /// API's exit is an `exit`, the replacement answering its readiness check an `api_ready`.
+    ApiSignal,
+    /// A provider-wide outage began / ended (`provider_outage`); the detail names the provider,
+    /// the mode and, at the end, the requests it answered.
+    ProviderOutage,
+    ProviderOutageEnd,
     /// The run settled / reached its deadline unsettled / stopped before settling (nothing left
     /// to make progress).
     Quiescent,
@@ -99,6 +106,9 @@ impl EventKind {
             Quiescent => "quiescent",
             Deadline => "deadline",
             StoppedEarly => "stopped_early",
+            ApiSignal => "api_signal",
+            ProviderOutage => "provider_outage",
+            ProviderOutageEnd => "provider_outage_end",
         }
     }
 
@@ -200,6 +210,9 @@ mod tests {
             Quiescent,
             Deadline,
             StoppedEarly,
+            ApiSignal,
+            ProviderOutage,
+            ProviderOutageEnd,
         ] {
             assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
             let back: EventKind = serde_json::from_value(k.as_str().into()).unwrap();

@@ -24,6 +24,7 @@ pub mod headers;
 pub mod idempotent_enqueue;
 pub mod immutable_payload;
 pub mod no_loss;
+mod outages;
 pub mod quiescence;
 pub mod recovery;
 pub mod responsiveness;

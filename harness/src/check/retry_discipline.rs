@@ -27,7 +27,9 @@
 //!   `max(backoff.max × (1 + jitter), Retry-After as sent) + expect.retry_cap_slack` of the
 //!   answer, not counting time in which no correct stack could have made it: no worker running
 //!   and awake, the database down or locked by chaos (`check::availability`), the machine
-//!   stalled (`crate::stalls`). Not judged when
+//!   stalled (`crate::stalls`), the provider out for everyone until it let go of the last request
+//!   it held, or any hung provider holding requests that fill the workers' shared slots
+//!   (`check::outages`). Not judged when
 //!   the failed attempt's sender was SIGKILLed or SIGSTOPped before the next attempt (its answer
 //!   may be lost and its lease must lapse first: `recovery` judges that). A delivery that fell
 //!   due (answer + cap + jitter, or the Retry-After) while the stack kept working through a queue
@@ -352,7 +354,10 @@ fn above_cap(
     let slack = input.scenario.expect.retry_cap_slack.as_nanos() as u64;
     // Time the stack could not have sent in: the database down, the machine stalled.
     let stalled = crate::stalls::stalled_ns(input.stalls, prev.mono_ns, next.received_ns);
-    let blocked = blocked_ns(input, prev.mono_ns, next.received_ns) + stalled;
+    // And time a provider outage held it up (`check::outages`; may overlap the rest, which only
+    // widens the allowance inside chaos the scenario asked for).
+    let out = super::outages::out_ns(input, prev.provider, prev.mono_ns, next.received_ns);
+    let blocked = blocked_ns(input, prev.mono_ns, next.received_ns) + stalled + out;
     let late = gap.saturating_sub(blocked);
     if late <= due + slack {
         queue.add(next.received_ns, due_at);
@@ -595,7 +600,7 @@ mod tests {
         type Tweak = fn(&mut World);
         let none: Tweak = |_| {};
         // (case, retry at ms, tweak, flagged?)
-        let cases: [(&str, u64, Tweak, bool); 12] = [
+        let cases: [(&str, u64, Tweak, bool); 15] = [
             ("at the cap plus slack", 3_205, none, false),
             ("past it", 3_300, none, true),
             (
@@ -701,6 +706,45 @@ mod tests {
                         from_ns: ns(1_000),
                         to_ns: ns(2_000),
                     }]
+                },
+                true,
+            ),
+            (
+                "LINE out until it let go of its last held request at 4 s",
+                5_000,
+                |w| {
+                    w.event(EventKind::ProviderOutage, None, 100);
+                    w.event(EventKind::ProviderOutageEnd, None, 2_000);
+                    let a = w.expect("h1", Line);
+                    w.send(Line, &a, Transient, 1_000)
+                        .latency(3_000)
+                        .fault("outage_hang")
+                        .hung_up();
+                },
+                false,
+            ),
+            (
+                "requests a hung SMS provider held until 4 s fill the shared slots",
+                5_000,
+                |w| {
+                    w.event(EventKind::ProviderOutage, None, 100);
+                    w.event(EventKind::ProviderOutageEnd, None, 2_000);
+                    let a = w.expect("h1", Sms);
+                    w.send(Sms, &a, Transient, 1_000)
+                        .latency(3_000)
+                        .fault("outage_hang")
+                        .hung_up();
+                },
+                false,
+            ),
+            (
+                "an SMS outage answering 503 excuses nothing on LINE",
+                5_000,
+                |w| {
+                    w.event(EventKind::ProviderOutage, None, 100);
+                    w.event(EventKind::ProviderOutageEnd, None, 4_000);
+                    let a = w.expect("h1", Sms);
+                    w.send(Sms, &a, Transient, 1_000).fault("outage_503");
                 },
                 true,
             ),

@@ -384,6 +384,12 @@ impl SendMut<'_> {
         self
     }
 
+    /// The fault the provider recorded (`outage_hang`, `http 503`).
+    pub fn fault(self, fault: &str) -> Self {
+        self.entry.fault = Some(fault.into());
+        self
+    }
+
     /// The sender hung up before the provider answered.
     pub fn hung_up(self) -> Self {
         self.entry.client_hung_up = true;

@@ -58,7 +58,8 @@ pub struct ChaosStepResult {
     /// The processes it acted on.
     #[serde(default)]
     pub pids: Vec<u32>,
-    /// `db_terminate`: sessions terminated. `db_idle_tx`: row locks held.
+    /// `db_terminate`: sessions terminated. `db_idle_tx`: row locks held. `provider_outage`:
+    /// send requests the outage answered 503 or held unanswered.
     #[serde(default)]
     pub count: Option<u64>,
 }
@@ -98,6 +99,7 @@ pub fn action_str(a: ChaosAction) -> &'static str {
         ChaosAction::DbReset => "db_reset",
         ChaosAction::DbLatency => "db_latency",
         ChaosAction::DbBandwidth => "db_bandwidth",
+        ChaosAction::ProviderOutage => "provider_outage",
     }
 }
 

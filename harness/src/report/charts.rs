@@ -37,6 +37,8 @@ pub(crate) fn event_color(kind: EventKind) -> RGBColor {
         Sigterm | RestartBegin => RGBColor(0xf5, 0x9e, 0x0b),
         Sigstop | Sigcont => RGBColor(0x93, 0x33, 0xea),
         Restart => RGBColor(0x08, 0x91, 0xb2),
+        ApiSignal => RGBColor(0xbe, 0x18, 0x5d),
+        ProviderOutage | ProviderOutageEnd => RGBColor(0x0f, 0x76, 0x6e),
         k if k.is_database() => RGBColor(0x92, 0x40, 0x0e),
         _ => RGBColor(0x94, 0xa3, 0xb8),
     }
@@ -118,6 +120,14 @@ pub(crate) fn timeline(ps: &PerSecond, markers: &[Marker]) -> Result<String, Str
             chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?;
             legend.push((format!("{channel} accepted"), color, false));
         }
+        // Chaos that lasts (a provider outage, the API down) is a shaded span start–heal.
+        for (from, to, kind) in spans(markers, x_max) {
+            let color = event_color(kind);
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(from, 0.0), (to, y_max)],
+                color.mix(0.12).filled(),
+            )))?;
+        }
         for (i, m) in markers.iter().enumerate() {
             let color = event_color(m.kind);
             let line = DashedPathElement::new(
@@ -164,6 +174,31 @@ pub(crate) fn timeline(ps: &PerSecond, markers: &[Marker]) -> Result<String, Str
         root.present()?;
         Ok(())
     })
+}
+
+/// The spans of chaos that lasts, from its start marker to the next marker that heals it (or
+/// `x_max` when none did): a provider outage until its end, the API from its signal until a new
+/// API was ready.
+fn spans(markers: &[Marker], x_max: f64) -> Vec<(f64, f64, EventKind)> {
+    use EventKind::*;
+    let heals = |start: EventKind, k: EventKind| {
+        matches!(
+            (start, k),
+            (ProviderOutage, ProviderOutageEnd) | (ApiSignal, ApiReady)
+        )
+    };
+    markers
+        .iter()
+        .filter(|m| matches!(m.kind, ProviderOutage | ApiSignal))
+        .map(|m| {
+            let end = markers
+                .iter()
+                .filter(|e| e.at_s >= m.at_s && heals(m.kind, e.kind))
+                .map(|e| e.at_s)
+                .fold(f64::INFINITY, f64::min);
+            (m.at_s, if end.is_finite() { end } else { x_max }, m.kind)
+        })
+        .collect()
 }
 
 /// A bar chart over named categories (histogram buckets, attempt counts, workers).
@@ -214,4 +249,28 @@ pub(crate) fn bars(
         root.present()?;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lasting_chaos_is_a_span_from_start_to_heal() {
+        let m = |at_s: f64, kind: EventKind| Marker {
+            at_s,
+            kind,
+            label: String::new(),
+        };
+        let markers = [
+            m(1.0, EventKind::ApiReady),
+            m(2.0, EventKind::ApiSignal),
+            m(2.5, EventKind::ProviderOutage),
+            m(3.0, EventKind::ApiReady),
+            m(9.0, EventKind::ProviderOutageEnd),
+            m(10.0, EventKind::ApiSignal),
+        ];
+        let got: Vec<(f64, f64)> = spans(&markers, 12.0).iter().map(|s| (s.0, s.1)).collect();
+        assert_eq!(got, [(2.0, 3.0), (2.5, 9.0), (10.0, 12.0)]);
+    }
 }

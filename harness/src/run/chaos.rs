@@ -3,12 +3,15 @@
 //! step counts as applied only once its effect is observed ([`log`]): the process exited by the
 //! signal, `/proc` showed it stopped and then running again, the replacement started. A signal
 //! for one chosen worker is aimed at a moment it has a send in flight ([`aim`]). The database
-//! actions live in [`db`], those on one process's database link in [`db_link`].
+//! actions live in [`db`], those on one process's database link in [`db_link`], the provider
+//! outage in [`provider`], the actions on the API process in [`api`].
 
 mod aim;
+mod api;
 mod db;
 mod db_link;
 mod log;
+mod provider;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +23,7 @@ use nix::sys::signal::Signal;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+pub use api::ApiProcess;
 pub use db::DbHandle;
 use log::StepLog;
 
@@ -49,6 +53,10 @@ pub struct Chaos {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Workers a step waits to catch with a send in flight.
     aims: aim::Aims,
+    /// The API process (`target = "api"`), once it runs.
+    api: Mutex<Option<ApiProcess>>,
+    /// The fakes' shared state (`provider_outage`), once they run.
+    hub: Mutex<Option<Arc<mock_providers::hub::Hub>>>,
 }
 
 impl Chaos {
@@ -67,7 +75,23 @@ impl Chaos {
             triggers: Mutex::default(),
             tasks: Mutex::default(),
             aims: aim::Aims::default(),
+            api: Mutex::default(),
+            hub: Mutex::default(),
         })
+    }
+
+    /// The API process a `target = "api"` step acts on (and its replacements after it).
+    pub fn set_api(&self, api: ApiProcess) {
+        *self.api.lock().unwrap() = Some(api);
+    }
+
+    /// The fakes a `provider_outage` step fails.
+    pub fn set_hub(&self, hub: Arc<mock_providers::hub::Hub>) {
+        *self.hub.lock().unwrap() = Some(hub);
+    }
+
+    fn hub(&self) -> Option<Arc<mock_providers::hub::Hub>> {
+        self.hub.lock().unwrap().clone()
     }
 
     /// Called for the `n`th accepted send on `e.provider`: arms matching `on_accept` steps.
@@ -187,6 +211,8 @@ impl Chaos {
                 .and_then(|pid| self.world.slot_of(pid).map(|s| (s, pid)))
                 .into_iter()
                 .collect(),
+            // Not a worker: acted on by `api::act` before workers are looked for.
+            Target::Api => Vec::new(),
         }
     }
 
@@ -204,7 +230,11 @@ impl Chaos {
             | ChaosAction::DbReset
             | ChaosAction::DbLatency
             | ChaosAction::DbBandwidth => return db_link::act(self, i, &step, sender, why).await,
+            ChaosAction::ProviderOutage => return provider::outage(self, i, &step, why),
             _ => {}
+        }
+        if step.target == Target::Api {
+            return api::act(self, i, &step, why).await;
         }
         let targets = self.targets(&step.target, sender);
         if targets.is_empty() {
@@ -262,7 +292,7 @@ impl Chaos {
             ChaosAction::Sigterm => (Signal::SIGTERM, EventKind::Sigterm),
             ChaosAction::Restart => (Signal::SIGTERM, EventKind::RestartBegin),
             ChaosAction::Sigstop => (Signal::SIGSTOP, EventKind::Sigstop),
-            _ => unreachable!("database actions return earlier"),
+            _ => unreachable!("database and provider actions return earlier"),
         };
         let stop_and_continue = usize::from(step.action == ChaosAction::Sigstop);
         self.log(i).target(

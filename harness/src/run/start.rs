@@ -112,6 +112,11 @@ pub(super) async fn stack(
         work.acceptable(),
     );
     res.chaos = Some(chaos.clone());
+    let providers = res
+        .providers
+        .as_ref()
+        .ok_or_else(|| infra("the fake providers are not running"))?;
+    chaos.set_hub(providers.hub().clone());
     ledger.add_hook(Arc::new(world::Observer::new(
         world.clone(),
         chaos.clone(),
@@ -139,6 +144,7 @@ pub(super) async fn stack(
     db_links::route(&world.worker.db_links, LinkOwner::Api, &mut api.env)
         .await
         .map_err(|e| infra(format!("database link proxy: {e:#}")))?;
+    let api_spec_again = api.clone();
     let api_pid = supervisor
         .spawn(api)
         .await
@@ -147,6 +153,12 @@ pub(super) async fn stack(
     let api_base = format!("http://{}", fakes.endpoints.api_addr);
     wait_healthy(&supervisor, api_pid, &api_base, Duration::from_secs(30)).await?;
     world.event(EventKind::ApiReady, None, Some(api_pid), api_base.clone());
+    // `target = "api"` chaos replaces the API with the same command on the same address.
+    chaos.set_api(chaos::ApiProcess {
+        pid: api_pid,
+        spec: api_spec_again,
+        base: api_base.clone(),
+    });
     for slot in 1..=scenario.stack.workers {
         world
             .start_worker(slot)
@@ -218,7 +230,7 @@ async fn migrate(supervisor: &Supervisor, spec: Spec, report_dir: &Path) -> anyh
 }
 
 /// Waits for the API's `GET /healthz` to answer 2xx; its exit or `within` passing stops the run.
-async fn wait_healthy(
+pub(super) async fn wait_healthy(
     sup: &Supervisor,
     pid: u32,
     base: &str,

@@ -50,6 +50,8 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "fifo-by-batch",
     "non-idempotent-batch",
     "no-lease-deadline",
+    "no-provider-timeout",
+    "api-loses-batch",
 ];
 
 /// A validated experiment.
@@ -235,6 +237,9 @@ pub struct ChaosStep {
     /// What a database-link action does to the link (`db_partition`, `db_reset`, `db_latency`,
     /// `db_bandwidth`); `None` for every other action.
     pub db_link: Option<DbLinkFault>,
+    /// What a provider action (`provider_outage`) does to which provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_fault: Option<ProviderFault>,
 }
 
 /// A fault on a stack process's database link (`harness/src/netchaos`).
@@ -252,6 +257,13 @@ pub enum DbLinkFault {
     Bandwidth {
         bytes_per_s: u64,
     },
+}
+
+/// A provider action's provider and how it fails (`provider_outage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProviderFault {
+    pub provider: mock_providers::ledger::Provider,
+    pub mode: mock_providers::outage::OutageMode,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -272,6 +284,8 @@ pub enum Target {
     All,
     /// The process that sent the triggering request (`on_accept` only).
     Sender,
+    /// The API process (signals and restart only); it comes back on the same address.
+    Api,
 }
 
 #[derive(Debug, Clone, Serialize)]

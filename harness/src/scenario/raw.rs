@@ -392,6 +392,30 @@ pub enum ChaosAction {
     DbLatency,
     /// Cap the target's database link at `bytes_per_s` each way for `for`.
     DbBandwidth,
+    /// A provider-wide outage of `provider` for `for`: every send answered 503 (`mode =
+    /// "unavailable"`, the default) or read and never answered (`mode = "hang"`), for every
+    /// process; then the provider recovers.
+    ProviderOutage,
+}
+
+/// A fake provider, as `[providers.*]` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderName {
+    Line,
+    Smtp,
+    Sms,
+}
+
+impl ProviderName {
+    pub fn provider(self) -> mock_providers::ledger::Provider {
+        use mock_providers::ledger::Provider;
+        match self {
+            ProviderName::Line => Provider::Line,
+            ProviderName::Smtp => Provider::Smtp,
+            ProviderName::Sms => Provider::Sms,
+        }
+    }
 }
 
 /// The Nth accepted send on a channel.
@@ -413,8 +437,9 @@ pub struct RawChaos {
     /// The Nth accepted send on a channel; fires before the provider answers.
     pub on_accept: Option<RawOnAccept>,
     pub action: ChaosAction,
-    /// `1`-based worker index, `"random"`, `"busiest"`, `"all"`, or `"sender"` (the process that
-    /// sent the triggering request; `on_accept` only). Default `"random"`. A signal for one
+    /// `1`-based worker index, `"random"`, `"busiest"`, `"all"`, `"sender"` (the process that
+    /// sent the triggering request; `on_accept` only), or `"api"` (the API process: `sigkill`,
+    /// `sigterm` or `restart`; it comes back on the same address). Default `"random"`. A signal for one
     /// chosen worker (an index, `random`, `busiest`) lands while it has a send in flight: the
     /// harness waits up to 2 s for its next request and holds that request at the fake until the
     /// signal is sent (a worker that sends nothing in that time is signalled anyway).
@@ -436,6 +461,11 @@ pub struct RawChaos {
     /// Default `false`: a step that did not take effect makes the run inconclusive.
     #[serde(default)]
     pub optional: bool,
+    /// The provider a provider action (`provider_outage`) acts on: `line` or `sms`.
+    pub provider: Option<ProviderName>,
+    /// How the provider fails during `provider_outage`: `unavailable` (503, the default) or
+    /// `hang` (no answer: the sender's own timeout must give up).
+    pub mode: Option<mock_providers::outage::OutageMode>,
 }
 
 /// `[expect]`: which invariants to check and their thresholds.

@@ -7,6 +7,7 @@ use super::keys::{leaf, Keys};
 use super::raw::{self, ChaosAction, RawScenario};
 use super::*;
 
+mod chaos_ext;
 mod db_link;
 
 struct Ctx<'a> {
@@ -613,6 +614,7 @@ fn validate_providers(
     cx: &Ctx,
     p: &mock_providers::config::ProvidersConfig,
 ) -> Result<(), ScenarioError> {
+    chaos_ext::no_outage_in_profiles(cx, p)?;
     mock_providers::validate::providers(p).map_err(|e| {
         let e = e.under("providers");
         let paths: Vec<&str> = e.paths.iter().map(String::as_str).collect();
@@ -709,11 +711,12 @@ fn validate_chaos(
             "busiest" => Target::Busiest,
             "all" => Target::All,
             "sender" => Target::Sender,
+            "api" => Target::Api,
             other => {
                 let mut e = err("target", format!(
-                    "unknown `target` {other:?}; expected a worker number, `random`, `busiest`, `all` or `sender`"
+                    "unknown `target` {other:?}; expected a worker number, `random`, `busiest`, `all`, `sender` or `api`"
                 ));
-                e.suggestion = nearest(other, ["random", "busiest", "all", "sender"]);
+                e.suggestion = nearest(other, ["random", "busiest", "all", "sender", "api"]);
                 return Err(e);
             }
         },
@@ -730,6 +733,8 @@ fn validate_chaos(
             "`target = \"sender\"` needs an `on_accept` trigger".into(),
         ));
     }
+    chaos_ext::api_target(&err, c, &target)?;
+    let provider_fault = chaos_ext::provider_fault(&err, cx, &key, c)?;
     let needs_for = matches!(
         c.action,
         ChaosAction::Sigstop
@@ -737,6 +742,7 @@ fn validate_chaos(
             | ChaosAction::DbPartition
             | ChaosAction::DbLatency
             | ChaosAction::DbBandwidth
+            | ChaosAction::ProviderOutage
     );
     let action = serde_json::to_value(c.action)
         .ok()
@@ -754,8 +760,8 @@ fn validate_chaos(
             return Err(err(
                 "for",
                 format!(
-                    "`for` only applies to `sigstop`, `db_idle_tx`, `db_partition`, `db_latency` \
-                     and `db_bandwidth`, not `{action}`"
+                    "`for` only applies to `sigstop`, `db_idle_tx`, `db_partition`, `db_latency`, \
+                     `db_bandwidth` and `provider_outage`, not `{action}`"
                 ),
             ));
         }
@@ -783,6 +789,7 @@ fn validate_chaos(
         restart_after: c.restart_after.map(|d| d.0),
         optional: c.optional,
         db_link,
+        provider_fault,
     })
 }
 

@@ -1,6 +1,7 @@
 //! The dispatcher that sends delivery reports to the stack: SMS status callbacks and e-mail
 //! delivery events, on the seeded schedule of [`plan`], with retries when the stack answers 5xx or
-//! times out.
+//! times out. A try that could not connect at all (the stack's API down, restarting) is tried
+//! again every 250 ms for up to [`RECEIVER_DOWN_PATIENCE`] without using up `max_retries`.
 //!
 //! Every try of every callback is a ledger entry (`EntryKind::Callback`) with how late it began
 //! and how long the stack took to answer. The dispatcher counts the reports still due
@@ -302,7 +303,14 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
         Provider::Sms => &inner.sms_slots,
         _ => &inner.email_slots,
     };
-    for n in 1..=tries {
+    // Tries the receiver could not be reached for at all (refused) while it may be restarting;
+    // they do not use up `max_retries` within RECEIVER_DOWN_PATIENCE of the first.
+    let mut n = 0;
+    let mut counted = 0;
+    let first = Instant::now();
+    loop {
+        n += 1;
+        counted += 1;
         tokio::time::sleep_until(due).await;
         let awake = Instant::now();
         let late = awake.saturating_duration_since(due);
@@ -328,6 +336,7 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
             .body(job.body.clone())
             .send()
             .await;
+        let mut refused = false;
         let (code, err, retry_after) = match result {
             Ok(resp) => {
                 let code = resp.status().as_u16();
@@ -341,7 +350,10 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
                 (Some(code), None, retry_after)
             }
             Err(e) if e.is_timeout() => (None, Some("timeout".to_string()), None),
-            Err(e) => (None, Some(format!("connection error: {e}")), None),
+            Err(e) => {
+                refused = e.is_connect();
+                (None, Some(format!("connection error: {e}")), None)
+            }
         };
         let answered = Instant::now();
         let mut d = LedgerEntry::draft(job.provider, EntryKind::Callback, job.recipient.clone());
@@ -365,12 +377,26 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
         d.callback_took_ms = Some(answered.duration_since(started).as_millis() as u64);
         inner.ledger.record(d);
         let retryable = code.is_none_or(|c| c >= 500);
-        if !retryable || n == tries {
+        if refused && job.retry_on_error && first.elapsed() < RECEIVER_DOWN_PATIENCE {
+            // Nobody was listening (the stack's API restarting): not a try the stack failed.
+            counted -= 1;
+            due = answered + RECEIVER_DOWN_GAP;
+            continue;
+        }
+        if !retryable || counted >= tries {
             return;
         }
-        due = answered + backoff(n).max(retry_after.unwrap_or_default());
+        due = answered + backoff(counted).max(retry_after.unwrap_or_default());
     }
 }
+
+/// How long a report whose receiver refuses connections (its API process restarting) keeps
+/// being tried without using up its retries: the load's own patience with the API
+/// (`RETRY_FOR` in the harness) — a webhook sender retries for hours.
+pub const RECEIVER_DOWN_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The gap between tries to a receiver that refused the connection.
+const RECEIVER_DOWN_GAP: Duration = Duration::from_millis(250);
 
 /// Gap before retry `n + 1`: 100 ms doubling, at most 5 s.
 fn backoff(n: u32) -> Duration {

@@ -1,5 +1,5 @@
 //! The push handler: auth → retry-key syntax → body → `on_request` hook → attempt number → rate
-//! limit → retry-key repeat → seeded faults → latency → ledger → `before_response` hook → answer.
+//! limit (or an outage: 503 or no answer, [`crate::outage`]) → retry-key repeat → seeded faults → latency → ledger → `before_response` hook → answer.
 //!
 //! Every request is recorded, protocol errors included. An accepted send is committed to the
 //! ledger before the hook runs and before a byte of the answer is written.
@@ -25,6 +25,7 @@ const BAD_TO: &str = "The property, 'to', in the request body is invalid (line: 
 const RATE_LIMITED: &str = "The API rate limit has been exceeded. Try again later.";
 const MONTHLY_LIMIT: &str = "You have reached your monthly limit.";
 const KEY_ACCEPTED: &str = "The retry key is already accepted";
+const UNAVAILABLE: &str = "Service Unavailable";
 const BAD_KEY: &str = "The value of the X-Line-Retry-Key header is invalid";
 
 pub(super) async fn push(
@@ -33,7 +34,9 @@ pub(super) async fn push(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let inline = crate::http::no_latency(&st.inner.hub.line.get().latency);
+    let cfg = st.inner.hub.line.get();
+    // A held request must see its sender hang up, which only a detached task does.
+    let inline = crate::http::no_latency(&cfg.latency) && cfg.outage.is_none();
     detached(inline, handle(st, peer, headers, body)).await
 }
 
@@ -106,6 +109,23 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
     let received_ns = hub.ledger.now_ns();
     hub.ledger.on_request(Provider::Line, peer).await;
     let attempt = hub.ledger.next_attempt(Provider::Line, &push.to);
+    if let Some(outage) = hub.line.get().outage {
+        let mut d = LedgerEntry::draft(Provider::Line, EntryKind::Send, push.to.clone());
+        d.attempt = attempt;
+        d.received_ns = received_ns;
+        d.peer = Some(peer);
+        d.idempotency_key = retry_key;
+        d.payload_hash = Some(sha256_hex(push.messages_json().as_bytes()));
+        d.body = Some(push.texts.join("\n"));
+        let (status, hung_up) = crate::outage::answer(&hub, Provider::Line, outage).await;
+        d.outcome = Outcome::Transient;
+        d.fault = Some(outage.mode.label().into());
+        d.status = status;
+        d.error = Some(UNAVAILABLE.into());
+        d.client_hung_up = hung_up;
+        hub.ledger.record(d);
+        return reply(503, json!({ "message": UNAVAILABLE }));
+    }
     let decision = decide_push(&st, &push, attempt, retry_key.as_deref(), &request_id);
     let delay = decide::latency(hub.seed, Provider::Line, &push.to, attempt, &cfg.latency);
     if !delay.is_zero() {

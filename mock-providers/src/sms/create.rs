@@ -1,4 +1,5 @@
-//! `POST …/Messages.json`: auth → form → `on_request` hook → attempt number → rate limit →
+//! `POST …/Messages.json`: auth → form → `on_request` hook → attempt number → outage (503 or
+//! no answer, [`crate::outage`]) → rate limit →
 //! idempotency key (when on)
 //! → address syntax → seeded faults → latency → ledger → `before_response` hook → answer, then
 //! the status callbacks are scheduled.
@@ -41,7 +42,9 @@ pub(super) async fn create(
             return twilio_error(status, code, "").into_response();
         }
     };
-    let inline = crate::http::no_latency(&st.inner.hub.sms.get().latency);
+    let cfg = st.inner.hub.sms.get();
+    // A held request must see its sender hang up, which only a detached task does.
+    let inline = crate::http::no_latency(&cfg.latency) && cfg.outage.is_none();
     detached(inline, handle(st, account, peer, headers, body)).await
 }
 
@@ -53,6 +56,9 @@ struct Form {
     body: String,
     status_callback: Option<String>,
 }
+
+/// Twilio's "service unavailable" error code, answered during an outage.
+const UNAVAILABLE_CODE: u32 = 20503;
 
 /// Twilio refuses a body longer than this (error 21617), however it would be segmented.
 pub const MAX_BODY_CHARS: usize = 1600;
@@ -136,6 +142,23 @@ async fn handle(
     let received_ns = hub.ledger.now_ns();
     hub.ledger.on_request(Provider::Sms, peer).await;
     let attempt = hub.ledger.next_attempt(Provider::Sms, &form.to);
+    if let Some(outage) = hub.sms.get().outage {
+        let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, form.to.clone());
+        d.attempt = attempt;
+        d.received_ns = received_ns;
+        d.peer = Some(peer);
+        d.idempotency_key = key;
+        d.payload_hash = Some(sha256_hex(form.body.as_bytes()));
+        d.body = Some(form.body.clone());
+        let (status, hung_up) = crate::outage::answer(&hub, Provider::Sms, outage).await;
+        d.outcome = Outcome::Transient;
+        d.fault = Some(outage.mode.label().into());
+        d.status = status;
+        d.error = Some(UNAVAILABLE_CODE.to_string());
+        d.client_hung_up = hung_up;
+        hub.ledger.record(d);
+        return twilio_error(503, UNAVAILABLE_CODE, &form.to);
+    }
     let decision = decide_create(&st, &cfg, &form, attempt, key.as_deref());
     let delay = decide::latency(hub.seed, Provider::Sms, &form.to, attempt, &cfg.latency);
     if !delay.is_zero() {

@@ -74,6 +74,34 @@ pub(crate) async fn create(
     let batch: BatchIn = parse(&bytes)?;
     let rows = validate(&st, &batch)?;
     let n = rows.key.len() as i32;
+    if st.cfg.flaws.has(Flaw::ApiLosesBatch) {
+        // Flaw: answer first, write behind. A process that dies before the write (a kill, a
+        // deploy's SIGTERM: the runtime drops the task) loses a batch it answered 202 for.
+        let (st, id) = (st.clone(), batch.batch_id.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(WRITE_BEHIND).await;
+            if let Err(e) = store(&st, &batch, rows).await {
+                tracing::warn!(batch = %batch.batch_id, error = ?e, "write-behind failed");
+            }
+        });
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"batch_id": id, "deliveries": n})),
+        ));
+    }
+    store(&st, &batch, rows).await
+}
+
+/// How long the `api-loses-batch` flaw waits before it writes a batch it has answered for.
+const WRITE_BEHIND: std::time::Duration = std::time::Duration::from_millis(1_000);
+
+/// Inserts the batch and its deliveries in one transaction, or answers the repeat of one.
+async fn store(
+    st: &AppState,
+    batch: &BatchIn,
+    rows: Rows,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let n = rows.key.len() as i32;
 
     let mut tx = st.front.begin().await?;
     let inserted: Option<(String,)> = sqlx::query_as(
@@ -103,7 +131,7 @@ pub(crate) async fn create(
             })?;
             again.correlation[k] = render::correlation_id(key, ch);
         }
-        insert_deliveries(&mut tx, &batch, &again).await?;
+        insert_deliveries(&mut tx, batch, &again).await?;
         tx.commit().await?;
         return Ok((
             StatusCode::ACCEPTED,
@@ -131,7 +159,7 @@ pub(crate) async fn create(
             Json(json!({"batch_id": batch.batch_id, "deliveries": count})),
         ));
     }
-    insert_deliveries(&mut tx, &batch, &rows).await?;
+    insert_deliveries(&mut tx, batch, &rows).await?;
     tx.commit().await?;
     tracing::info!(batch = %batch.batch_id, deliveries = n, "batch accepted");
     if st.cfg.flaws.has(Flaw::InlineSend) {

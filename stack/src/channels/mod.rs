@@ -99,12 +99,15 @@ pub struct Providers {
 
 impl Providers {
     pub fn new(cfg: &Arc<Config>) -> anyhow::Result<Providers> {
-        let http = reqwest::Client::builder()
-            .timeout(cfg.provider_timeout)
-            .connect_timeout(cfg.provider_timeout)
-            .pool_max_idle_per_host(cfg.concurrency)
-            .build()
-            .context("building the http client")?;
+        let mut http = reqwest::Client::builder().pool_max_idle_per_host(cfg.concurrency);
+        if !cfg.flaws.has(crate::config::Flaw::NoProviderTimeout) {
+            http = http
+                .timeout(cfg.provider_timeout)
+                .connect_timeout(cfg.provider_timeout);
+        }
+        // Flaw (no-provider-timeout): no timeout at all, so a provider that never answers holds
+        // the send for ever.
+        let http = http.build().context("building the http client")?;
         Ok(Providers {
             line: line::LineClient::new(http.clone(), cfg.clone()),
             email: email::EmailClient::new(cfg.clone())?,

@@ -123,6 +123,7 @@ mod tests {
             restart_after: None,
             optional: false,
             db_link: None,
+            provider_fault: None,
         }
     }
 

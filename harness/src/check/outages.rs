@@ -1,0 +1,155 @@
+//! When a provider was out for everyone (`provider_outage`): from the step's start until its end,
+//! or until the fake let go of the last request it held, whichever is later (a held request
+//! ends only when its sender gives up). Read from the timeline (the step's start and end) and
+//! the ledger (the entries the outage answered: `fault` `outage_503` / `outage_hang`, labels
+//! from [`mock_providers::outage::OutageMode::label`]), never from the stack.
+//!
+//! `retry_discipline`'s cap does not count time inside such a window, nor (for any provider)
+//! time in which a hung provider held requests: no correct stack gets a send through a provider
+//! that answers nobody, and a worker whose every slot holds a request the provider will never
+//! answer cannot start any retry before its own timeout frees one.
+//! Deciding nothing on its own.
+
+use mock_providers::ledger::{EntryKind, LedgerEntry, Provider};
+use mock_providers::outage::OutageMode;
+
+use super::{EventKind, Input};
+
+/// Whether `e` is a send an outage answered or held.
+pub fn answered_by_outage(e: &LedgerEntry) -> bool {
+    e.kind == EntryKind::Send
+        && e.fault.as_deref().is_some_and(|f| {
+            [OutageMode::Unavailable, OutageMode::Hang]
+                .iter()
+                .any(|m| m.label() == f)
+        })
+}
+
+/// The windows `[from, to)` during which `provider` was out: each outage step's start to the
+/// later of its end and the last answer (or hang-up) of a request it met. An outage that
+/// never ended lasts for ever.
+pub fn windows(input: &Input, provider: Provider) -> Vec<(u64, u64)> {
+    let mut evs: Vec<_> = input
+        .timeline
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::ProviderOutage | EventKind::ProviderOutageEnd
+            )
+        })
+        .collect();
+    evs.sort_by_key(|e| e.mono_ns);
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    let mut open: Option<u64> = None;
+    for e in evs {
+        match (e.kind, open) {
+            (EventKind::ProviderOutage, None) => open = Some(e.mono_ns),
+            (EventKind::ProviderOutageEnd, Some(s)) => {
+                spans.push((s, e.mono_ns));
+                open = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = open {
+        spans.push((s, u64::MAX));
+    }
+    // Steps on other providers leave no entries of this one: only spans this provider met count.
+    spans
+        .into_iter()
+        .filter_map(|(s, end)| {
+            let met = input.ledger.iter().filter(|e| {
+                e.provider == provider
+                    && answered_by_outage(e)
+                    && (s..=end).contains(&e.received_ns)
+            });
+            let last = met.map(|e| e.mono_ns).max()?;
+            Some((s, end.max(last)))
+        })
+        .collect()
+}
+
+/// Nanoseconds of `[from, to)` in which a retry to `provider` could be held up by an outage: an
+/// outage of `provider` itself ([`windows`]), or any time some provider held a request it would
+/// never answer (`outage_hang`): a worker's slots are shared by its channels (the contract's
+/// per-channel limit defaults to the worker's), so requests a hung provider holds can keep a
+/// worker from starting any send until its own timeout frees them. Each moment counted once.
+pub fn out_ns(input: &Input, provider: Provider, from: u64, to: u64) -> u64 {
+    if to <= from {
+        return 0;
+    }
+    let hang = OutageMode::Hang.label();
+    let mut spans = windows(input, provider);
+    spans.extend(
+        input
+            .ledger
+            .iter()
+            .filter(|e| e.kind == EntryKind::Send && e.fault.as_deref() == Some(hang))
+            .map(|e| (e.received_ns, e.mono_ns)),
+    );
+    let mut clipped: Vec<(u64, u64)> = spans
+        .into_iter()
+        .map(|(s, e)| (s.max(from), e.min(to)))
+        .filter(|(s, e)| s < e)
+        .collect();
+    clipped.sort_unstable();
+    let (mut total, mut reach) = (0u64, from);
+    for (s, e) in clipped {
+        let s = s.max(reach);
+        if e > s {
+            total += e - s;
+            reach = e;
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use mock_providers::ledger::Outcome::*;
+
+    use super::*;
+    use crate::check::testkit::*;
+    use crate::scenario::Channel::*;
+
+    #[test]
+    fn a_window_lasts_until_the_last_held_request_is_let_go() {
+        let mut w = World::new();
+        w.event(EventKind::ProviderOutage, None, 1_000);
+        w.event(EventKind::ProviderOutageEnd, None, 3_000);
+        // Held from 1.5 s, its sender gave up at 4.5 s (after the outage ended).
+        w.send(Sms, "+1555", Transient, 1_500)
+            .latency(3_000)
+            .fault("outage_hang");
+        // A LINE send in the same time is not the SMS outage's.
+        w.send(Line, "U1", Transient, 1_200).fault("http 503");
+        let i = w.input();
+        assert_eq!(windows(&i, Provider::Sms), vec![(ns(1_000), ns(4_500))]);
+        assert!(windows(&i, Provider::Line).is_empty(), "LINE met no outage");
+        // (provider, from, to, out ms): LINE only while the SMS request was held (1.5-4.5 s).
+        for (p, from, to, want) in [
+            (Provider::Sms, 0, 900, 0),
+            (Provider::Sms, 0, 2_000, 1_000),
+            (Provider::Sms, 4_000, 9_000, 500),
+            (Provider::Line, 0, 2_000, 500),
+            (Provider::Line, 0, 9_000, 3_000),
+            (Provider::Line, 5_000, 9_000, 0),
+        ] {
+            assert_eq!(
+                out_ns(&i, p, ns(from), ns(to)),
+                ns(want),
+                "{p:?} {from}..{to}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_outage_nobody_met_is_no_window() {
+        let mut w = World::new();
+        w.event(EventKind::ProviderOutage, None, 1_000);
+        w.event(EventKind::ProviderOutageEnd, None, 3_000);
+        w.send(Sms, "+1555", Accepted, 1_500);
+        assert!(windows(&w.input(), Provider::Sms).is_empty());
+    }
+}
