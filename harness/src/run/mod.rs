@@ -203,6 +203,7 @@ impl Resources {
             sends_unattributed: None,
             sends_sender_gone: None,
             machine: None,
+            harness: None,
             metrics: Default::default(),
             latency: None,
             uncertain: None,
@@ -259,6 +260,7 @@ async fn execute(
 ) -> anyhow::Result<Report> {
     std::fs::create_dir_all(report_dir)
         .with_context(|| format!("create {}", report_dir.display()))?;
+    let cpu_mark = crate::cpu::mark();
     let mut progress = progress::Progress::new(opts.progress);
     let say = |msg: String| progress.say(&msg);
     // The ledger's clock is the run's clock: every timeline event and progress line uses it.
@@ -812,6 +814,7 @@ async fn execute(
         sends_unattributed: Some(report::sends_unattributed(&entries, &pids)),
         sends_sender_gone: Some(world.sends_sender_gone()),
         machine: Some(crate::stalls::StallSummary::of(&stalls)),
+        harness: crate::cpu::HarnessUsage::since(cpu_mark),
         metrics: Default::default(),
         latency: Some(report::latency(
             &entries,
