@@ -76,6 +76,6 @@ mod tests {
         assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(shed.headers()[header::RETRY_AFTER], "1");
         drop(one);
-        a.admit().await.expect("a slot was freed");
+        let _three = a.admit().await.expect("a slot was freed");
     }
 }
