@@ -10,6 +10,7 @@ pub mod attribution;
 pub mod bench;
 pub mod check;
 pub mod cli;
+pub mod cpu;
 pub mod exit;
 pub mod load;
 pub mod netchaos;

@@ -149,10 +149,13 @@ fn outcome_name(o: Outcome) -> &'static str {
 
 async fn stats(State(c): State<Ctl>) -> Json<Stats> {
     let shared = c.hub.ledger.snapshot_shared();
-    Json(stats_of(
-        shared.iter().map(|e| &**e),
-        c.hub.pending_callbacks(),
-    ))
+    let mut s = stats_of(shared.iter().map(|e| &**e), c.hub.pending_callbacks());
+    // Protocol errors counted but not kept (`Ledger::protocol_errors`) still count here.
+    for pe in c.hub.ledger.protocol_errors() {
+        let p = s.providers.entry(pe.provider.as_str().into()).or_default();
+        *p.sends.entry("protocol_error".into()).or_default() += pe.seen - pe.kept;
+    }
+    Json(s)
 }
 
 #[derive(Deserialize)]

@@ -287,6 +287,26 @@ pub trait Hook: Send + Sync {
 struct Entries {
     base: u64,
     list: Vec<Arc<LedgerEntry>>,
+    /// Per (provider, answer) of protocol errors about no recipient: how many were seen.
+    protocol_errors: std::collections::BTreeMap<(Provider, String), u64>,
+}
+
+/// Protocol errors about no recipient (an SMTP command out of sequence or unknown, a malformed
+/// HTTP request naming nobody) kept per (provider, answer): the rest are only counted
+/// ([`Ledger::protocol_errors`]), so a client spewing bad commands cannot grow the ledger
+/// without bound. No checker reads such entries one by one (they belong to no delivery); a
+/// protocol error about a recipient is always kept, since retry and loss rules count it.
+pub const PROTOCOL_ERRORS_KEPT: u64 = 100;
+
+/// Protocol errors of one kind about no recipient: how many were seen and how many kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProtocolErrorCount {
+    pub provider: Provider,
+    /// The answer (HTTP status or SMTP reply code).
+    pub status: String,
+    pub seen: u64,
+    /// Ledger entries kept (the first [`PROTOCOL_ERRORS_KEPT`]).
+    pub kept: u64,
 }
 
 impl Entries {
@@ -384,6 +404,16 @@ impl Ledger {
     pub fn record(&self, mut draft: Draft) -> LedgerEntry {
         let stored = {
             let mut entries = self.inner.entries.lock().expect("ledger poisoned");
+            if draft.outcome == Outcome::ProtocolError && draft.recipient.is_empty() {
+                let key = (draft.provider, draft.status.clone());
+                let seen = entries.protocol_errors.entry(key).or_default();
+                *seen += 1;
+                if *seen > PROTOCOL_ERRORS_KEPT {
+                    // Counted, not kept: returned unstamped (no seq is used, so none repeats).
+                    draft.mono_ns = self.now_ns();
+                    return draft;
+                }
+            }
             draft.seq = entries.next_seq();
             draft.mono_ns = self.now_ns();
             if draft.received_ns == 0 {
@@ -510,6 +540,21 @@ impl Ledger {
         self.len() == 0
     }
 
+    /// Protocol errors about no recipient, per kind: how many were seen and how many kept.
+    pub fn protocol_errors(&self) -> Vec<ProtocolErrorCount> {
+        let entries = self.inner.entries.lock().expect("ledger poisoned");
+        entries
+            .protocol_errors
+            .iter()
+            .map(|((provider, status), &seen)| ProtocolErrorCount {
+                provider: *provider,
+                status: status.clone(),
+                seen,
+                kept: seen.min(PROTOCOL_ERRORS_KEPT),
+            })
+            .collect()
+    }
+
     /// Forgets every entry and attempt number (control API `POST /_mock/reset`). Entry numbers
     /// are not reused: the next entry's `seq` follows the last one recorded before the reset.
     pub fn clear(&self) {
@@ -519,6 +564,7 @@ impl Ledger {
             *entries = Entries {
                 base,
                 list: Vec::new(),
+                protocol_errors: Default::default(),
             };
         }
         self.inner.attempts.lock().expect("ledger poisoned").clear();
@@ -590,5 +636,39 @@ mod tests {
         let back: LedgerEntry = serde_json::from_slice(out.strip_suffix(b"\n").unwrap()).unwrap();
         assert_eq!(back.body, a[0].body);
         assert!(back.email.is_none());
+    }
+
+    #[test]
+    fn protocol_errors_about_no_recipient_are_kept_up_to_a_bound_and_counted() {
+        let l = Ledger::new();
+        let bad = |status: &str, recipient: &str| {
+            let mut d = entry(recipient);
+            d.outcome = Outcome::ProtocolError;
+            d.status = status.into();
+            d
+        };
+        for _ in 0..(PROTOCOL_ERRORS_KEPT + 50) {
+            l.record(bad("500 5.5.1", ""));
+            l.record(bad("503 5.5.1", ""));
+        }
+        // About a recipient: always kept (retry and loss rules count it).
+        for _ in 0..(PROTOCOL_ERRORS_KEPT + 50) {
+            l.record(bad("501 5.5.4", "a@x.test"));
+        }
+        let seen: Vec<(String, u64, u64)> = l
+            .protocol_errors()
+            .into_iter()
+            .map(|c| (c.status, c.seen, c.kept))
+            .collect();
+        let (n, k) = (PROTOCOL_ERRORS_KEPT + 50, PROTOCOL_ERRORS_KEPT);
+        assert_eq!(
+            seen,
+            [("500 5.5.1".into(), n, k), ("503 5.5.1".into(), n, k)]
+        );
+        assert_eq!(l.len() as u64, 2 * k + n);
+        // Seqs stay dense: `since` still finds every kept entry by position.
+        assert_eq!(l.since(0).len(), l.len());
+        l.clear();
+        assert!(l.protocol_errors().is_empty());
     }
 }

@@ -99,6 +99,9 @@ pub(crate) fn render_with(report: &Report, m: &Metrics) -> String {
     if let Some(line) = report.machine.as_ref().and_then(|m| m.line()) {
         let _ = writeln!(out, "Machine: {}.\n", md(&line));
     }
+    if let Some(warning) = report.harness.as_ref().and_then(|h| h.warning()) {
+        let _ = writeln!(out, "Warning: {}.\n", md(&warning));
+    }
     out.push_str("| checker | status | summary |\n|---|---|---|\n");
     for v in &report.checks {
         let status = match v.status {

@@ -97,6 +97,10 @@ pub struct Report {
     /// stopped running processes on time. Null when the run stopped before its verdict.
     #[serde(default)]
     pub machine: Option<crate::stalls::StallSummary>,
+    /// The harness process's own CPU share of the run (`crate::cpu`). Null when the run stopped
+    /// before its verdict or `/proc` was unreadable; absent in reports written before it existed.
+    #[serde(default)]
+    pub harness: Option<crate::cpu::HarnessUsage>,
     /// Performance figures the regression gate compares (`report::metrics`). All zero in reports
     /// written before it existed.
     #[serde(default)]
@@ -306,6 +310,12 @@ pub fn summary_text(r: &Report) -> String {
     }
     if let Some(line) = r.machine.as_ref().and_then(|m| m.line()) {
         out.push_str(&format!("  machine: {line}\n"));
+    }
+    if let Some(h) = &r.harness {
+        out.push_str(&format!("  harness: {}\n", h.line()));
+        if let Some(warning) = h.warning() {
+            out.push_str(&format!("  warning: {warning}\n"));
+        }
     }
     out
 }

@@ -199,6 +199,7 @@ async fn execute(
 ) -> anyhow::Result<Report> {
     std::fs::create_dir_all(report_dir)
         .with_context(|| format!("create {}", report_dir.display()))?;
+    let cpu_mark = crate::cpu::mark();
     let mut progress = progress::Progress::new(opts.progress);
     // The ledger's clock is the run's clock: every timeline event and progress line uses it.
     let ledger = Ledger::new();
@@ -259,7 +260,7 @@ async fn execute(
         &work,
         settled,
         judged,
-        started,
+        (started, cpu_mark),
     )
     .await
 }

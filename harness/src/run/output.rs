@@ -55,6 +55,7 @@ pub(super) fn skeleton(s: &Scenario, database_kind: &str) -> Report {
         sends_unattributed: None,
         sends_sender_gone: None,
         machine: None,
+        harness: None,
         metrics: Default::default(),
         latency: None,
         uncertain: None,
@@ -71,7 +72,7 @@ pub(super) async fn report(
     work: &Workload,
     settled: Settled,
     judged: Judged,
-    (started, started_at): (Instant, &str),
+    ((started, started_at), cpu_mark): ((Instant, &str), Option<crate::cpu::Mark>),
 ) -> anyhow::Result<Report> {
     let mut report = skeleton(scenario, db.kind());
     report::atomic::write_atomic(&report_dir.join("ledger.jsonl"), |w| ledger.write_jsonl(w))?;
@@ -124,6 +125,7 @@ pub(super) async fn report(
     report.sends_unattributed = Some(report::sends_unattributed(&entries, &pids));
     report.sends_sender_gone = Some(stack.world.sends_sender_gone());
     report.machine = Some(crate::stalls::StallSummary::of(&stalls));
+    report.harness = crate::cpu::HarnessUsage::since(cpu_mark);
     report.latency = Some(report::latency(
         &entries,
         &enqueue.latency_us,

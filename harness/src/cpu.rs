@@ -1,0 +1,158 @@
+//! The harness's own CPU share of a run: its process's CPU seconds (user + system, from
+//! `/proc/self/stat`) over the run's wall time, in cores. The harness must never be the
+//! bottleneck it measures: past [`WARN_SHARE`] of one core the summary says so, because the fakes
+//! and the ledger hooks may then have held the stack back. Measures only; judges nothing.
+
+use std::time::Instant;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Share of one core past which the summary warns.
+pub const WARN_SHARE: f64 = 0.5;
+
+/// Clock ticks per second of `/proc/<pid>/stat`'s times: Linux's USER_HZ, 100 on every
+/// architecture it ships for (as `stack/src/bench/usage.rs` assumes too).
+const USER_HZ: f64 = 100.0;
+
+/// A reading at the start of the run.
+#[derive(Debug, Clone, Copy)]
+pub struct Mark {
+    cpu_s: f64,
+    at: Instant,
+}
+
+/// What `report.json` `harness` says of the harness process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HarnessUsage {
+    /// CPU seconds (user + system) the harness process used during the run, every thread.
+    pub cpu_s: f64,
+    /// Wall seconds between the two readings.
+    pub wall_s: f64,
+    /// `cpu_s / wall_s`: cores the harness kept busy on average (1.0 = one whole core).
+    pub cpu_share: f64,
+    /// The harness process's peak resident memory so far (`VmHWM`), in KiB.
+    #[serde(default)]
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// utime + stime of `/proc/self/stat`'s text, in clock ticks. The command name (field 2) may hold
+/// spaces and parentheses, so fields are counted after its last `)`.
+fn ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    // After the name: state (3) … utime is field 14, stime 15.
+    let utime: u64 = f.nth(11)?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// `VmHWM` of `/proc/self/status`, in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn cpu_now() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    Some(ticks(&stat)? as f64 / USER_HZ)
+}
+
+/// Reads the harness's CPU time now; `None` where `/proc` is unavailable.
+pub fn mark() -> Option<Mark> {
+    Some(Mark {
+        cpu_s: cpu_now()?,
+        at: Instant::now(),
+    })
+}
+
+impl HarnessUsage {
+    /// From `start` to now.
+    pub fn since(start: Option<Mark>) -> Option<HarnessUsage> {
+        let start = start?;
+        let wall_s = start.at.elapsed().as_secs_f64();
+        let cpu_s = (cpu_now()? - start.cpu_s).max(0.0);
+        Some(HarnessUsage {
+            peak_rss_kib: peak_rss_kib(),
+            ..HarnessUsage::of(cpu_s, wall_s)
+        })
+    }
+
+    fn of(cpu_s: f64, wall_s: f64) -> HarnessUsage {
+        let round = |v: f64| (v * 1000.0).round() / 1000.0;
+        HarnessUsage {
+            cpu_s: round(cpu_s),
+            wall_s: round(wall_s),
+            cpu_share: if wall_s > 0.0 {
+                round(cpu_s / wall_s)
+            } else {
+                0.0
+            },
+            peak_rss_kib: None,
+        }
+    }
+
+    /// One line for the terminal summary.
+    pub fn line(&self) -> String {
+        let rss = self
+            .peak_rss_kib
+            .map(|k| format!(", peak RSS {} MB", k / 1024))
+            .unwrap_or_default();
+        format!(
+            "{:.0}% of one core ({:.1} CPU s in {:.1} s){rss}",
+            self.cpu_share * 100.0,
+            self.cpu_s,
+            self.wall_s
+        )
+    }
+
+    /// The summary's warning, when the harness used more than [`WARN_SHARE`] of one core.
+    pub fn warning(&self) -> Option<String> {
+        (self.cpu_share > WARN_SHARE).then(|| {
+            format!(
+                "the harness itself used {:.0}% of one core ({:.1} CPU s in {:.1} s): above {:.0}%, \
+                 it may have held the stack back",
+                self.cpu_share * 100.0,
+                self.cpu_s,
+                self.wall_s,
+                WARN_SHARE * 100.0
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_read_after_the_command_name_whatever_it_holds() {
+        let stat = "4242 (ting (chaos) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 75 0 0 20 0 9 0";
+        assert_eq!(ticks(stat), Some(325));
+        assert_eq!(ticks("garbage"), None);
+        assert_eq!(ticks("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn warns_only_past_half_a_core() {
+        assert_eq!(HarnessUsage::of(5.0, 10.0).warning(), None);
+        let busy = HarnessUsage::of(12.0, 10.0);
+        assert_eq!(busy.cpu_share, 1.2);
+        assert!(busy.warning().unwrap().contains("120% of one core"));
+        assert_eq!(HarnessUsage::of(1.0, 0.0).cpu_share, 0.0);
+    }
+
+    #[test]
+    fn this_process_can_be_measured() {
+        let start = mark().expect("/proc/self/stat");
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        std::hint::black_box(x);
+        let used = HarnessUsage::since(Some(start)).unwrap();
+        assert!(used.cpu_s >= 0.0 && used.wall_s > 0.0, "{used:?}");
+        assert!(used.peak_rss_kib.is_some_and(|k| k > 0), "{used:?}");
+    }
+}
