@@ -216,9 +216,8 @@ class Api:
 
     # --- delivery reports ----------------------------------------------------------------
     def apply_report(self, conn, where, args, to_state, source, detail, adopt_from=()):
-        """Moves the matched row to `to_state` unless it is terminal. A row still `sending`
-        (its worker has not recorded the provider's answer yet) is answered 503 so the provider
-        retries. Returns the HTTP status."""
+        """Moves the matched row to `to_state` unless it is terminal. A report for a row still
+        `sending` is stored for its worker (`py_early_reports`). Returns the HTTP status."""
         with conn.transaction():
             row = conn.execute(
                 f"SELECT id, state, provider_message_id FROM py_deliveries WHERE {where} FOR UPDATE",
@@ -229,7 +228,11 @@ class Api:
             if state in TERMINAL or state == to_state:
                 return 200
             if state == "sending":
-                return 503
+                # Its worker has not recorded the provider's answer yet: keep the report for it.
+                conn.execute(
+                    "INSERT INTO py_early_reports (delivery_id, pmid, to_state, detail) VALUES (%s, %s, %s, %s)",
+                    (did, detail.get("pmid"), to_state, detail.get("text")))
+                return 200
             if state != "submitted" and state not in adopt_from:
                 return 200
             conn.execute(

@@ -51,6 +51,16 @@ CREATE TABLE IF NOT EXISTS py_transitions (
     at          timestamptz NOT NULL DEFAULT clock_timestamp(),
     detail      text
 );
+-- Delivery reports that arrived while their row was still `sending` (the worker had not recorded
+-- the provider's answer yet): kept, acknowledged, and applied by the worker when it records it.
+CREATE TABLE IF NOT EXISTS py_early_reports (
+    id          bigserial PRIMARY KEY,
+    delivery_id bigint NOT NULL REFERENCES py_deliveries,
+    pmid        text NOT NULL,
+    to_state    text NOT NULL,
+    detail      text
+);
+CREATE INDEX IF NOT EXISTS py_early_reports_delivery ON py_early_reports (delivery_id);
 CREATE INDEX IF NOT EXISTS py_transitions_delivery ON py_transitions (delivery_id, id);
 """
 

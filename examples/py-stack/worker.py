@@ -69,6 +69,31 @@ def backoff_s(attempts, retry_after_s):
     return gap
 
 
+def apply_early_reports(conn, did, channel, message_id, state, pmid):
+    """Delivery reports kept while the row was `sending` (py_early_reports), applied in the
+    transaction that moves it out of `sending`. A signed report proves the provider took the
+    message: for e-mail it must name our Message-ID; for SMS the sid we recorded, or, when the
+    answer was lost (pmid None), any sid reported to this delivery's own callback URL."""
+    if channel == "email":
+        pmid = message_id
+    if channel == "line":
+        return state
+    rows = conn.execute(
+        "SELECT pmid, to_state, detail FROM py_early_reports WHERE delivery_id = %s"
+        + ("" if pmid is None else " AND pmid = %s") + " ORDER BY id",
+        (did,) if pmid is None else (did, pmid)).fetchall()
+    if not rows:
+        return state
+    final = [r for r in rows if r[1] in ("delivered", "permanent_failure")]
+    sid, to, detail = (final or rows)[0]
+    if to == state or (to == "submitted" and state == "submitted"):
+        return state
+    conn.execute("UPDATE py_deliveries SET state = %s, provider_message_id = %s, inflight = false "
+                 "WHERE id = %s", (to, sid, did))
+    transition(conn, did, state, to, "callback", detail)
+    return to
+
+
 def transition(conn, did, frm, to, source, detail):
     conn.execute("INSERT INTO py_transitions (delivery_id, from_state, to_state, source, detail) "
                  "VALUES (%s, %s, %s, %s, %s)", (did, frm, to, source, detail))
@@ -125,7 +150,7 @@ class Sender(threading.Thread):
         if entry is None or entry[0] != d["token"] or time.monotonic() > entry[1] - MARGIN_S:
             raise providers.LeaseLost()
 
-    def fenced(self, d, sql, args, to=None, detail=None):
+    def fenced(self, d, sql, args, to=None, detail=None, after=None):
         """Runs one fenced update of the row (and its transition); retried while the database is
         unreachable, for as long as the lease could still be ours. Returns whether it applied."""
         deadline = time.monotonic() + max(5.0, LEASE_MS / 1000 * 3)
@@ -139,6 +164,8 @@ class Sender(threading.Thread):
                         return False
                     if to is not None:
                         transition(conn, d["id"], "sending", to, "worker", detail)
+                    if after is not None:
+                        after(conn)
                 return True
             except psycopg.OperationalError as e:
                 self.conn = None
@@ -203,6 +230,7 @@ class Sender(threading.Thread):
                     "WHERE id = %s AND lease_token = %s AND state = 'sending'", (mine[0], d["id"], d["token"]))
                 if cur.rowcount == 1:
                     transition(conn, d["id"], "sending", "submitted", "worker", f"{WORKER}: adopted {mine[0]}")
+                    self.apply_early_reports(conn, d, "submitted", mine[0])
                 return False
         if ambiguous:
             self.retry(d, "sms: cannot tell yet (a twin is in flight)", None, counted=False)
@@ -213,11 +241,18 @@ class Sender(threading.Thread):
         return True
 
     def finish(self, d, state, pmid, error, attempts_delta=0):
+        after = self.apply_early_reports if state in ("submitted", "unknown") else None
         self.fenced(d, "UPDATE py_deliveries SET state = %(st)s, provider_message_id = coalesce(%(pmid)s, provider_message_id), "
                        "last_error = %(err)s, inflight = false, attempts = attempts + %(delta)s, "
                        "lease_owner = NULL, lease_token = NULL, lease_until = NULL",
                     {"st": state, "pmid": pmid, "err": error, "delta": attempts_delta},
-                    to=state, detail=WORKER)
+                    to=state, detail=WORKER, after=after and (lambda conn: after(conn, d, state, pmid)))
+
+    @staticmethod
+    def apply_early_reports(conn, d, state, pmid):
+        """In the transaction that records the answer: a final report that arrived before it (for
+        this message: the sid we were given, or our own Message-ID) settles the row now."""
+        apply_early_reports(conn, d["id"], d["channel"], d["message_id"], state, pmid)
 
     def retry(self, d, error, retry_after_s, counted=True, keep_inflight=False):
         attempts = d["attempts"] if counted else d["attempts"] - 1
@@ -305,9 +340,9 @@ class Rescuer(threading.Thread):
     def sweep(self):
         with self.conn.transaction():
             rows = self.conn.execute(
-                "SELECT id, channel, inflight, attempts, lease_owner FROM py_deliveries "
+                "SELECT id, channel, inflight, attempts, lease_owner, message_id FROM py_deliveries "
                 "WHERE state = 'sending' AND lease_until < now() FOR UPDATE SKIP LOCKED LIMIT 200").fetchall()
-            for did, ch, inflight, attempts, owner in rows:
+            for did, ch, inflight, attempts, owner, message_id in rows:
                 if not inflight:
                     to, delta = "retryable", -1  # that attempt never left
                 elif ch == "email" and POLICY == "hold":
@@ -322,6 +357,8 @@ class Rescuer(threading.Thread):
                     "inflight = CASE WHEN %s = 'unknown' THEN false ELSE inflight END WHERE id = %s",
                     (to, delta, to, did))
                 transition(self.conn, did, "sending", to, "rescuer", f"{WORKER}: lease of {owner} expired")
+                if inflight:
+                    apply_early_reports(self.conn, did, ch, message_id, to, None)
 
 
 def main():
