@@ -35,7 +35,11 @@ class Pool:
     def get(self, timeout):
         conn = self.free.get(timeout=timeout)
         if conn is None or conn.closed or conn.broken:
-            conn = connect(attempts_until=0)
+            try:
+                conn = connect(attempts_until=0)
+            except psycopg.OperationalError:
+                self.free.put(None)  # the slot stays in the pool: the next request tries again
+                raise
         return conn
 
     def put(self, conn):
