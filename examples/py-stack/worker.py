@@ -174,6 +174,24 @@ class Sender(threading.Thread):
                     return False
                 time.sleep(0.2)
 
+    def undo_unknown(self, d):
+        """The rescuer held this row `unknown` because its attempt was marked in flight, but this
+        sender knows the request never left (its lease check stopped it): make it retryable.
+        The rescuer keeps the lease token on an `unknown` row for exactly this."""
+        try:
+            conn = self.db()
+            with conn.transaction():
+                cur = conn.execute(
+                    "UPDATE py_deliveries SET state = 'retryable', attempts = attempts - 1, inflight = false, "
+                    "next_at = now(), lease_token = NULL WHERE id = %s AND lease_token = %s AND state = 'unknown'",
+                    (d["id"], d["token"]))
+                if cur.rowcount == 1:
+                    transition(conn, d["id"], "unknown", "retryable", "worker",
+                               f"{WORKER}: the held attempt never left (lease check)")
+        except psycopg.OperationalError as e:
+            self.conn = None
+            log(WORKER, "could not undo unknown for", d["id"], e)
+
     def give_back(self, d, why):
         """Returns a claimed row whose attempt never left: the attempt is not counted."""
         self.fenced(d, "UPDATE py_deliveries SET state = %(st)s, attempts = attempts - 1, "
@@ -200,7 +218,9 @@ class Sender(threading.Thread):
             out = self.clients[ch].send(d, lambda: self.check_lease(d))
         except providers.LeaseLost:
             # Nothing left: the provider was not asked (the check precedes the request).
-            return self.fenced(d, "UPDATE py_deliveries SET inflight = false, attempts = attempts - 1", {})
+            if not self.fenced(d, "UPDATE py_deliveries SET inflight = false, attempts = attempts - 1", {}):
+                self.undo_unknown(d)
+            return
         self.record(d, out)
 
     def reconcile_sms(self, d):
@@ -353,9 +373,10 @@ class Rescuer(threading.Thread):
                     to, delta = "retryable", 0  # LINE: same retry key; SMS: looked up first
                 self.conn.execute(
                     "UPDATE py_deliveries SET state = %s, attempts = attempts + %s, next_at = now(), "
-                    "lease_owner = NULL, lease_token = NULL, lease_until = NULL, "
+                    "lease_owner = NULL, lease_until = NULL, "
+                    "lease_token = CASE WHEN %s = 'unknown' THEN lease_token END, "
                     "inflight = CASE WHEN %s = 'unknown' THEN false ELSE inflight END WHERE id = %s",
-                    (to, delta, to, did))
+                    (to, delta, to, to, did))
                 transition(self.conn, did, "sending", to, "rescuer", f"{WORKER}: lease of {owner} expired")
                 if inflight:
                     apply_early_reports(self.conn, did, ch, message_id, to, None)
