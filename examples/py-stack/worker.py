@@ -10,12 +10,19 @@ Uncertainty: `inflight` is written (fenced) before a request leaves and cleared 
 is recorded, so a rescued row says whether its last attempt may have reached the provider:
 LINE resends under the same retry key, SMS lists the provider's messages first and adopts its
 own, e-mail follows TING_EMAIL_UNKNOWN_POLICY (hold: `unknown`)."""
-import os
-import random
-import sys
 import signal
 import threading
-import time
+
+# First of all, before the slow imports: a SIGTERM during start-up is a drain too (it exits 0),
+# not Python's default death by signal.
+stopping = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+signal.signal(signal.SIGINT, lambda *_: stopping.set())
+
+import os  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 
 import psycopg
 
@@ -38,7 +45,6 @@ MARGIN_S = min(0.25, LEASE_MS / 4000)  # time a send needs to leave once the dea
 if POLICY not in ("hold", "resend"):
     raise SystemExit(f"py-stack: TING_EMAIL_UNKNOWN_POLICY={POLICY!r} is neither hold nor resend")
 
-stopping = threading.Event()
 held_lock = threading.Lock()
 held = {}  # delivery id -> [token, local deadline (monotonic)]
 
@@ -385,8 +391,6 @@ class Rescuer(threading.Thread):
 def main():
     api_addr = env("TING_API_ADDR")
     clients = {"line": providers.Line(), "sms": providers.Sms(api_addr), "email": providers.Email()}
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     senders = [Sender(n, clients) for n in range(THREADS)]
     for t in senders + [Heartbeat(), Rescuer()]:
         t.start()
