@@ -147,7 +147,7 @@ pub(super) async fn wait(
             };
         }
         deadline.note(open.len());
-        if deadline.given_up() {
+        if deadline.given_up(calm_since.is_some()) {
             // Open only for a delivery report the fakes did send and no longer have due
             // (delivered, or given up after its retries): the stack may be waiting for a report
             // it never got. A row no report was ever sent for stays open.
@@ -288,9 +288,12 @@ impl Deadline {
         }
     }
 
-    fn given_up(&self) -> bool {
+    /// Whether to stop waiting. `calm`: nothing is open or due and the run is only waiting out
+    /// its settle time (lease + heartbeat, which can be longer than QUIESCENCE_PROGRESS): that is
+    /// the most progress there can be, so only the hard deadline ends it.
+    fn given_up(&self, calm: bool) -> bool {
         let now = Instant::now();
-        let progressing = self.last_progress.elapsed() < QUIESCENCE_PROGRESS;
+        let progressing = calm || self.last_progress.elapsed() < QUIESCENCE_PROGRESS;
         now >= self.soft && (!progressing || now >= self.hard)
     }
 
@@ -299,5 +302,40 @@ impl Deadline {
         Instant::now()
             .checked_duration_since(self.soft)
             .map(|d| d.as_millis() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn past(soft_ago: u64, hard_in: i64, progress_ago: u64) -> Deadline {
+        let now = Instant::now();
+        let hard = if hard_in >= 0 {
+            now + Duration::from_secs(hard_in as u64)
+        } else {
+            now - Duration::from_secs((-hard_in) as u64)
+        };
+        Deadline {
+            soft: now - Duration::from_secs(soft_ago),
+            hard,
+            fewest_open: 0,
+            last_progress: now - Duration::from_secs(progress_ago),
+        }
+    }
+
+    #[test]
+    fn a_calm_run_waiting_out_its_settle_time_past_the_deadline_is_not_given_up() {
+        // Everything settled past the soft deadline; the settle time (lease 10 s + heartbeat
+        // 2 s in slow-provider) outlasts the 10 s progress window: not a stall.
+        let d = past(20, 100, 11);
+        assert!(!d.given_up(true));
+        // Open work and no progress for 11 s past the deadline: a stall.
+        assert!(d.given_up(false));
+        // At the hard deadline even a calm run stops.
+        assert!(past(20, -1, 11).given_up(true));
+        // Before the soft deadline nothing gives up.
+        let early = Deadline::new(Duration::from_secs(60));
+        assert!(!early.given_up(false));
     }
 }
