@@ -3,6 +3,9 @@
 //!
 //! The page must work offline and stay inert: inline CSS and inline SVG only, no scripts, no
 //! external fonts or images, and every string from the report escaped (see `html_parts`).
+//!
+//! One file on purpose (about 600 lines): one function per section of the page, in page order,
+//! so the page reads top to bottom here; the shared pieces live in `html_parts` and `charts`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

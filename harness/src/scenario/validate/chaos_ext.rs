@@ -2,7 +2,7 @@
 //! with a signal or restart (and a way back), `provider_outage` only with a provider that has an
 //! outage mode, `provider` and `mode` only with a provider action, and no `outage` written into a
 //! `[providers.*]` table (an outage for the whole run is a `[[chaos]]` step's job). Called only
-//! from [`super::validate_chaos`]; errors are placed at the key, like every other rule.
+//! from [`super::chaos::validate_chaos`]; errors are placed at the key, like every other rule.
 
 use super::super::raw::{self, ChaosAction, ProviderName};
 use super::super::{ProviderFault, Target};
