@@ -469,10 +469,16 @@ async fn gives_up_after_max_retries_and_reset_cancels() {
         max_retries: 2,
         ..variants(0.0)
     };
-    // Nothing listens on this port: every try is a connection error.
+    // A receiver that takes every connection and closes it unanswered: every try is a
+    // connection error that uses up a retry. (A receiver that refuses connections is a stack
+    // restarting its API and is waited for: `callback_e2e.rs`.)
     let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/sms", dead.local_addr().unwrap());
-    drop(dead);
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = dead.accept().await {
+            drop(conn);
+        }
+    });
     let w = world(8, cfg.clone()).await;
     w.sms_send(&phone(1), "x", Some(&url)).await;
     quiesce(&w).await;
