@@ -17,12 +17,15 @@
 //!   for the whole window is `enqueue_not_accepted`. Any other failure (a `500`, `502`, `504`,
 //!   a `503` without `Retry-After`, a reset, no answer) is the stack failing a valid batch; one
 //!   per batch is tolerated, because a correct stack meets one at a restart of its API or pool
-//!   and a client retries it for free; a second for the same batch is not chance.
+//!   and a client retries it for free; a second for the same batch is not chance. An attempt
+//!   that was under way while a chaos step had the API down (from the step's signal until the
+//!   replacement answered its readiness check) failed because the harness took the API away:
+//!   counted apart (`enqueue_failed_api_down`), never against the stack.
 
 use serde_json::json;
 
 use super::common::{figures, Findings};
-use super::{Input, Status, Verdict};
+use super::{EventKind, Input, Status, Verdict};
 
 pub const NAME: &str = "responsiveness";
 
@@ -116,6 +119,30 @@ fn posted<'a>(input: &Input<'a>) -> std::collections::BTreeSet<&'a str> {
         .collect()
 }
 
+/// When a chaos step had the API down: from each signal to the API (`api_signal`) until the next
+/// API answered its readiness check (`api_ready`), or the end of the run if none did.
+fn api_down(input: &Input) -> Vec<(u64, u64)> {
+    let mut spans = Vec::new();
+    let mut since: Option<u64> = None;
+    for e in input.timeline {
+        match e.kind {
+            EventKind::ApiSignal => {
+                since.get_or_insert(e.mono_ns);
+            }
+            EventKind::ApiReady => {
+                if let Some(from) = since.take() {
+                    spans.push((from, e.mono_ns));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = since {
+        spans.push((from, u64::MAX));
+    }
+    spans
+}
+
 /// The `enqueue_not_accepted` and `enqueue_failed` rules; `Some(summary)` when one was broken.
 fn judge_failures(
     input: &Input,
@@ -144,13 +171,22 @@ fn judge_failures(
             "failed_attempts": attempts.iter().take(5).collect::<Vec<_>>(),
         }));
     }
+    let down = api_down(input);
+    let during_downtime = |a: &crate::report::FailedEnqueue| {
+        down.iter()
+            .any(|&(from, to)| a.sent_ns <= to && a.done_ns >= from)
+    };
     let mut unshed: std::collections::BTreeMap<&str, Vec<&crate::report::FailedEnqueue>> =
         Default::default();
+    let mut api_was_down = 0u64;
     for a in f.attempts.iter().filter(|a| !a.shed()) {
-        if !f.never_accepted(&a.batch_id) {
+        if during_downtime(a) {
+            api_was_down += 1;
+        } else if !f.never_accepted(&a.batch_id) {
             unshed.entry(a.batch_id.as_str()).or_default().push(a);
         }
     }
+    figs.insert("enqueue_failed_api_down".into(), json!(api_was_down));
     let mut over = 0;
     for (batch_id, attempts) in &unshed {
         if attempts.len() > MAX_FAILURES_PER_BATCH {
@@ -240,6 +276,46 @@ mod tests {
             error: "HTTP 5xx".into(),
             trickle: false,
         }
+    }
+
+    /// `n` failed attempts of `b1` (no answer) from `from_ms`, `step_ms` apart, each 50 ms long.
+    fn failed_between(from_ms: u64, n: u64, step_ms: u64) -> Vec<crate::report::FailedEnqueue> {
+        (0..n)
+            .map(|i| crate::report::FailedEnqueue {
+                sent_ns: ns(from_ms + i * step_ms),
+                done_ns: ns(from_ms + i * step_ms + 50),
+                ..failed(None, None)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn failures_while_chaos_had_the_api_down_are_not_the_stacks() {
+        // The API is signalled at 1 s and its replacement answers at 1.5 s.
+        let run = |attempts: Vec<crate::report::FailedEnqueue>| {
+            let mut w = World::new();
+            w.event(EventKind::ApiSignal, Some(7), 1_000);
+            w.event(EventKind::ApiReady, Some(8), 1_500);
+            w.enqueue_failures.attempts = attempts;
+            w.enqueued("b1", 0, false);
+            w.enqueue_us.record(20_000).unwrap();
+            check(&w.input())
+        };
+        // Three connection errors while it was down, the last one begun just before the ready.
+        let v = run(failed_between(1_020, 3, 200));
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["enqueue_failed_api_down"], 3);
+        // The same failures after the replacement answered are the stack's.
+        let v = run(failed_between(1_600, 3, 200));
+        assert_eq!(v.status, Status::Violated, "{v:#?}");
+        assert_eq!(rules(&v), ["enqueue_failed"]);
+        assert_eq!(v.figures["enqueue_failed_api_down"], 0);
+        // An API that never came back: everything after the signal is excused.
+        let mut w = World::new();
+        w.event(EventKind::ApiSignal, Some(7), 1_000);
+        w.enqueue_failures.attempts = failed_between(5_000, 2, 100);
+        w.enqueued("b1", 0, false);
+        assert_eq!(check(&w.input()).figures["enqueue_failed_api_down"], 2);
     }
 
     #[test]
