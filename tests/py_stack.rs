@@ -1,7 +1,7 @@
 //! The Python stack (`examples/py-stack/`, another design in another language) passes a shipped
 //! scenario through the real binary: a FAIL from the harness must mean a wrong stack, so a
-//! correct stack that is not ours must pass. Needs `python3` with psycopg
-//! (`pip install -r examples/py-stack/requirements.txt`, which `scripts/test.sh` runs first); a
+//! correct stack that is not ours must pass. Needs a `python3` on PATH with psycopg: run the suite
+//! with `scripts/test.sh`, which installs it into `target/py-venv` and puts that first on PATH; a
 //! machine without it fails here with that instruction, never skips.
 
 mod common;
@@ -17,7 +17,8 @@ fn require_psycopg() {
     match probe {
         Ok(out) if out.status.success() => {}
         Ok(out) => panic!(
-            "python3 cannot import psycopg ({}): run `pip install -r examples/py-stack/requirements.txt`",
+            "python3 cannot import psycopg ({}): run the suite with scripts/test.sh (it installs \
+             examples/py-stack/requirements.txt into target/py-venv), or pip-install that file",
             String::from_utf8_lossy(&out.stderr).trim()
         ),
         Err(e) => panic!("python3 is not runnable ({e}): the py-stack test needs Python 3.11+"),

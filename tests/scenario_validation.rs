@@ -158,6 +158,8 @@ fn cross_field_errors_point_at_the_key() {
         // Inside an inline array: the whole key path is named.
         ("", "[providers.line]\ntransient = [{ status = 500, rate = 1.5 }]", "rate", 19, 37, "bad value for `providers.line.transient[0].rate`: 1.5 (150%) is out of range", None),
         ("", "[providers.line]\ntransient = [{ status = 500, rat = 0.5 }]", "rat", 19, 30, "unknown key `rat` in `providers.line.transient[0]`", Some("rate")),
+        // An outage in a profile would last the whole run, SMTP's as LINE's and SMS's.
+        ("", "[providers.smtp]\noutage = { mode = \"hang\" }", "outage", 19, 1, "[providers.smtp] `outage` would fail the provider for the whole run", None),
     ];
     check_cases(cases);
     // A missing trigger has no key to point at: the entry's own header.

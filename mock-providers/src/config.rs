@@ -275,6 +275,10 @@ pub struct SmtpConfig {
     /// Delivery events (webhooks) after acceptance, HMAC-SHA256 signed with `events_secret`.
     pub events: CallbackConfig,
     pub events_secret: String,
+    /// A provider-wide outage in force (see [`LineConfig::outage`]): every RCPT answered `421`
+    /// and the connection closed, or never answered. Read at each MAIL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outage: Option<Outage>,
 }
 
 impl Default for SmtpConfig {
@@ -289,6 +293,7 @@ impl Default for SmtpConfig {
             max_size: 10 * 1024 * 1024,
             events: CallbackConfig::default(),
             events_secret: "ting-smtp-events-secret".into(),
+            outage: None,
         }
     }
 }

@@ -62,7 +62,8 @@ impl Hub {
     }
 
     /// Starts (`Some`) or ends (`None`) a provider-wide outage on `provider`, leaving the rest of
-    /// its profile as it is. The SMTP fake has no outage mode: `Err` names why.
+    /// its profile as it is. SMTP sessions read it at their next MAIL. Cannot fail today; the
+    /// `Result` is the control API's contract.
     pub fn set_outage(
         &self,
         provider: crate::ledger::Provider,
@@ -80,7 +81,10 @@ impl Hub {
                 c.outage = outage;
                 self.sms.set(c);
             }
-            Provider::Smtp => return Err("the SMTP fake has no outage mode (LINE and SMS do)"),
+            Provider::Smtp => {
+                let mut c = self.smtp.write().unwrap_or_else(|p| p.into_inner());
+                c.outage = outage;
+            }
         }
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! A provider-wide outage: while a profile's `outage` is set (by the harness's `provider_outage`
 //! chaos step, or `PUT /_mock/faults {"outage": {"mode": "hang"}}`), every well-formed send
-//! request is answered 503 (`unavailable`) or read and never answered (`hang`).
+//! request is answered 503 (`unavailable`) or read and never answered (`hang`). The SMTP fake
+//! decides at each RCPT (the first moment it knows the recipient): `421 4.3.2` and the connection
+//! closed, or the RCPT never answered.
 //!
 //! An outage is the one fault besides the rate limit that is timing-based, by nature: it lasts
 //! while it is set, whatever the seed. Every request it touches is recorded like any other
@@ -35,12 +37,27 @@ pub struct Outage {
 }
 
 impl OutageMode {
-    /// The ledger's `fault` label for a send this outage answered.
+    /// The ledger's `fault` label for an HTTP send (LINE, SMS) this outage answered.
     pub fn label(self) -> &'static str {
-        match self {
-            OutageMode::Unavailable => "outage_503",
-            OutageMode::Hang => "outage_hang",
+        self.label_for(crate::ledger::Provider::Line)
+    }
+
+    /// The ledger's `fault` label for a send to `provider` this outage answered: an HTTP
+    /// provider's `unavailable` answers 503, the SMTP fake's answers the RCPT `421` and closes.
+    pub fn label_for(self, provider: crate::ledger::Provider) -> &'static str {
+        match (self, provider) {
+            (OutageMode::Unavailable, crate::ledger::Provider::Smtp) => "outage_421",
+            (OutageMode::Unavailable, _) => "outage_503",
+            (OutageMode::Hang, _) => "outage_hang",
         }
+    }
+
+    /// The mode whose label (for any provider) is `fault`, if any.
+    pub fn of_label(fault: &str) -> Option<OutageMode> {
+        use crate::ledger::Provider::*;
+        [OutageMode::Unavailable, OutageMode::Hang]
+            .into_iter()
+            .find(|m| [Line, Smtp, Sms].iter().any(|p| m.label_for(*p) == fault))
     }
 }
 

@@ -122,6 +122,10 @@ pub async fn start_on(
         config: hub.smtp.clone(),
         ledger: ledger.clone(),
         on_commit: Arc::new(move |e| on_commit_hub.email_accepted(e)),
+        on_outage: {
+            let hub = hub.clone();
+            Arc::new(move || hub.outage_hit(crate::ledger::Provider::Smtp))
+        },
     };
     let tasks = vec![
         (

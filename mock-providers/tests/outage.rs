@@ -2,11 +2,15 @@
 //! step sets it: `unavailable` answers every send 503 (recorded `outage_503`, transient); `hang`
 //! reads the request and never answers, and the entry records that its sender hung up
 //! (`outage_hang`, `client_hung_up`, status `no_answer`). Clearing it serves normally again; a
-//! request already held stays unanswered (a black-holed connection).
+//! request already held stays unanswered (a black-holed connection). The SMTP fake decides at
+//! each RCPT: `421` and the connection closed (`outage_421`), or the RCPT never answered.
 
 mod common;
 
 use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 use common::*;
 use mock_providers::config::ProvidersConfig;
@@ -100,16 +104,92 @@ async fn hang_never_answers_and_records_the_hang_up() {
         (Outcome::Transient, "no_answer")
     );
     assert!(e.client_hung_up, "{e:?}");
-    // The SMTP fake has no outage mode; healing serves the next request.
-    assert!(w
-        .p
-        .set_outage(
-            Provider::Smtp,
-            Some(Outage {
-                mode: OutageMode::Hang
-            })
-        )
-        .is_err());
+    // Healing serves the next request.
     w.p.set_outage(Provider::Sms, None).unwrap();
     assert_eq!(send().await.unwrap().status().as_u16(), 201);
+}
+
+/// An SMTP client reading one reply line per command, up to `RCPT`: returns the RCPT's reply
+/// line, or `None` when none came within `wait`; then the connection is dropped.
+async fn smtp_up_to_rcpt(w: &World, to: &str, wait: Duration) -> Option<String> {
+    let addr = w.p.server_addrs()[2];
+    let (r, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+    let mut r = BufReader::new(r);
+    let mut read = String::new();
+    r.read_line(&mut read).await.unwrap();
+    assert!(read.starts_with("220"), "{read}");
+    for cmd in ["HELO me\r\n", "MAIL FROM:<shop@example.com>\r\n"] {
+        wr.write_all(cmd.as_bytes()).await.unwrap();
+        read.clear();
+        r.read_line(&mut read).await.unwrap();
+        assert!(read.starts_with("250"), "{cmd}: {read}");
+    }
+    wr.write_all(format!("RCPT TO:<{to}>\r\n").as_bytes())
+        .await
+        .unwrap();
+    read.clear();
+    match tokio::time::timeout(wait, r.read_line(&mut read)).await {
+        Ok(_) => Some(read),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn smtp_unavailable_answers_421_at_rcpt_and_closes() {
+    let w = world(3, ProvidersConfig::default()).await;
+    assert_eq!(
+        put_outage(&w, "smtp", json!({"mode": "unavailable"})).await,
+        200
+    );
+    let reply = smtp_up_to_rcpt(&w, "a@example.com", Duration::from_secs(5)).await;
+    assert!(
+        reply.as_deref().unwrap_or("").starts_with("421 4.3.2"),
+        "{reply:?}"
+    );
+    let e = &w.entries()[0];
+    assert_eq!(e.provider, Provider::Smtp);
+    assert_eq!(e.recipient, "a@example.com");
+    assert_eq!(e.fault.as_deref(), Some("outage_421"), "{e:?}");
+    assert_eq!(
+        (e.outcome, e.status.as_str(), e.attempt),
+        (Outcome::Transient, "421 4.3.2", 1)
+    );
+    assert_eq!(
+        OutageMode::of_label("outage_421"),
+        Some(OutageMode::Unavailable)
+    );
+    // Healed: the next transaction's RCPT is accepted, as attempt 2.
+    assert_eq!(put_outage(&w, "smtp", json!(null)).await, 200);
+    let reply = smtp_up_to_rcpt(&w, "a@example.com", Duration::from_secs(5)).await;
+    assert!(
+        reply.as_deref().unwrap_or("").starts_with("250"),
+        "{reply:?}"
+    );
+}
+
+#[tokio::test]
+async fn smtp_hang_never_answers_the_rcpt_and_records_the_hang_up() {
+    let w = world(4, ProvidersConfig::default()).await;
+    w.p.set_outage(
+        Provider::Smtp,
+        Some(Outage {
+            mode: OutageMode::Hang,
+        }),
+    )
+    .unwrap();
+    let reply = smtp_up_to_rcpt(&w, "b@example.com", Duration::from_millis(300)).await;
+    assert_eq!(reply, None, "a hung RCPT was answered");
+    until(20, || !w.entries().is_empty()).await;
+    let e = &w.entries()[0];
+    assert_eq!(e.recipient, "b@example.com");
+    assert_eq!(e.fault.as_deref(), Some("outage_hang"), "{e:?}");
+    assert_eq!(
+        (e.outcome, e.status.as_str()),
+        (Outcome::Transient, "no_answer")
+    );
+    assert!(e.client_hung_up, "{e:?}");
+    assert!(
+        e.mono_ns >= e.received_ns + 250_000_000,
+        "recorded at the hang-up: {e:?}"
+    );
 }

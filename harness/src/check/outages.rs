@@ -1,8 +1,8 @@
 //! When a provider was out for everyone (`provider_outage`): from the step's start until its end,
 //! or until the fake let go of the last request it held, whichever is later (a held request
 //! ends only when its sender gives up). Read from the timeline (the step's start and end) and
-//! the ledger (the entries the outage answered: `fault` `outage_503` / `outage_hang`, labels
-//! from [`mock_providers::outage::OutageMode::label`]), never from the stack.
+//! the ledger (the entries the outage answered: `fault` `outage_503`, `outage_421` (SMTP) or
+//! `outage_hang`, labels from [`mock_providers::outage::OutageMode::label_for`]), never from the stack.
 //!
 //! `retry_discipline`'s cap does not count time inside such a window, nor (for any provider)
 //! time in which a hung provider held requests: no correct stack gets a send through a provider
@@ -17,12 +17,7 @@ use super::{EventKind, Input};
 
 /// Whether `e` is a send an outage answered or held.
 pub fn answered_by_outage(e: &LedgerEntry) -> bool {
-    e.kind == EntryKind::Send
-        && e.fault.as_deref().is_some_and(|f| {
-            [OutageMode::Unavailable, OutageMode::Hang]
-                .iter()
-                .any(|m| m.label() == f)
-        })
+    e.kind == EntryKind::Send && e.fault.as_deref().and_then(OutageMode::of_label).is_some()
 }
 
 /// The windows `[from, to)` during which `provider` was out: each outage step's start to the

@@ -392,9 +392,9 @@ pub enum ChaosAction {
     DbLatency,
     /// Cap the target's database link at `bytes_per_s` each way for `for`.
     DbBandwidth,
-    /// A provider-wide outage of `provider` for `for`: every send answered 503 (`mode =
-    /// "unavailable"`, the default) or read and never answered (`mode = "hang"`), for every
-    /// process; then the provider recovers.
+    /// A provider-wide outage of `provider` for `for`: every send answered 503 (SMTP: the RCPT
+    /// answered 421 and the connection closed; `mode = "unavailable"`, the default) or read and
+    /// never answered (`mode = "hang"`), for every process; then the provider recovers.
     ProviderOutage,
 }
 
@@ -461,9 +461,9 @@ pub struct RawChaos {
     /// Default `false`: a step that did not take effect makes the run inconclusive.
     #[serde(default)]
     pub optional: bool,
-    /// The provider a provider action (`provider_outage`) acts on: `line` or `sms`.
+    /// The provider a provider action (`provider_outage`) acts on: `line`, `smtp` or `sms`.
     pub provider: Option<ProviderName>,
-    /// How the provider fails during `provider_outage`: `unavailable` (503, the default) or
+    /// How the provider fails during `provider_outage`: `unavailable` (503 / SMTP 421, the default) or
     /// `hang` (no answer: the sender's own timeout must give up).
     pub mode: Option<mock_providers::outage::OutageMode>,
 }

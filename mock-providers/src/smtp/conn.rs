@@ -102,6 +102,10 @@ async fn drive(
     let mut action = session.greeting(&mut policy);
     loop {
         pause(&mut writer, action.delay).await?;
+        if action.then == Then::Hold {
+            writer.flush().await?;
+            return hold(reader, writer, action, ctx, &mut shutdown).await;
+        }
         for d in action.records.drain(..) {
             ctx.ledger.record(d);
         }
@@ -114,7 +118,8 @@ async fn drive(
                     writer.flush().await?;
                 }
             }
-            Then::Close => return close(writer).await,
+            // A hold never gets here: it is served above, before anything is written.
+            Then::Close | Then::Hold => return close(writer).await,
             Then::ReadData(mode) => {
                 writer.flush().await?;
                 let keep = receive_data(
@@ -150,6 +155,43 @@ async fn drive(
             },
         };
     }
+}
+
+/// Never answers (an outage's `hang`): reads and discards until the client hangs up, then
+/// records the action's entries with `client_hung_up`. A fake shutting down or a hold past
+/// [`crate::outage::MAX_HOLD`] answers the action's reply after all and closes.
+async fn hold(
+    mut reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: Writer,
+    action: super::session::Action,
+    ctx: &SmtpContext,
+    shutdown: &mut watch::Receiver<bool>,
+) -> io::Result<()> {
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut reader, &mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    let hung_up = tokio::select! {
+        _ = drain => true,
+        _ = shutdown.wait_for(|stop| *stop) => false,
+        _ = tokio::time::sleep(crate::outage::MAX_HOLD) => false,
+    };
+    for mut d in action.records {
+        d.client_hung_up = hung_up;
+        if !hung_up {
+            d.status = action.reply.status();
+        }
+        ctx.ledger.record(d);
+    }
+    if hung_up {
+        return Ok(());
+    }
+    goodbye(writer, action.reply).await
 }
 
 /// Reads the message after a 354 and answers its end. Returns whether the connection goes on.

@@ -19,6 +19,9 @@
 //!   ([`crate::ledger::EmailDetail`]): the envelope (`MAIL FROM`, every accepted `RCPT TO`),
 //!   every header field in order as sent, and the size, SHA-256 and body SHA-256 of the message
 //!   as received;
+//! - during an outage (`outage` in the profile): `Transient` at the RCPT, `fault` `outage_421`
+//!   (answered `421 4.3.2` and closed) or `outage_hang` (never answered; recorded with `status`
+//!   `no_answer` when the client hangs up, `client_hung_up` set);
 //! - accept-then-drop: `Accepted`, `fault` `"accept_then_drop"`, `status` `"dropped"`;
 //! - greeting and MAIL faults (no recipient known yet): recipient `""`, `attempt` = the
 //!   connection's ordinal / the ordinal of the MAIL among the sender's (see [`plan`]);
@@ -70,6 +73,8 @@ pub struct SmtpContext {
     pub ledger: Ledger,
     /// Called after each accepted message is recorded and answered (schedules delivery events).
     pub on_commit: Arc<dyn Fn(&LedgerEntry) + Send + Sync>,
+    /// Called for each recipient an outage answered 421 or began to hold ([`crate::outage`]).
+    pub on_outage: Arc<dyn Fn() + Send + Sync>,
 }
 
 /// Server limits that are not part of a scenario's fault profile.

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
-use crate::config::{SmtpConfig, SmtpStage};
+use crate::config::{OutageMode, SmtpConfig, SmtpStage};
 use crate::ledger::{Draft, EntryKind, Ledger, LedgerEntry, Outcome, Provider};
 
 use super::plan::{self, outcome_of, Rcpt, GREETING_KEY};
@@ -24,6 +24,8 @@ pub struct LivePolicy {
     pub(super) peer: SocketAddr,
     /// When the current transaction's `MAIL FROM` arrived (ledger clock).
     pub(super) mail_ns: u64,
+    /// Counts a send an outage answered or held.
+    on_outage: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl LivePolicy {
@@ -35,6 +37,7 @@ impl LivePolicy {
             ledger: ctx.ledger.clone(),
             peer,
             mail_ns: 0,
+            on_outage: ctx.on_outage.clone(),
         };
         p.refresh();
         p
@@ -87,6 +90,33 @@ impl LivePolicy {
     }
 }
 
+impl LivePolicy {
+    /// A recipient met during an outage: `421` and the connection closed (`unavailable`), or the
+    /// RCPT never answered (`hang`; the entry is recorded when the client hangs up). Decided per
+    /// recipient, the first moment the fake knows whom a transaction is for.
+    fn outage(&mut self, to: &str, attempt: u32, mode: OutageMode) -> Verdict<Rcpt> {
+        (self.on_outage)();
+        let reply = Reply::new(
+            421,
+            "4.3.2",
+            "service not available, closing transmission channel",
+        );
+        let label = mode.label_for(Provider::Smtp);
+        let mut d = self.rejection(to, attempt, Outcome::Transient, &reply, Some(label), None);
+        let hold = mode == OutageMode::Hang;
+        if hold {
+            d.status = crate::outage::NO_ANSWER.into();
+            d.error = Some("RCPT never answered (outage)".into());
+        }
+        Verdict {
+            delay: std::time::Duration::ZERO,
+            result: Err(reply),
+            records: vec![d],
+            hold,
+        }
+    }
+}
+
 /// Entries of injected faults ride on the [`Verdict`] and are recorded by the driver after the
 /// stage latency, just before the reply, like every other provider's entries.
 impl Policy for LivePolicy {
@@ -106,6 +136,7 @@ impl Policy for LivePolicy {
             delay,
             result,
             records,
+            hold: false,
         }
     }
 
@@ -133,11 +164,15 @@ impl Policy for LivePolicy {
             delay,
             result,
             records,
+            hold: false,
         }
     }
 
     fn rcpt(&mut self, _from: &str, to: &str) -> Verdict<Rcpt> {
         let attempt = self.ledger.next_attempt(Provider::Smtp, to);
+        if let Some(outage) = self.cfg.outage {
+            return self.outage(to, attempt, outage.mode);
+        }
         let delay = plan::delay(self.seed, &self.cfg, SmtpStage::Rcpt, to, attempt);
         let mut records = Vec::new();
         let result = match plan::plan_recipient(self.seed, &self.cfg, to, attempt) {
@@ -156,6 +191,7 @@ impl Policy for LivePolicy {
             delay,
             result,
             records,
+            hold: false,
         }
     }
 
@@ -178,6 +214,7 @@ impl Policy for LivePolicy {
             delay,
             result,
             records,
+            hold: false,
         }
     }
 

@@ -26,6 +26,9 @@ pub struct Verdict<T> {
     pub delay: Duration,
     pub result: Result<T, Reply>,
     pub records: Vec<Draft>,
+    /// Never answer the command (a provider in a `hang` outage): the driver holds the connection
+    /// until the client hangs up and records `records` then. `result` is not sent.
+    pub hold: bool,
 }
 
 impl<T> Verdict<T> {
@@ -34,6 +37,7 @@ impl<T> Verdict<T> {
             delay: Duration::ZERO,
             result,
             records: Vec::new(),
+            hold: false,
         }
     }
 }
@@ -90,6 +94,9 @@ pub enum Then {
     Close,
     /// Write the 354, then read the message and call [`Session::finish_data`].
     ReadData(DataMode),
+    /// Write nothing: hold the connection until the client hangs up, record the action's
+    /// entries then (as not answered), and close.
+    Hold,
 }
 
 /// Wait `delay`, record `records` to the ledger, write `reply`, then do `then`.
@@ -194,6 +201,7 @@ impl Session {
             delay,
             result,
             records,
+            ..
         } = policy.greeting();
         let (reply, then) = match result {
             Ok(()) => {
@@ -346,14 +354,24 @@ impl Session {
         }
         tx.rcpt_commands += 1;
         let v = policy.rcpt(&tx.from, &to);
-        let reply = match v.result {
+        if v.hold {
+            self.closed = true;
+            let reply = v.result.err().unwrap_or_else(|| Reply::plain(421, ""));
+            return Action::after(v.delay, v.records, reply, Then::Hold);
+        }
+        let (reply, then) = match v.result {
             Ok(rcpt) => {
                 tx.rcpts.push(rcpt);
-                Reply::new(250, "2.1.5", "recipient OK")
+                (Reply::new(250, "2.1.5", "recipient OK"), Then::Continue)
             }
-            Err(r) => r,
+            // RFC 5321 §3.8: a 421 means the server is closing the channel.
+            Err(r) if r.code == 421 => {
+                self.closed = true;
+                (r, Then::Close)
+            }
+            Err(r) => (r, Then::Continue),
         };
-        Action::after(v.delay, v.records, reply, Then::Continue)
+        Action::after(v.delay, v.records, reply, then)
     }
 
     fn data(&mut self, line: &[u8], policy: &mut impl Policy) -> Action {

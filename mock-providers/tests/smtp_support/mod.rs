@@ -43,6 +43,7 @@ pub async fn spawn_with(seed: u64, cfg: SmtpConfig, limits: Limits) -> World {
         config: config.clone(),
         ledger: ledger.clone(),
         on_commit: Arc::new(move |e: &LedgerEntry| sink.lock().unwrap().push(e.clone())),
+        on_outage: Arc::new(|| {}),
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(smtp::serve(listener, ctx, limits, async move {

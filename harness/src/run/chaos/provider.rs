@@ -1,11 +1,12 @@
 //! `provider_outage`: a provider answers every send 503, or reads it and never answers, for
-//! every process, for `for`; then it recovers. Driven through the fakes' fault profile (the same
+//! every process (SMTP: 421 at every RCPT, or the RCPT never answered), for `for`; then it recovers. Driven through the fakes' fault profile (the same
 //! field `PUT /_mock/faults` sets), so the fake records what it did on each entry
 //! (`outage_503`, `outage_hang`). Applied once the outage answered or held at least one send
 //! request (counted by the fakes as the requests arrive): an outage nobody met proved nothing.
 
 use std::sync::Arc;
 
+use mock_providers::ledger::Provider;
 use mock_providers::outage::{Outage, OutageMode};
 
 use super::Chaos;
@@ -13,10 +14,11 @@ use crate::check::EventKind;
 use crate::report::chaos_steps::ChaosOutcome;
 use crate::scenario::ChaosStep;
 
-fn mode_str(m: OutageMode) -> &'static str {
-    match m {
-        OutageMode::Unavailable => "503 for every send",
-        OutageMode::Hang => "no answer to any send",
+fn mode_str(m: OutageMode, p: Provider) -> &'static str {
+    match (m, p) {
+        (OutageMode::Unavailable, Provider::Smtp) => "421 at every RCPT",
+        (OutageMode::Unavailable, _) => "503 for every send",
+        (OutageMode::Hang, _) => "no answer to any send",
     }
 }
 
@@ -46,7 +48,7 @@ pub(super) fn outage(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str) 
         None,
         format!(
             "{name}: {} for {} ({why})",
-            mode_str(fault.mode),
+            mode_str(fault.mode, fault.provider),
             humantime::format_duration(hold)
         ),
     );

@@ -4,7 +4,7 @@
 //! `[providers.*]` table (an outage for the whole run is a `[[chaos]]` step's job). Called only
 //! from [`super::chaos::validate_chaos`]; errors are placed at the key, like every other rule.
 
-use super::super::raw::{self, ChaosAction, ProviderName};
+use super::super::raw::{self, ChaosAction};
 use super::super::{ProviderFault, Target};
 use super::Ctx;
 use crate::scenario::ScenarioError;
@@ -77,15 +77,9 @@ pub(super) fn provider_fault(
     let Some(provider) = c.provider else {
         return Err(err(
             "action",
-            "`provider_outage` needs `provider`, which fake fails: `line` or `sms`".into(),
+            "`provider_outage` needs `provider`, which fake fails: `line`, `smtp` or `sms`".into(),
         ));
     };
-    if provider == ProviderName::Smtp {
-        return Err(err(
-            "provider",
-            "`provider_outage` has no SMTP mode yet: give `line` or `sms`".into(),
-        ));
-    }
     if cx.keys.get(&key("target")).is_some() {
         return Err(err(
             "target",
@@ -113,6 +107,7 @@ pub(super) fn no_outage_in_profiles(
 ) -> Result<(), ScenarioError> {
     for (name, set) in [
         ("line", p.line.outage.is_some()),
+        ("smtp", p.smtp.outage.is_some()),
         ("sms", p.sms.outage.is_some()),
     ] {
         if set {

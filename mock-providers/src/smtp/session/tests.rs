@@ -47,6 +47,14 @@ impl Policy for Fake {
                 ..Verdict::now(Err(Reply::new(550, "5.1.1", "mailbox unknown")))
             };
         }
+        if to.starts_with("down") || to.starts_with("hang") {
+            let draft = LedgerEntry::draft(Provider::Smtp, EntryKind::Send, to);
+            return Verdict {
+                records: vec![draft],
+                hold: to.starts_with("hang"),
+                ..Verdict::now(Err(Reply::new(421, "4.3.2", "service not available")))
+            };
+        }
         Verdict {
             delay: Duration::from_millis(7),
             result: Ok(Rcpt {
@@ -55,6 +63,7 @@ impl Policy for Fake {
                 plan: Plan::default(),
             }),
             records: Vec::new(),
+            hold: false,
         }
     }
     fn data(&mut self, _from: &str, _rcpts: &[Rcpt]) -> Verdict<DataMode> {
@@ -312,4 +321,23 @@ fn size_rejection_is_recorded_as_rejection_not_protocol_error() {
     s.handle_line(b"MAIL FROM:<a@x.test> SIZE=5000", &mut p);
     assert_eq!(p.rejections, ["552 5.3.4 [MAIL FROM:<a@x.test> SIZE=5000]"]);
     assert!(p.protocol_errors.is_empty());
+}
+
+/// A 421 at RCPT closes the connection (RFC 5321 §3.8); a held RCPT is never answered and the
+/// driver records its entry when the client hangs up.
+#[test]
+fn an_outage_at_rcpt_closes_or_holds() {
+    let mut p = Fake::default();
+    let mut s = session_after(&[EHLO, MAIL], &mut p);
+    let a = s.handle_line(b"RCPT TO:<down@x.test>", &mut p);
+    assert_eq!(
+        (a.reply.code, a.then, a.records.len()),
+        (421, Then::Close, 1)
+    );
+    assert_eq!(s.state(), State::Closed);
+
+    let mut s = session_after(&[EHLO, MAIL], &mut p);
+    let a = s.handle_line(b"RCPT TO:<hang@x.test>", &mut p);
+    assert_eq!((a.then, a.records.len()), (Then::Hold, 1));
+    assert_eq!(s.state(), State::Closed);
 }
