@@ -169,6 +169,15 @@ pub fn check(input: &Input) -> Verdict {
                         .to_string(),
                 ),
             },
+            _ if matches!(state, Some(State::Other(_))) => (
+                end.key(),
+                format!(
+                    "the status API reports state `{}`, which the contract does not define \
+                     (docs/stack-contract.md), so the harness cannot tell the stack is done with \
+                     it; the provider never accepted it",
+                    state.map_or("", State::as_str)
+                ),
+            ),
             _ if attempts.is_empty() => (end.key(), "no send attempt at all".to_string()),
             _ => (
                 end.key(),
@@ -528,6 +537,24 @@ mod tests {
             v.summary
         );
         assert_eq!(v.figures["lost"], 0);
+    }
+
+    #[test]
+    fn a_state_outside_the_contract_is_named_in_the_finding() {
+        // A stack reporting `Delivered` (not a contract state) for a send the provider turned
+        // down: never settled, so the run ends open, and the finding says why.
+        let mut w = proper_ends();
+        w.quiescence.reached = false;
+        let d = w.expect("r8", Sms);
+        w.send(Sms, &d, Transient, 0);
+        w.status_row("r8", Sms, None, &["sending", "Delivered"]);
+        let v = check(&w.input());
+        assert_eq!(rules(&v), ["open"]);
+        let why = v.counterexamples[0]["reason"].as_str().unwrap_or("");
+        assert!(
+            why.contains("reports state `Delivered`, which the contract does not define"),
+            "{why}"
+        );
     }
 
     #[test]
