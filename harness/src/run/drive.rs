@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use mock_providers::ledger::Ledger;
 
+use super::infra;
 use super::start::{Stack, Workload};
 use super::watch::CrashWatch;
-use super::{infra, not_accepted};
 use crate::check::EventKind;
 use crate::load::{self, Enqueued, TrickleRun};
 use crate::scenario::Scenario;
@@ -92,8 +92,7 @@ pub(super) async fn load_and_chaos(
     // A batch the stack never accepted within the retry window is judged by `responsiveness`;
     // its deliveries were never the stack's to send.
     let never = &enqueue.failures.not_accepted;
-    let gone = never.iter().map(|b| b.batch_id.as_str());
-    work.batch_deliveries -= not_accepted::forget(&mut work.expected, gone);
+    work.forget_batches(never.iter().map(|b| b.batch_id.as_str()));
     world.event(
         EventKind::LoadDone,
         None,

@@ -40,10 +40,7 @@ impl Workload {
         let trickle_people = people.split_off(scenario.load.recipients as usize);
         let plan = Plan::new(scenario, people.len());
         let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
-        let mut acceptable_by: BTreeMap<Channel, u64> = BTreeMap::new();
-        for e in &expected {
-            *acceptable_by.entry(e.channel).or_default() += u64::from(!e.bad);
-        }
+        let acceptable_by = acceptable_by(&expected);
         Workload {
             people,
             trickle_people,
@@ -58,6 +55,22 @@ impl Workload {
     fn acceptable(&self) -> u64 {
         self.acceptable_by.values().sum()
     }
+
+    /// Drops the deliveries of batches the stack never accepted (`not_accepted::forget`) from
+    /// what the run expects and from the progress display's totals alike.
+    pub fn forget_batches<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>) {
+        self.batch_deliveries -= super::not_accepted::forget(&mut self.expected, ids);
+        self.acceptable_by = acceptable_by(&self.expected[..self.batch_deliveries]);
+    }
+}
+
+/// Per channel, how many of `expected` the providers can accept (not seeded bad addresses).
+fn acceptable_by(expected: &[Expected]) -> BTreeMap<Channel, u64> {
+    let mut by: BTreeMap<Channel, u64> = BTreeMap::new();
+    for e in expected {
+        *by.entry(e.channel).or_default() += u64::from(!e.bad);
+    }
+    by
 }
 
 /// The running stack and what acts on it.
@@ -261,5 +274,27 @@ pub(super) async fn wait_healthy(
             )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_never_accepted_leaves_the_progress_totals_too() {
+        let text =
+            "name = \"t\"\n[load]\nrecipients = 10\nchannels = [\"line\", \"sms\"]\nbatches = 2\n";
+        let scenario = crate::scenario::parse(Path::new("t.toml"), text).expect("scenario");
+        let mut w = Workload::of(&scenario);
+        assert_eq!(w.acceptable(), 20);
+        let first = w.expected[0].batch_id.clone();
+        w.forget_batches([first.as_str()]);
+        assert_eq!(w.batch_deliveries, 10);
+        assert_eq!(w.acceptable(), 10);
+        assert_eq!(
+            w.acceptable_by.values().copied().collect::<Vec<_>>(),
+            [5, 5]
+        );
     }
 }
