@@ -2,7 +2,8 @@
 //! or until the fake let go of the last request it held, whichever is later (a held request
 //! ends only when its sender gives up). Read from the timeline (the step's start and end) and
 //! the ledger (the entries the outage answered: `fault` `outage_503`, `outage_421` (SMTP) or
-//! `outage_hang`, labels from [`mock_providers::outage::OutageMode::label_for`]), never from the stack.
+//! `outage_hang`, labels from [`mock_providers::outage::OutageMode::label_for`]), never from
+//! the stack.
 //!
 //! `retry_discipline`'s cap does not count time inside such a window, nor (for any provider)
 //! time in which a hung provider held requests: no correct stack gets a send through a provider

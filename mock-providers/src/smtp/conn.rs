@@ -185,6 +185,7 @@ async fn hold(
         d.client_hung_up = hung_up;
         if !hung_up {
             d.status = action.reply.status();
+            d.error = Some(action.reply.first_line());
         }
         ctx.ledger.record(d);
     }

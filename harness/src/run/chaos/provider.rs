@@ -1,8 +1,9 @@
 //! `provider_outage`: a provider answers every send 503, or reads it and never answers, for
-//! every process (SMTP: 421 at every RCPT, or the RCPT never answered), for `for`; then it recovers. Driven through the fakes' fault profile (the same
-//! field `PUT /_mock/faults` sets), so the fake records what it did on each entry
-//! (`outage_503`, `outage_hang`). Applied once the outage answered or held at least one send
-//! request (counted by the fakes as the requests arrive): an outage nobody met proved nothing.
+//! every process (SMTP: 421 at every RCPT, or the RCPT never answered), for `for`; then it
+//! recovers. Driven through the fakes' fault profile (the same field `PUT /_mock/faults` sets),
+//! so the fake records what it did on each entry (`outage_503`, `outage_421`, `outage_hang`).
+//! Applied once the outage answered or held at least one send request (counted by the fakes as
+//! the requests arrive): an outage nobody met proved nothing.
 
 use std::sync::Arc;
 
