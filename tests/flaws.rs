@@ -164,6 +164,9 @@ const OUTAGE_STUCK: &[(&str, &str, &str)] = &[
     ("load", "batches", "4"),
     ("expect", "quiescence", "\"20s\""),
 ];
+/// Half the load: every link step still meets sends (LINE's reset at 10%, SMS's partition and
+/// reset at 15% and 35%, the mail server's refuse at 65%).
+const LINKS: &[(&str, &str, &str)] = &[("load", "recipients", "200"), ("load", "batches", "4")];
 /// 30 batches of 10 over the same 6 s, so both API signals land while batches are enqueued.
 const REDEPLOY: &[(&str, &str, &str)] = &[("load", "recipients", "300")];
 
@@ -387,6 +390,26 @@ fn correct_stack_passes_provider_outage() {
     for step in report["chaos_steps"].as_array().unwrap() {
         assert!(step["count"].as_u64().unwrap_or(0) > 0, "{step}");
     }
+}
+
+#[test]
+fn correct_stack_passes_provider_links() {
+    let report = passes("provider-links", LINKS);
+    // Every link fault met sends: held, reset after the answer, refused, delayed.
+    for step in report["chaos_steps"].as_array().unwrap() {
+        assert!(step["count"].as_u64().unwrap_or(0) > 0, "{step}");
+    }
+}
+
+#[test]
+fn flaw_resend_uncertain_after_a_reset_link() {
+    // An SMS whose answer a reset cut is resent without the lookup: Twilio sends it twice.
+    caught(
+        "resend-uncertain",
+        "provider-links",
+        LINKS,
+        &[("exactly_once", "duplicate")],
+    );
 }
 
 #[test]

@@ -133,7 +133,7 @@ fn cross_field_errors_point_at_the_key() {
         ("progress = \"40%\"", "at = \"1s\"\nprogress = \"40%\"", "progress", 15, 1, "`at` and `progress` are both given; give exactly one trigger", None),
         ("progress = \"40%\"", "progress = \"40%\"\non_accept = { channel = \"sms\", nth = 3 }", "on_accept", 15, 1, "`progress` and `on_accept` are both given", None),
         ("action = \"sigkill\"", "action = \"sigstop\"", "action", 15, 1, "`sigstop` needs `for`", None),
-        ("target = 2", "target = 2\nfor = \"1s\"", "for", 17, 1, "`for` only applies to `sigstop`, `db_idle_tx`, `db_partition`, `db_latency`, `db_bandwidth` and `provider_outage`, not `sigkill`", None),
+        ("target = 2", "target = 2\nfor = \"1s\"", "for", 17, 1, "`for` only applies to `sigstop`, `db_idle_tx`, `db_partition`, `db_latency`, `db_bandwidth`, `provider_outage` and the provider-link actions, not `sigkill`", None),
         ("progress = \"40%\"", "on_accept = { channel = \"sms\", nth = 0 }", "nth", 14, 32, "counts from 1", None),
         ("progress = \"40%\"", "on_accept = { channel = \"email\", nth = 2 }", "channel", 14, 15, "does not send on", None),
         ("action = \"sigkill\"", "action = \"db_restart\"\nrestart_after = \"1s\"", "restart_after", 16, 1, "worker actions only", None),

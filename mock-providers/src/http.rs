@@ -8,6 +8,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderName, HeaderValue, Request, StatusCode};
@@ -27,6 +28,9 @@ pub struct Reply {
     pub headers: Vec<(HeaderName, String)>,
     /// The JSON body, serialised when the reply is made.
     pub body: Vec<u8>,
+    /// Reset the connection instead of answering (a link fault, [`crate::link::LinkFate::Reset`]
+    /// or `Refuse`): the sender reads none of this reply.
+    pub cut: bool,
 }
 
 impl Reply {
@@ -41,7 +45,14 @@ impl Reply {
             status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             headers: Vec::new(),
             body: serde_json::to_vec(value).unwrap_or_default(),
+            cut: false,
         }
+    }
+
+    /// This reply never sent: the connection is reset instead ([`Reply::cut`]).
+    pub fn cut(mut self) -> Reply {
+        self.cut = true;
+        self
     }
 
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
@@ -96,18 +107,34 @@ impl Drop for HangUpWatch {
     }
 }
 
+/// The connection a request came on, as a handler sees it (an `axum::Extension`):
+/// [`ConnCut::reset`] resets it (RST) instead of answering. Every connection [`serve`] serves
+/// carries one.
+#[derive(Clone, Default)]
+pub struct ConnCut(Arc<tokio::sync::Notify>);
+
+impl ConnCut {
+    /// Resets the connection and never returns: the connection's task drops this request's
+    /// handler with the connection.
+    pub async fn reset(&self) -> Response {
+        self.0.notify_one();
+        std::future::pending().await
+    }
+}
+
 /// Runs `task` on its own tokio task and waits for it, so that what a fake decided reaches the
 /// ledger even if the client hangs up mid-request (hyper drops the handler future then, which
-/// [`client_gone`] reports to the task).
+/// [`client_gone`] reports to the task). A reply that is [`Reply::cut`] resets `conn` instead.
 ///
 /// With no latency to sleep (`inline`), the task has no await point between its decision and
 /// its ledger commit, so it cannot be cut short there and runs inline, saving a task hop.
 pub async fn detached(
     inline: bool,
+    conn: ConnCut,
     task: impl Future<Output = Reply> + Send + 'static,
 ) -> Response {
     if inline {
-        return task.await.into_response();
+        return answer(task.await, &conn).await;
     }
     let flag = Arc::new(AtomicBool::new(false));
     let mut watch = HangUpWatch {
@@ -117,12 +144,19 @@ pub async fn detached(
     let joined = tokio::spawn(CLIENT_GONE.scope(flag, task)).await;
     watch.armed = false;
     match joined {
-        Ok(r) => r.into_response(),
+        Ok(r) => answer(r, &conn).await,
         Err(e) => {
             tracing::error!(error = %e, "request task failed");
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
     }
+}
+
+async fn answer(reply: Reply, conn: &ConnCut) -> Response {
+    if reply.cut {
+        return conn.reset().await;
+    }
+    reply.into_response()
 }
 
 /// Whether a latency profile never sleeps.
@@ -177,20 +211,28 @@ async fn connection(
     mut stop: watch::Receiver<bool>,
 ) {
     let app = TowerToHyperService::new(router);
+    let cut = ConnCut::default();
+    let handle = cut.clone();
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(ConnectInfo(peer));
+        req.extensions_mut().insert(handle.clone());
         hyper::service::Service::call(&app, req)
     });
-    let conn =
+    let mut conn =
         hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
     let stopping = async move {
         let _ = stop.wait_for(|stop| *stop).await;
     };
     let served = tokio::select! {
-        r = conn.as_mut() => r,
+        r = &mut conn => r,
+        () = cut.0.notified() => {
+            // Linger 0: closing the socket sends RST at once, dropping whatever was unsent.
+            let parts = conn.into_parts();
+            let _ = socket2::SockRef::from(parts.io.inner()).set_linger(Some(Duration::ZERO));
+            return;
+        }
         () = stopping => {
-            conn.as_mut().graceful_shutdown();
+            std::pin::Pin::new(&mut conn).graceful_shutdown();
             conn.await
         }
     };

@@ -24,6 +24,8 @@ pub struct Hub {
     resets: Mutex<Vec<ResetFn>>,
     /// Send requests an outage answered 503 or held, per provider (LINE, SMTP, SMS order).
     outage_hits: [std::sync::atomic::AtomicU64; 3],
+    /// Link faults the harness has in force ([`Hub::arm_link_fault`]).
+    link_faults: std::sync::atomic::AtomicUsize,
 }
 
 impl Hub {
@@ -38,6 +40,7 @@ impl Hub {
             smtp: Arc::new(RwLock::new(cfg.smtp)),
             resets: Mutex::new(Vec::new()),
             outage_hits: Default::default(),
+            link_faults: Default::default(),
         })
     }
 
@@ -98,6 +101,25 @@ impl Hub {
     /// (held ones are counted when they arrive, before their entry is recorded).
     pub fn outage_hits(&self, provider: crate::ledger::Provider) -> u64 {
         self.outage_hits[provider as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a link fault in force (`true`) or ended (`false`). While any is, the HTTP fakes serve
+    /// every send on a task of its own, so that a request a link fault holds or delays sees its
+    /// sender hang up ([`crate::link`]).
+    pub fn arm_link_fault(&self, on: bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if on {
+            self.link_faults.fetch_add(1, SeqCst);
+        } else {
+            let _ = self
+                .link_faults
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+        }
+    }
+
+    /// Whether any link fault is in force.
+    pub fn link_faults_armed(&self) -> bool {
+        self.link_faults.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// Registers provider state (idempotency keys, stored messages) to forget on reset.

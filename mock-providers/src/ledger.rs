@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::link::LinkFate;
+
 /// How long a server waits, per accepted connection, for the [`Hook::on_connect`] hooks before it
 /// serves the connection anyway: a slow hook delays one connection's first byte by at most this,
 /// and never wedges a fake. The default of every new ledger; see
@@ -257,14 +259,25 @@ pub trait Hook: Send + Sync {
 
     /// Called when a send request has fully arrived (an HTTP send's body, an e-mail's final dot)
     /// and before the fake decides, waits its latency or records anything: the sender is now
-    /// waiting for an answer, its send in flight. The fake waits for the returned future. The
-    /// harness uses this to signal a worker while it has a send in flight.
+    /// waiting for an answer, its send in flight. The fake waits for the returned future, then
+    /// carries out the [`LinkFate`] it resolves to (a fault on this sender's link,
+    /// [`crate::link`]). The harness uses this to signal a worker while it has a send in flight,
+    /// and to cut, slow or reset one process's link to a provider.
     fn on_request<'a>(
         &'a self,
         _provider: Provider,
         _peer: SocketAddr,
-    ) -> futures::future::BoxFuture<'a, ()> {
-        Box::pin(async {})
+    ) -> futures::future::BoxFuture<'a, LinkFate> {
+        Box::pin(async { LinkFate::Pass })
+    }
+
+    /// Called by the SMTP fake for each command a sender sends outside a message, before the
+    /// fake acts on it: whether the sender's link to the provider is down (the harness's
+    /// `provider_refuse`). The fake then resets the connection at once: the sender has sent none
+    /// of a message, so it knows nothing was sent. Runs on the connection's task under the
+    /// ledger's hook lock: answer at once.
+    fn refuses(&self, _provider: Provider, _peer: SocketAddr) -> bool {
+        false
     }
 
     /// Called for every entry right after it is appended, before the provider answers. Runs on
@@ -454,12 +467,28 @@ impl Ledger {
         }
     }
 
-    /// Awaits every hook's `on_request` for a send request from `peer` that has just arrived.
-    pub async fn on_request(&self, provider: Provider, peer: SocketAddr) {
+    /// Awaits every hook's `on_request` for a send request from `peer` that has just arrived, and
+    /// returns the first fate that is not [`LinkFate::Pass`].
+    pub async fn on_request(&self, provider: Provider, peer: SocketAddr) -> LinkFate {
         let hooks = self.hooks();
+        let mut fate = LinkFate::Pass;
         for h in &hooks {
-            h.on_request(provider, peer).await;
+            let f = h.on_request(provider, peer).await;
+            if fate.is_pass() {
+                fate = f;
+            }
         }
+        fate
+    }
+
+    /// Whether any hook's [`Hook::refuses`] the command `peer` just sent to `provider`.
+    pub fn refuses(&self, provider: Provider, peer: SocketAddr) -> bool {
+        self.inner
+            .hooks
+            .read()
+            .expect("ledger hooks poisoned")
+            .iter()
+            .any(|h| h.refuses(provider, peer))
     }
 
     /// Awaits every hook's `before_response` for an accepted send.

@@ -33,6 +33,7 @@ pub mod hub;
 pub mod latency;
 pub mod ledger;
 pub mod line;
+pub mod link;
 pub mod live;
 pub mod outage;
 pub mod ratelimit;

@@ -62,6 +62,14 @@ pub enum EventKind {
     /// the mode and, at the end, the requests it answered.
     ProviderOutage,
     ProviderOutageEnd,
+    /// A fault on one worker's link to a provider began (`provider_partition`,
+    /// `provider_refuse`, `provider_reset`, `provider_latency`) / ended; each names the worker
+    /// whose link it is, the detail the provider and, at the end, the requests it met.
+    ProviderLinkPartition,
+    ProviderLinkRefuse,
+    ProviderLinkReset,
+    ProviderLinkSlow,
+    ProviderLinkHeal,
     /// The run settled / reached its deadline unsettled / stopped before settling (nothing left
     /// to make progress).
     Quiescent,
@@ -109,6 +117,11 @@ impl EventKind {
             ApiSignal => "api_signal",
             ProviderOutage => "provider_outage",
             ProviderOutageEnd => "provider_outage_end",
+            ProviderLinkPartition => "provider_link_partition",
+            ProviderLinkRefuse => "provider_link_refuse",
+            ProviderLinkReset => "provider_link_reset",
+            ProviderLinkSlow => "provider_link_slow",
+            ProviderLinkHeal => "provider_link_heal",
         }
     }
 
@@ -130,6 +143,15 @@ impl EventKind {
     /// it was doing may not be recorded, like a kill's, though the process runs on.
     pub fn cuts_database_link(self) -> bool {
         matches!(self, EventKind::DbLinkPartition | EventKind::DbLinkReset)
+    }
+
+    /// The start of a fault on one worker's link to a provider.
+    pub fn starts_provider_link_fault(self) -> bool {
+        use EventKind::*;
+        matches!(
+            self,
+            ProviderLinkPartition | ProviderLinkRefuse | ProviderLinkReset | ProviderLinkSlow
+        )
     }
 
     /// A signal that stops a worker from acting (it is dead or frozen).
@@ -213,6 +235,11 @@ mod tests {
             ApiSignal,
             ProviderOutage,
             ProviderOutageEnd,
+            ProviderLinkPartition,
+            ProviderLinkRefuse,
+            ProviderLinkReset,
+            ProviderLinkSlow,
+            ProviderLinkHeal,
         ] {
             assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
             let back: EventKind = serde_json::from_value(k.as_str().into()).unwrap();

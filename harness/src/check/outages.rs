@@ -9,6 +9,11 @@
 //! time in which a hung provider held requests: no correct stack gets a send through a provider
 //! that answers nobody, and a worker whose every slot holds a request the provider will never
 //! answer cannot start any retry before its own timeout frees one.
+//! The same holds for a worker whose link to a provider is partitioned or slowed
+//! (`provider_partition`, `provider_latency`): its slots fill with requests the provider holds
+//! or delays, so from the fault's start to its heal ([`link_windows`]) no retry of any of its
+//! deliveries is held to the cap. A refuse or reset answers at once and frees the slot: not
+//! counted.
 //! Deciding nothing on its own.
 
 use mock_providers::ledger::{EntryKind, LedgerEntry, Provider};
@@ -66,6 +71,39 @@ pub fn windows(input: &Input, provider: Provider) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The windows `[start, heal)` during which some worker's link to a provider held or delayed
+/// its requests (`provider_partition`, `provider_latency`), for any pid and provider; one
+/// without a heal lasts for ever. A partition's request held past the heal (its sender let go
+/// of it later) extends nothing: the heal serves every held request at once.
+pub fn link_windows(input: &Input) -> Vec<(u64, u64)> {
+    let mut evs: Vec<_> = input
+        .timeline
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::ProviderLinkPartition
+                    | EventKind::ProviderLinkSlow
+                    | EventKind::ProviderLinkHeal
+            )
+        })
+        .collect();
+    evs.sort_by_key(|e| e.mono_ns);
+    let mut open: Vec<(Option<u32>, u64)> = Vec::new();
+    let mut spans = Vec::new();
+    for e in evs {
+        if e.kind == EventKind::ProviderLinkHeal {
+            if let Some(i) = open.iter().position(|(pid, _)| *pid == e.pid) {
+                spans.push((open.remove(i).1, e.mono_ns));
+            }
+        } else {
+            open.push((e.pid, e.mono_ns));
+        }
+    }
+    spans.extend(open.into_iter().map(|(_, s)| (s, u64::MAX)));
+    spans
+}
+
 /// Nanoseconds of `[from, to)` in which a retry to `provider` could be held up by an outage: an
 /// outage of `provider` itself ([`windows`]), or any time some provider held a request it would
 /// never answer (`outage_hang`): a worker's slots are shared by its channels (the contract's
@@ -77,6 +115,7 @@ pub fn out_ns(input: &Input, provider: Provider, from: u64, to: u64) -> u64 {
     }
     let hang = OutageMode::Hang.label();
     let mut spans = windows(input, provider);
+    spans.extend(link_windows(input));
     spans.extend(
         input
             .ledger
@@ -137,6 +176,26 @@ mod tests {
                 ns(want),
                 "{p:?} {from}..{to}"
             );
+        }
+    }
+
+    #[test]
+    fn a_partitioned_or_slowed_link_is_out_time_for_every_provider_until_its_heal() {
+        let mut w = World::new();
+        w.event(EventKind::ProviderLinkPartition, Some(7), 1_000);
+        w.event(EventKind::ProviderLinkSlow, Some(8), 2_000);
+        w.event(EventKind::ProviderLinkHeal, Some(7), 3_000);
+        // A reset answers at once: no window.
+        w.event(EventKind::ProviderLinkReset, Some(9), 3_500);
+        w.event(EventKind::ProviderLinkHeal, Some(9), 3_900);
+        w.event(EventKind::ProviderLinkHeal, Some(8), 4_000);
+        let i = w.input();
+        let mut got = link_windows(&i);
+        got.sort_unstable();
+        assert_eq!(got, vec![(ns(1_000), ns(3_000)), (ns(2_000), ns(4_000))]);
+        for p in [Provider::Line, Provider::Smtp, Provider::Sms] {
+            assert_eq!(out_ns(&i, p, 0, ns(9_000)), ns(3_000), "{p:?}");
+            assert_eq!(out_ns(&i, p, ns(4_000), ns(9_000)), 0, "{p:?}");
         }
     }
 

@@ -10,7 +10,8 @@
 //!   SIGTERMed and then killed when its grace period ran out (`grace_exceeded`); or its database
 //!   went away under it (`db_terminate`, `db_restart`: every process at once);
 //! - **the provider cut the answer**: it committed or dropped the attempt and closed the
-//!   connection before answering (`accept_then_drop`, `drop_mid_data`), or the sender hung up
+//!   connection before answering (`accept_then_drop`, `drop_mid_data`), or the sender's link
+//!   was reset under it (`link_refuse`, `link_reset`), or the sender hung up
 //!   before the answer came (`client_hung_up`: its own timeout against a slow provider).
 //!
 //! The harness sees an attempt's arrival (`received_ns`) and answer (`mono_ns`) but neither its
@@ -34,9 +35,16 @@ use super::{EventKind, Input, TimelineEvent};
 /// Provider faults that close the connection before the sender reads an answer.
 const CUT_FAULTS: [&str; 2] = ["accept_then_drop", "drop_mid_data"];
 
-/// Whether the provider fault `fault` closes the connection before the sender reads an answer.
+/// Whether the provider fault `fault` closes the connection before the sender reads an answer:
+/// a seeded drop, or a reset of the sender's link (`link_refuse`: before the provider read the
+/// request, which the sender cannot tell from after; `link_reset`: after it served it).
 pub fn cuts_answer(fault: &str) -> bool {
+    use mock_providers::link::LinkFault;
     CUT_FAULTS.contains(&fault)
+        || matches!(
+            LinkFault::of_label(fault),
+            Some(LinkFault::Refuse | LinkFault::Reset)
+        )
 }
 
 /// What kind of thing excuses an `unknown` delivery.
@@ -136,7 +144,7 @@ pub fn excuse(input: &Input, attempts: &[&LedgerEntry]) -> Option<Excuse> {
         }
     }
     if let Some(a) = attempts.last() {
-        if let Some(fault) = a.fault.as_deref().filter(|f| CUT_FAULTS.contains(f)) {
+        if let Some(fault) = a.fault.as_deref().filter(|f| cuts_answer(f)) {
             return Some(Excuse {
                 kind: ExcuseKind::Provider,
                 because: format!(
@@ -199,7 +207,7 @@ mod tests {
     #[test]
     fn excuses_at_both_edges() {
         // Base lease 1 s, heartbeat 200 ms (testkit::BASE).
-        let cases: [Case; 12] = [
+        let cases: [Case; 16] = [
             (
                 "kill between request and answer",
                 |w| {
@@ -290,6 +298,49 @@ mod tests {
                 None,
                 "",
             ),
+            (
+                "the sender's link to the provider reset before the answer",
+                |w| {
+                    w.send(Sms, &addr("r1", Sms), Accepted, 100)
+                        .pid(7)
+                        .fault("link_reset");
+                },
+                Some("provider"),
+                "(link_reset)",
+            ),
+            (
+                "the sender's link to the provider reset before the request was read",
+                |w| {
+                    w.send(Sms, &addr("r1", Sms), Transient, 100)
+                        .pid(7)
+                        .fault("link_refuse");
+                },
+                Some("provider"),
+                "(link_refuse)",
+            ),
+            (
+                "held by a partition until the sender hung up",
+                |w| {
+                    w.send(Sms, &addr("r1", Sms), Transient, 100)
+                        .pid(7)
+                        .fault("link_partition")
+                        .hung_up();
+                },
+                Some("provider"),
+                "the sender hung up",
+            ),
+            (
+                "a slowed provider link the sender waited out cuts nothing",
+                |w| {
+                    w.send(Sms, &addr("r1", Sms), Accepted, 100)
+                        .pid(7)
+                        .latency(2_000);
+                    w.event(EventKind::ProviderLinkSlow, Some(7), 50);
+                    w.event(EventKind::ProviderLinkHeal, Some(7), 3_000);
+                },
+                None,
+                "",
+            ),
             ("no chaos at all", |_| {}, None, ""),
             (
                 "a SIGTERM that drained is no excuse",
@@ -313,6 +364,7 @@ mod tests {
         for (case, build, kind, text) in cases {
             let mut w = World::new();
             w.expect("r1", Email);
+            w.expect("r1", Sms);
             build(&mut w);
             let attempts: Vec<&LedgerEntry> = w.ledger.iter().collect();
             let got = excuse(&w.input(), &attempts);

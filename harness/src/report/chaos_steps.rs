@@ -59,7 +59,8 @@ pub struct ChaosStepResult {
     #[serde(default)]
     pub pids: Vec<u32>,
     /// `db_terminate`: sessions terminated. `db_idle_tx`: row locks held. `provider_outage`:
-    /// send requests the outage answered 503 or held unanswered.
+    /// send requests the outage answered 503 or held unanswered. Provider-link actions: send
+    /// requests the fault met.
     #[serde(default)]
     pub count: Option<u64>,
 }
@@ -100,6 +101,10 @@ pub fn action_str(a: ChaosAction) -> &'static str {
         ChaosAction::DbLatency => "db_latency",
         ChaosAction::DbBandwidth => "db_bandwidth",
         ChaosAction::ProviderOutage => "provider_outage",
+        ChaosAction::ProviderPartition => "provider_partition",
+        ChaosAction::ProviderRefuse => "provider_refuse",
+        ChaosAction::ProviderReset => "provider_reset",
+        ChaosAction::ProviderLatency => "provider_latency",
     }
 }
 

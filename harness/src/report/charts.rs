@@ -39,6 +39,7 @@ pub(crate) fn event_color(kind: EventKind) -> RGBColor {
         Restart => RGBColor(0x08, 0x91, 0xb2),
         ApiSignal => RGBColor(0xbe, 0x18, 0x5d),
         ProviderOutage | ProviderOutageEnd => RGBColor(0x0f, 0x76, 0x6e),
+        k if k.starts_provider_link_fault() || k == ProviderLinkHeal => RGBColor(0x0e, 0x74, 0x90),
         k if k.is_database() => RGBColor(0x92, 0x40, 0x0e),
         _ => RGBColor(0x94, 0xa3, 0xb8),
     }
@@ -177,19 +178,21 @@ pub(crate) fn timeline(ps: &PerSecond, markers: &[Marker]) -> Result<String, Str
 }
 
 /// The spans of chaos that lasts, from its start marker to the next marker that heals it (or
-/// `x_max` when none did): a provider outage until its end, the API from its signal until a new
-/// API was ready.
+/// `x_max` when none did): a provider outage until its end, a fault on a worker's link to a
+/// provider until its heal, the API from its signal until a new API was ready.
 fn spans(markers: &[Marker], x_max: f64) -> Vec<(f64, f64, EventKind)> {
     use EventKind::*;
     let heals = |start: EventKind, k: EventKind| {
         matches!(
             (start, k),
             (ProviderOutage, ProviderOutageEnd) | (ApiSignal, ApiReady)
-        )
+        ) || (start.starts_provider_link_fault() && k == ProviderLinkHeal)
     };
     markers
         .iter()
-        .filter(|m| matches!(m.kind, ProviderOutage | ApiSignal))
+        .filter(|m| {
+            matches!(m.kind, ProviderOutage | ApiSignal) || m.kind.starts_provider_link_fault()
+        })
         .map(|m| {
             let end = markers
                 .iter()

@@ -4,7 +4,8 @@
 //! signal, `/proc` showed it stopped and then running again, the replacement started. A signal
 //! for one chosen worker is aimed at a moment it has a send in flight ([`aim`]). The database
 //! actions live in [`db`], those on one process's database link in [`db_link`], the provider
-//! outage in [`provider`], the actions on the API process in [`api`].
+//! outage in [`provider`], those on workers' links to a provider in [`provider_link`], the
+//! actions on the API process in [`api`].
 
 mod aim;
 mod api;
@@ -12,6 +13,7 @@ mod db;
 mod db_link;
 mod log;
 mod provider;
+mod provider_link;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,6 +59,8 @@ pub struct Chaos {
     api: Mutex<Option<ApiProcess>>,
     /// The fakes' shared state (`provider_outage`), once they run.
     hub: Mutex<Option<Arc<mock_providers::hub::Hub>>>,
+    /// Faults on workers' links to a provider in force, looked up for every send request.
+    links: provider_link::Links,
 }
 
 impl Chaos {
@@ -77,6 +81,7 @@ impl Chaos {
             aims: aim::Aims::default(),
             api: Mutex::default(),
             hub: Mutex::default(),
+            links: provider_link::Links::default(),
         })
     }
 
@@ -121,12 +126,23 @@ impl Chaos {
     }
 
     /// A send request from `peer` has arrived at `provider`'s fake: held while a step aimed at its
-    /// sender signals it.
-    pub async fn on_request(&self, provider: Provider, peer: std::net::SocketAddr) {
+    /// sender signals it; then what a fault on its sender's link to `provider` makes of it.
+    pub async fn on_request(
+        &self,
+        provider: Provider,
+        peer: std::net::SocketAddr,
+    ) -> mock_providers::link::LinkFate {
         let attributor = &self.world.attributor;
         self.aims
             .arrived(provider, || attributor.sender(peer))
             .await;
+        self.links.fate(provider, || attributor.sender(peer))
+    }
+
+    /// Whether `peer`'s link to `provider` is down for the SMTP command it just sent.
+    pub fn refuses(&self, provider: Provider, peer: std::net::SocketAddr) -> bool {
+        let attributor = &self.world.attributor;
+        self.links.refuses(provider, || attributor.sender(peer))
     }
 
     /// Starts the time and progress triggers; `load_start` is when enqueueing began.
@@ -231,6 +247,12 @@ impl Chaos {
             | ChaosAction::DbLatency
             | ChaosAction::DbBandwidth => return db_link::act(self, i, &step, sender, why).await,
             ChaosAction::ProviderOutage => return provider::outage(self, i, &step, why),
+            ChaosAction::ProviderPartition
+            | ChaosAction::ProviderRefuse
+            | ChaosAction::ProviderReset
+            | ChaosAction::ProviderLatency => {
+                return provider_link::act(self, i, &step, sender, why)
+            }
             _ => {}
         }
         if step.target == Target::Api {

@@ -348,8 +348,12 @@ impl Hook for Observer {
         &'a self,
         provider: Provider,
         peer: SocketAddr,
-    ) -> futures::future::BoxFuture<'a, ()> {
+    ) -> futures::future::BoxFuture<'a, mock_providers::link::LinkFate> {
         Box::pin(self.chaos.on_request(provider, peer))
+    }
+
+    fn refuses(&self, provider: Provider, peer: SocketAddr) -> bool {
+        self.chaos.refuses(provider, peer)
     }
 
     fn before_response<'a>(&'a self, e: &'a LedgerEntry) -> futures::future::BoxFuture<'a, ()> {

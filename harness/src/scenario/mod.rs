@@ -240,6 +240,10 @@ pub struct ChaosStep {
     /// What a provider action (`provider_outage`) does to which provider.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_fault: Option<ProviderFault>,
+    /// What a provider-link action (`provider_partition`, `provider_refuse`, `provider_reset`,
+    /// `provider_latency`) does to its targets' links to which provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_link: Option<ProviderLinkFault>,
 }
 
 /// A fault on a stack process's database link (`harness/src/netchaos`).
@@ -264,6 +268,32 @@ pub enum DbLinkFault {
 pub struct ProviderFault {
     pub provider: mock_providers::ledger::Provider,
     pub mode: mock_providers::outage::OutageMode,
+}
+
+/// A fault on the target processes' links to one provider (`harness/src/run/chaos/provider_link.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProviderLinkFault {
+    pub provider: mock_providers::ledger::Provider,
+    pub kind: ProviderLinkKind,
+}
+
+/// What a provider-link fault does to each send request it meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderLinkKind {
+    /// Held unanswered until the heal (then served), or until the sender hangs up.
+    Partition,
+    /// The connection reset before the provider reads the request.
+    Refuse,
+    /// Served, then the connection reset before the answer.
+    Reset,
+    /// Served after `delay` plus up to `jitter` (seeded).
+    Latency {
+        #[serde(with = "ms")]
+        delay: Duration,
+        #[serde(with = "ms")]
+        jitter: Duration,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]

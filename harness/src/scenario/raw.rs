@@ -396,6 +396,18 @@ pub enum ChaosAction {
     /// answered 421 and the connection closed; `mode = "unavailable"`, the default) or read and
     /// never answered (`mode = "hang"`), for every process; then the provider recovers.
     ProviderOutage,
+    /// Partition the target workers' link to `provider` for `for`: each send they make is held
+    /// unanswered, its connection open, until the heal (then served) or until they hang up.
+    ProviderPartition,
+    /// The target workers' link to `provider` down for `for`: each send's connection is reset
+    /// before the provider reads it (nothing sent).
+    ProviderRefuse,
+    /// For `for`, the provider serves each send of the target workers, then their connection is
+    /// reset before the answer (an accepted send they cannot know was accepted).
+    ProviderReset,
+    /// Add `delay` (plus up to `jitter`, seeded) to each send of the target workers to `provider`
+    /// for `for`.
+    ProviderLatency,
 }
 
 /// A fake provider, as `[providers.*]` names it.
@@ -451,9 +463,11 @@ pub struct RawChaos {
     pub duration: Option<HumanDuration>,
     /// Start a replacement worker this long after the action (kill/term/stop actions).
     pub restart_after: Option<HumanDuration>,
-    /// `db_latency`: the delay added each way on the database link.
+    /// `db_latency`: the delay added each way on the database link; `provider_latency`: to each
+    /// send.
     pub delay: Option<HumanDuration>,
-    /// `db_latency`: up to this much more per chunk, drawn from the run's seed. Default 0.
+    /// `db_latency`, `provider_latency`: up to this much more per chunk or send, drawn from the
+    /// run's seed. Default 0.
     pub jitter: Option<HumanDuration>,
     /// `db_bandwidth`: bytes per second each way on the database link (at least 1).
     pub bytes_per_s: Option<u64>,
@@ -461,7 +475,8 @@ pub struct RawChaos {
     /// Default `false`: a step that did not take effect makes the run inconclusive.
     #[serde(default)]
     pub optional: bool,
-    /// The provider a provider action (`provider_outage`) acts on: `line`, `smtp` or `sms`.
+    /// The provider a provider action (`provider_outage`, `provider_partition`, `provider_refuse`,
+    /// `provider_reset`, `provider_latency`) acts on: `line`, `smtp` or `sms`.
     pub provider: Option<ProviderName>,
     /// How the provider fails during `provider_outage`: `unavailable` (503 / SMTP 421, the default) or
     /// `hang` (no answer: the sender's own timeout must give up).

@@ -10,6 +10,7 @@ use super::*;
 mod chaos;
 mod chaos_ext;
 mod db_link;
+mod provider_link;
 
 struct Ctx<'a> {
     file: &'a str,

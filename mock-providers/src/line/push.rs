@@ -1,5 +1,7 @@
-//! The push handler: auth → retry-key syntax → body → `on_request` hook → attempt number → rate
-//! limit (or an outage: 503 or no answer, [`crate::outage`]) → retry-key repeat → seeded faults → latency → ledger → `before_response` hook → answer.
+//! The push handler: auth → retry-key syntax → body → `on_request` hook (and the link fate it
+//! returns, [`crate::link`]) → attempt number → rate limit (or an outage: 503 or no answer,
+//! [`crate::outage`]) → retry-key repeat → seeded faults → latency → ledger → `before_response`
+//! hook → answer (or a reset instead).
 //!
 //! Every request is recorded, protocol errors included. An accepted send is committed to the
 //! ledger before the hook runs and before a byte of the answer is written.
@@ -10,14 +12,16 @@ use std::sync::atomic::Ordering;
 use axum::extract::{ConnectInfo, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
+use axum::Extension;
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{body, AcceptedKey, LineState, SentMessage};
 use crate::decide::{self, Verdict};
-use crate::http::{detached, sha256_hex, Reply};
+use crate::http::{detached, sha256_hex, ConnCut, Reply};
 use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+use crate::link::{self, LinkFault, Next};
 
 const AUTH_FAILED: &str =
     "Authentication failed. Confirm that the access token in the authorization header is valid.";
@@ -31,13 +35,16 @@ const BAD_KEY: &str = "The value of the X-Line-Retry-Key header is invalid";
 pub(super) async fn push(
     State(st): State<LineState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(conn): Extension<ConnCut>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let cfg = st.inner.hub.line.get();
     // A held request must see its sender hang up, which only a detached task does.
-    let inline = crate::http::no_latency(&cfg.latency) && cfg.outage.is_none();
-    detached(inline, handle(st, peer, headers, body)).await
+    let inline = crate::http::no_latency(&cfg.latency)
+        && cfg.outage.is_none()
+        && !st.inner.hub.link_faults_armed();
+    detached(inline, conn, handle(st, peer, headers, body)).await
 }
 
 /// What the fake decided for a well-formed push.
@@ -107,24 +114,42 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
     };
 
     let received_ns = hub.ledger.now_ns();
-    hub.ledger.on_request(Provider::Line, peer).await;
+    let fate = hub.ledger.on_request(Provider::Line, peer).await;
+    let next = link::before_serving_http(fate).await;
     let attempt = hub.ledger.next_attempt(Provider::Line, &push.to);
+    let mut d = LedgerEntry::draft(Provider::Line, EntryKind::Send, push.to.clone());
+    d.attempt = attempt;
+    d.received_ns = received_ns;
+    d.peer = Some(peer);
+    d.idempotency_key = retry_key.clone();
+    d.payload_hash = Some(sha256_hex(push.messages_json().as_bytes()));
+    d.body = Some(push.texts.join("\n"));
+    let reset = match next {
+        Next::Serve { reset } => reset,
+        Next::Skip(fault) => {
+            link::mark_not_served(&mut d, fault);
+            hub.ledger.record(d);
+            let r = reply(503, json!({ "message": UNAVAILABLE }));
+            return if fault == LinkFault::Refuse {
+                r.cut()
+            } else {
+                r
+            };
+        }
+    };
     if let Some(outage) = hub.line.get().outage {
-        let mut d = LedgerEntry::draft(Provider::Line, EntryKind::Send, push.to.clone());
-        d.attempt = attempt;
-        d.received_ns = received_ns;
-        d.peer = Some(peer);
-        d.idempotency_key = retry_key;
-        d.payload_hash = Some(sha256_hex(push.messages_json().as_bytes()));
-        d.body = Some(push.texts.join("\n"));
         let (status, hung_up) = crate::outage::answer(&hub, Provider::Line, outage).await;
         d.outcome = Outcome::Transient;
         d.fault = Some(outage.mode.label().into());
         d.status = status;
         d.error = Some(UNAVAILABLE.into());
         d.client_hung_up = hung_up;
+        if reset {
+            link::mark_reset(&mut d);
+        }
         hub.ledger.record(d);
-        return reply(503, json!({ "message": UNAVAILABLE }));
+        let r = reply(503, json!({ "message": UNAVAILABLE }));
+        return if reset { r.cut() } else { r };
     }
     let decision = decide_push(&st, &push, attempt, retry_key.as_deref(), &request_id);
     let delay = decide::latency(hub.seed, Provider::Line, &push.to, attempt, &cfg.latency);
@@ -132,13 +157,6 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
         tokio::time::sleep(delay).await;
     }
 
-    let mut d = LedgerEntry::draft(Provider::Line, EntryKind::Send, push.to.clone());
-    d.attempt = attempt;
-    d.received_ns = received_ns;
-    d.peer = Some(peer);
-    d.idempotency_key = retry_key;
-    d.payload_hash = Some(sha256_hex(push.messages_json().as_bytes()));
-    d.body = Some(push.texts.join("\n"));
     let ids = |sent: &[SentMessage]| {
         sent.iter()
             .map(|m| m.id.as_str())
@@ -205,6 +223,9 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
     };
     d.status = status.to_string();
     d.client_hung_up = crate::http::client_gone();
+    if reset {
+        link::mark_reset(&mut d);
+    }
     let entry = hub.ledger.record(d);
     if entry.outcome == Outcome::Accepted {
         hub.ledger.before_response(&entry).await;
@@ -212,6 +233,9 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
     let mut r = reply(status, json);
     if let Some((k, v)) = extra {
         r = r.header(k, v);
+    }
+    if reset {
+        r = r.cut();
     }
     r
 }

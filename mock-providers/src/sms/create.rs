@@ -1,8 +1,7 @@
-//! `POST …/Messages.json`: auth → form → `on_request` hook → attempt number → outage (503 or
-//! no answer, [`crate::outage`]) → rate limit →
-//! idempotency key (when on)
-//! → address syntax → seeded faults → latency → ledger → `before_response` hook → answer, then
-//! the status callbacks are scheduled.
+//! `POST …/Messages.json`: auth → form → `on_request` hook (and the link fate it returns,
+//! [`crate::link`]) → attempt number → outage (503 or no answer, [`crate::outage`]) → rate limit
+//! → idempotency key (when on) → address syntax → seeded faults → latency → ledger →
+//! `before_response` hook → answer (or a reset instead), then the status callbacks are scheduled.
 //!
 //! Every request is recorded, protocol errors included. A message is in the store only if the
 //! ledger has it as accepted.
@@ -14,6 +13,7 @@ use axum::extract::{ConnectInfo, Path, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::response::Response;
+use axum::Extension;
 use bytes::Bytes;
 use tokio::time::Instant;
 
@@ -22,13 +22,15 @@ use super::{authorized, default_code, is_e164, twilio_error, SmsState};
 use crate::callbacks::{plan, SmsReport};
 use crate::config::HttpFault;
 use crate::decide::{self, Verdict};
-use crate::http::{detached, sha256_hex, Reply};
+use crate::http::{detached, sha256_hex, ConnCut, Reply};
 use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+use crate::link::{self, LinkFault, Next};
 
 pub(super) async fn create(
     State(st): State<SmsState>,
     Path(account): Path<String>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(conn): Extension<ConnCut>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
@@ -44,8 +46,10 @@ pub(super) async fn create(
     };
     let cfg = st.inner.hub.sms.get();
     // A held request must see its sender hang up, which only a detached task does.
-    let inline = crate::http::no_latency(&cfg.latency) && cfg.outage.is_none();
-    detached(inline, handle(st, account, peer, headers, body)).await
+    let inline = crate::http::no_latency(&cfg.latency)
+        && cfg.outage.is_none()
+        && !st.inner.hub.link_faults_armed();
+    detached(inline, conn, handle(st, account, peer, headers, body)).await
 }
 
 /// A valid create request.
@@ -140,24 +144,42 @@ async fn handle(
     };
 
     let received_ns = hub.ledger.now_ns();
-    hub.ledger.on_request(Provider::Sms, peer).await;
+    let fate = hub.ledger.on_request(Provider::Sms, peer).await;
+    let next = link::before_serving_http(fate).await;
     let attempt = hub.ledger.next_attempt(Provider::Sms, &form.to);
+    let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, form.to.clone());
+    d.attempt = attempt;
+    d.received_ns = received_ns;
+    d.peer = Some(peer);
+    d.idempotency_key = key.clone();
+    d.payload_hash = Some(sha256_hex(form.body.as_bytes()));
+    d.body = Some(form.body.clone());
+    let reset = match next {
+        Next::Serve { reset } => reset,
+        Next::Skip(fault) => {
+            link::mark_not_served(&mut d, fault);
+            hub.ledger.record(d);
+            let r = twilio_error(503, UNAVAILABLE_CODE, &form.to);
+            return if fault == LinkFault::Refuse {
+                r.cut()
+            } else {
+                r
+            };
+        }
+    };
     if let Some(outage) = hub.sms.get().outage {
-        let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, form.to.clone());
-        d.attempt = attempt;
-        d.received_ns = received_ns;
-        d.peer = Some(peer);
-        d.idempotency_key = key;
-        d.payload_hash = Some(sha256_hex(form.body.as_bytes()));
-        d.body = Some(form.body.clone());
         let (status, hung_up) = crate::outage::answer(&hub, Provider::Sms, outage).await;
         d.outcome = Outcome::Transient;
         d.fault = Some(outage.mode.label().into());
         d.status = status;
         d.error = Some(UNAVAILABLE_CODE.to_string());
         d.client_hung_up = hung_up;
+        if reset {
+            link::mark_reset(&mut d);
+        }
         hub.ledger.record(d);
-        return twilio_error(503, UNAVAILABLE_CODE, &form.to);
+        let r = twilio_error(503, UNAVAILABLE_CODE, &form.to);
+        return if reset { r.cut() } else { r };
     }
     let decision = decide_create(&st, &cfg, &form, attempt, key.as_deref());
     let delay = decide::latency(hub.seed, Provider::Sms, &form.to, attempt, &cfg.latency);
@@ -165,13 +187,6 @@ async fn handle(
         tokio::time::sleep(delay).await;
     }
 
-    let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, form.to.clone());
-    d.attempt = attempt;
-    d.received_ns = received_ns;
-    d.peer = Some(peer);
-    d.idempotency_key = key;
-    d.payload_hash = Some(sha256_hex(form.body.as_bytes()));
-    d.body = Some(form.body.clone());
     let (reply, committed) = match decision {
         Decision::Accept(msg) => {
             d.outcome = Outcome::Accepted;
@@ -237,6 +252,9 @@ async fn handle(
         }
     };
     d.client_hung_up = crate::http::client_gone();
+    if reset {
+        link::mark_reset(&mut d);
+    }
     let entry = hub.ledger.record(d);
     if let Some(msg) = committed {
         hub.ledger.before_response(&entry).await;
@@ -249,6 +267,9 @@ async fn handle(
             attempt: msg.attempt,
         };
         hub.callbacks.sms_accepted(&cfg, &report, &msg.plan);
+    }
+    if reset {
+        return reply.cut();
     }
     reply
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::config::SmtpStage;
 use crate::http::sha256_hex;
 use crate::ledger::{Draft, EmailDetail, EntryKind, LedgerEntry, Outcome, Provider};
+use crate::link::LinkFault;
 
 use super::data::DataProblem;
 use super::mime;
@@ -50,6 +51,21 @@ impl LivePolicy {
             d.error = Some("connection dropped in the middle of DATA (injected)".into());
             d.fault = Some("drop_mid_data".into());
             d.peer = Some(self.peer);
+            self.ledger.record(d);
+        }
+    }
+
+    /// Records the Transient entries of a transaction whose final dot arrived at `received_ns`
+    /// and that a link fault kept from the provider (`fault`: a refuse, or a partition its sender
+    /// hung up on, [`crate::link`]): nothing was sent.
+    pub fn record_not_served(&self, env: &Envelope, received_ns: u64, fault: LinkFault) {
+        for r in &env.rcpts {
+            let mut d = LedgerEntry::draft(Provider::Smtp, EntryKind::Send, r.addr.clone());
+            d.attempt = r.attempt;
+            d.received_ns = received_ns;
+            d.started_ns = Some(self.mail_ns);
+            d.peer = Some(self.peer);
+            crate::link::mark_not_served(&mut d, fault);
             self.ledger.record(d);
         }
     }

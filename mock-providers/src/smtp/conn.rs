@@ -21,6 +21,7 @@ use super::reply::Reply;
 use super::session::{DataMode, Session, Then};
 use super::{Limits, SmtpContext};
 use crate::ledger::Provider;
+use crate::link::{LinkFate, LinkFault};
 
 type Writer = BufWriter<OwnedWriteHalf>;
 
@@ -122,7 +123,7 @@ async fn drive(
             Then::Close | Then::Hold => return close(writer).await,
             Then::ReadData(mode) => {
                 writer.flush().await?;
-                let keep = receive_data(
+                let after = receive_data(
                     &mut reader,
                     &mut writer,
                     &mut line,
@@ -133,8 +134,10 @@ async fn drive(
                     limits,
                 )
                 .await?;
-                if !keep {
-                    return close(writer).await;
+                match after {
+                    AfterData::Keep => {}
+                    AfterData::Close => return close(writer).await,
+                    AfterData::Reset => return reset(reader, writer),
                 }
             }
         }
@@ -150,6 +153,8 @@ async fn drive(
             Some(Err(_)) => return goodbye(writer, idle_reply()).await,
             Some(Ok(r)) => match r? {
                 Line::Eof => return Ok(()),
+                // The sender's link is down: reset before acting on the command.
+                _ if ctx.ledger.refuses(Provider::Smtp, peer) => return reset(reader, writer),
                 Line::TooLong => session.line_too_long(&mut policy),
                 Line::Complete => session.handle_line(&line, &mut policy),
             },
@@ -195,7 +200,19 @@ async fn hold(
     goodbye(writer, action.reply).await
 }
 
-/// Reads the message after a 354 and answers its end. Returns whether the connection goes on.
+/// What becomes of the connection after a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterData {
+    /// The session goes on.
+    Keep,
+    /// Closed cleanly (FIN).
+    Close,
+    /// Reset (RST), no reply: a link fault ([`crate::link`]).
+    Reset,
+}
+
+/// Reads the message after a 354 and answers its end (or resets the connection instead, when the
+/// sender's link says so). Returns what becomes of the connection.
 #[allow(clippy::too_many_arguments)]
 async fn receive_data(
     reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
@@ -206,7 +223,7 @@ async fn receive_data(
     policy: &LivePolicy,
     ctx: &SmtpContext,
     limits: &Limits,
-) -> io::Result<bool> {
+) -> io::Result<AfterData> {
     let mut data = DataAssembler::new(policy.cfg.max_size);
     while !data.is_done() {
         if !reader.buffer().contains(&b'\n') {
@@ -218,19 +235,19 @@ async fn receive_data(
             Err(_) => {
                 session.finish_data();
                 writer.write_all(&idle_reply().to_wire()).await?;
-                return Ok(false);
+                return Ok(AfterData::Close);
             }
             Ok(r) => match r? {
                 Line::Eof => {
                     tracing::debug!("smtp client closed the connection inside DATA");
                     session.finish_data();
-                    return Ok(false);
+                    return Ok(AfterData::Close);
                 }
                 _ if mode == DataMode::DropMidway => {
                     if let Some(env) = session.finish_data() {
                         policy.record_drop_mid_data(&env);
                     }
-                    return Ok(false);
+                    return Ok(AfterData::Close);
                 }
                 Line::TooLong => data.push_discarded_long_line(),
                 Line::Complete => {
@@ -241,28 +258,56 @@ async fn receive_data(
     }
     let received_ns = ctx.ledger.now_ns();
     let Some(env) = session.finish_data() else {
-        return Ok(true);
+        return Ok(AfterData::Keep);
     };
-    ctx.ledger.on_request(Provider::Smtp, policy.peer).await;
+    let fate = ctx.ledger.on_request(Provider::Smtp, policy.peer).await;
+    let (reset, link_delay) = match fate {
+        LinkFate::Pass => (false, Duration::ZERO),
+        LinkFate::Delay(d) => (false, d),
+        LinkFate::Reset => (true, Duration::ZERO),
+        // The harness refuses SMTP at each command (`Hook::refuses`), before any of a message
+        // is sent; a fate that says so at the dot is carried out all the same.
+        LinkFate::Refuse => {
+            policy.record_not_served(&env, received_ns, LinkFault::Refuse);
+            return Ok(AfterData::Reset);
+        }
+        LinkFate::Hold(heal) => {
+            if !hold_watching(reader, heal).await {
+                policy.record_not_served(&env, received_ns, LinkFault::Partition);
+                return Ok(AfterData::Close);
+            }
+            (false, Duration::ZERO)
+        }
+    };
     let end = policy.end_of_data(&env, data.finish(), received_ns);
-    let hung_up = pause_watching(reader, writer, end.delay).await?;
+    let hung_up = pause_watching(reader, writer, end.delay + link_delay).await?;
     let entries: Vec<_> = end
         .records
         .into_iter()
         .map(|mut d| {
             d.client_hung_up = hung_up;
+            if reset {
+                crate::link::mark_reset(&mut d);
+            }
             ctx.ledger.record(d)
         })
         .collect();
+    let after_reply = |written: bool| match (reset, written) {
+        (true, _) => AfterData::Reset,
+        (false, true) => AfterData::Keep,
+        (false, false) => AfterData::Close,
+    };
     if !end.accepted {
-        writer.write_all(&end.reply.to_wire()).await?;
-        writer.flush().await?;
-        return Ok(true);
+        if !reset {
+            writer.write_all(&end.reply.to_wire()).await?;
+            writer.flush().await?;
+        }
+        return Ok(after_reply(true));
     }
     for e in &entries {
         ctx.ledger.before_response(e).await;
     }
-    let written = if end.drop {
+    let written = if end.drop || reset {
         Ok(false)
     } else {
         match writer.write_all(&end.reply.to_wire()).await {
@@ -274,7 +319,37 @@ async fn receive_data(
     for e in &entries {
         (ctx.on_commit)(e);
     }
-    written
+    written.map(after_reply)
+}
+
+/// Holds a transaction a partition caught at its final dot until the link heals (`true`: serve
+/// it) or the client hangs up (`false`), or [`crate::outage::MAX_HOLD`] passes (`true`). Bytes
+/// the client sends meanwhile stay buffered for the next command, and end the watch for a
+/// hang-up.
+async fn hold_watching(
+    reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    heal: crate::link::Heal,
+) -> bool {
+    let healed = heal.clone().healed();
+    tokio::select! {
+        () = healed => true,
+        r = reader.fill_buf() => match r {
+            Ok([]) | Err(_) => false,
+            Ok(_) => {
+                let _ = tokio::time::timeout(crate::outage::MAX_HOLD, heal.healed()).await;
+                true
+            }
+        },
+        () = tokio::time::sleep(crate::outage::MAX_HOLD) => true,
+    }
+}
+
+/// Resets the connection (RST, nothing more sent): the sender's link went down under it.
+fn reset(reader: BufReader<tokio::net::tcp::OwnedReadHalf>, writer: Writer) -> io::Result<()> {
+    // Linger 0: closing the socket sends RST at once and drops whatever was unsent.
+    let _ = socket2::SockRef::from(reader.get_ref().as_ref()).set_linger(Some(Duration::ZERO));
+    drop((reader, writer));
+    Ok(())
 }
 
 /// Asks the kernel to acknowledge the next segment at once instead of delaying the ACK.

@@ -124,6 +124,7 @@ mod tests {
             optional: false,
             db_link: None,
             provider_fault: None,
+            provider_link: None,
         }
     }
 

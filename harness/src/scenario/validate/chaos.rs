@@ -115,6 +115,7 @@ pub(super) fn validate_chaos(
             "`target = \"sender\"` needs an `on_accept` trigger".into(),
         ));
     }
+    let provider_link = provider_link::fault(cx, index, c, &target)?;
     chaos_ext::api_target(&err, c, &target)?;
     let provider_fault = chaos_ext::provider_fault(&err, cx, &key, c)?;
     let needs_for = matches!(
@@ -125,11 +126,8 @@ pub(super) fn validate_chaos(
             | ChaosAction::DbLatency
             | ChaosAction::DbBandwidth
             | ChaosAction::ProviderOutage
-    );
-    let action = serde_json::to_value(c.action)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
+    ) || provider_link.is_some();
+    let action = action_name(c.action);
     match (needs_for, c.duration) {
         (true, None) => {
             // `for` is missing: point at the action that needs it.
@@ -143,7 +141,8 @@ pub(super) fn validate_chaos(
                 "for",
                 format!(
                     "`for` only applies to `sigstop`, `db_idle_tx`, `db_partition`, `db_latency`, \
-                     `db_bandwidth` and `provider_outage`, not `{action}`"
+                     `db_bandwidth`, `provider_outage` and the provider-link actions, not \
+                     `{action}`"
                 ),
             ));
         }
@@ -172,7 +171,13 @@ pub(super) fn validate_chaos(
         optional: c.optional,
         db_link,
         provider_fault,
+        provider_link,
     })
+}
+
+/// An action's name as scenarios write it (`db_latency`).
+pub(super) fn action_name(a: ChaosAction) -> &'static str {
+    crate::report::chaos_steps::action_str(a)
 }
 
 /// `db_restart` restarts the run's throwaway PostgreSQL cluster; on a server (`[database].url`,

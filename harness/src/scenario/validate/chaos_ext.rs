@@ -12,12 +12,7 @@ use mock_providers::outage::OutageMode;
 
 type Err<'a> = &'a dyn Fn(&str, String) -> ScenarioError;
 
-fn action_name(a: ChaosAction) -> String {
-    serde_json::to_value(a)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
+use super::chaos::action_name;
 
 /// `target = "api"`: SIGKILL, SIGTERM or restart of the API, which must come back (the load and
 /// the fakes' callbacks use it), so a kill or a term needs `restart_after`.
@@ -58,15 +53,20 @@ pub(super) fn provider_fault(
     c: &raw::RawChaos,
 ) -> Result<Option<ProviderFault>, ScenarioError> {
     if c.action != ChaosAction::ProviderOutage {
-        for (k, given) in [
-            ("provider", c.provider.is_some()),
-            ("mode", c.mode.is_some()),
+        let link = super::provider_link::is_provider_link(c.action);
+        for (k, given, owners) in [
+            (
+                "provider",
+                c.provider.is_some() && !link,
+                "`provider_outage` and the provider-link actions",
+            ),
+            ("mode", c.mode.is_some(), "`provider_outage`"),
         ] {
             if given {
                 return Err(err(
                     k,
                     format!(
-                        "`{k}` only applies to `provider_outage`, not `{}`",
+                        "`{k}` only applies to {owners}, not `{}`",
                         action_name(c.action)
                     ),
                 ));

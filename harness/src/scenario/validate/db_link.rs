@@ -1,5 +1,6 @@
 //! The rules of the database-link chaos actions (`db_partition`, `db_reset`, `db_latency`,
-//! `db_bandwidth`): which of `delay`, `jitter` and `bytes_per_s` each takes, and their ranges.
+//! `db_bandwidth`): which of `delay`, `jitter` (shared with `provider_latency`) and `bytes_per_s`
+//! each takes, and their ranges.
 //! The rules every action shares (trigger, target, `for`) stay in the parent module.
 
 use std::time::Duration;
@@ -31,15 +32,27 @@ pub(super) fn fault(
 ) -> Result<Option<DbLinkFault>, ScenarioError> {
     let key = |k: &str| format!("chaos[{index}].{k}");
     let err = |k: &str, msg: String| cx.at(&key(k), format!("[[chaos]] #{}: {msg}", index + 1));
-    let only = |k: &str, given: bool, owner: &str| {
-        if given && c.action != owner_action(owner) {
-            return Err(err(k, format!("`{k}` only applies to `{owner}`")));
+    let only = |k: &str, given: bool, owners: &[ChaosAction]| {
+        if given && !owners.contains(&c.action) {
+            let names: Vec<String> = owners
+                .iter()
+                .map(|a| format!("`{}`", super::chaos::action_name(*a)))
+                .collect();
+            return Err(err(
+                k,
+                format!("`{k}` only applies to {}", names.join(" and ")),
+            ));
         }
         Ok(())
     };
-    only("delay", c.delay.is_some(), "db_latency")?;
-    only("jitter", c.jitter.is_some(), "db_latency")?;
-    only("bytes_per_s", c.bytes_per_s.is_some(), "db_bandwidth")?;
+    let latency = [ChaosAction::DbLatency, ChaosAction::ProviderLatency];
+    only("delay", c.delay.is_some(), &latency)?;
+    only("jitter", c.jitter.is_some(), &latency)?;
+    only(
+        "bytes_per_s",
+        c.bytes_per_s.is_some(),
+        &[ChaosAction::DbBandwidth],
+    )?;
     let fault = match c.action {
         ChaosAction::DbPartition => DbLinkFault::Partition,
         ChaosAction::DbReset => DbLinkFault::Reset,
@@ -84,11 +97,4 @@ pub(super) fn fault(
         _ => return Ok(None),
     };
     Ok(Some(fault))
-}
-
-fn owner_action(word: &str) -> ChaosAction {
-    match word {
-        "db_latency" => ChaosAction::DbLatency,
-        _ => ChaosAction::DbBandwidth,
-    }
 }
