@@ -413,6 +413,18 @@ fn flaw_resend_uncertain_after_a_reset_link() {
 }
 
 #[test]
+fn flaw_unknown_before_body() {
+    // The mail server's link closed at a command, before any of a message was sent: an e-mail
+    // held `unknown` for it is never resent, and nothing excuses that.
+    caught(
+        "unknown-before-body",
+        "provider-links",
+        LINKS,
+        &[("no_loss", "unexplained_unknown")],
+    );
+}
+
+#[test]
 fn correct_stack_passes_api_redeploy() {
     let report = passes("api-redeploy", REDEPLOY);
     // Both API signals were applied: the old API exited and a new one answered /healthz.

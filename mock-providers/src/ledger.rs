@@ -273,8 +273,8 @@ pub trait Hook: Send + Sync {
 
     /// Called by the SMTP fake for each command a sender sends outside a message, before the
     /// fake acts on it: whether the sender's link to the provider is down (the harness's
-    /// `provider_refuse`). The fake then resets the connection at once: the sender has sent none
-    /// of a message, so it knows nothing was sent. Runs on the connection's task under the
+    /// `provider_refuse`). The fake then closes the connection without answering the command:
+    /// the sender has sent none of a message, so it knows nothing was sent. Runs on the connection's task under the
     /// ledger's hook lock: answer at once.
     fn refuses(&self, _provider: Provider, _peer: SocketAddr) -> bool {
         false

@@ -14,7 +14,8 @@
 //!   reads the request. Recorded `link_refuse`, `Transient`: nothing was sent. An HTTP sender
 //!   sees a reset, not `ECONNREFUSED`, since its connection was already accepted, so it cannot
 //!   tell this from a reset after the provider served it. The SMTP fake asks before each command
-//!   instead ([`crate::ledger::Hook::refuses`]) and resets the connection there, so the sender
+//!   instead ([`crate::ledger::Hook::refuses`]) and closes the connection there without
+//!   answering it (a FIN, so a reply the sender has not read yet still reaches it): the sender
 //!   knows none of its message was sent (and no entry is recorded: no message was);
 //! - [`LinkFate::Reset`]: the provider serves the request (commits an accepted send) and the
 //!   connection is reset before a byte of the answer: the classic ambiguous send. Recorded with

@@ -295,7 +295,7 @@ async fn smtp_link_faults_act_at_the_final_dot() {
 }
 
 #[tokio::test]
-async fn an_smtp_link_refused_at_a_command_resets_before_any_of_the_message() {
+async fn an_smtp_link_refused_at_a_command_ends_before_any_of_the_message() {
     let (w, fates) = world_with_fates(10).await;
     fates
         .refuse_commands

@@ -65,10 +65,14 @@ pub enum Flaw {
     /// The API answers 202 before the batch is committed (a write-behind): a kill or a deploy
     /// just after the answer loses the batch.
     ApiLosesBatch,
+    /// Any SMTP failure once the attempt started holds the e-mail `unknown`, also a broken
+    /// connection before the body went out (when nothing can have been sent): the e-mail is
+    /// never resent, and the customer never gets it.
+    UnknownBeforeBody,
 }
 
 impl Flaw {
-    pub const ALL: [(&'static str, Flaw); 26] = [
+    pub const ALL: [(&'static str, Flaw); 27] = [
         ("inline-send", Flaw::InlineSend),
         ("drop-on-failure", Flaw::DropOnFailure),
         ("retry-storm", Flaw::RetryStorm),
@@ -95,6 +99,7 @@ impl Flaw {
         ("no-lease-deadline", Flaw::NoLeaseDeadline),
         ("no-provider-timeout", Flaw::NoProviderTimeout),
         ("api-loses-batch", Flaw::ApiLosesBatch),
+        ("unknown-before-body", Flaw::UnknownBeforeBody),
     ];
 
     pub fn name(self) -> &'static str {

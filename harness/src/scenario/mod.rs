@@ -52,6 +52,7 @@ pub const KNOWN_FLAWS: &[&str] = &[
     "no-lease-deadline",
     "no-provider-timeout",
     "api-loses-batch",
+    "unknown-before-body",
 ];
 
 /// A validated experiment.

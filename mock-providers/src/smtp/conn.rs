@@ -153,8 +153,11 @@ async fn drive(
             Some(Err(_)) => return goodbye(writer, idle_reply()).await,
             Some(Ok(r)) => match r? {
                 Line::Eof => return Ok(()),
-                // The sender's link is down: reset before acting on the command.
-                _ if ctx.ledger.refuses(Provider::Smtp, peer) => return reset(reader, writer),
+                // The sender's link is down: the connection ends before the command is acted
+                // on. Closed (FIN), not reset: a reply still unread by a pipelining client (the
+                // 250 of its last message) must reach it, or an accepted message turns
+                // ambiguous; this command's own reply never comes.
+                _ if ctx.ledger.refuses(Provider::Smtp, peer) => return close(writer).await,
                 Line::TooLong => session.line_too_long(&mut policy),
                 Line::Complete => session.handle_line(&line, &mut policy),
             },

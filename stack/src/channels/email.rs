@@ -39,6 +39,8 @@ pub struct EmailClient {
     events_url: String,
     /// The `subject-header-injection` flaw: write the stored subject into the header raw.
     raw_subject: bool,
+    /// The `unknown-before-body` flaw: a failure before the body went out is held `unknown`.
+    unknown_before_body: bool,
 }
 
 /// A connection made ready for one transaction.
@@ -63,6 +65,7 @@ impl EmailClient {
             from,
             events_url: format!("http://{}/v1/callbacks/email", cfg.api_addr),
             raw_subject: cfg.flaws.has(crate::config::Flaw::SubjectHeaderInjection),
+            unknown_before_body: cfg.flaws.has(crate::config::Flaw::UnknownBeforeBody),
         })
     }
 
@@ -165,6 +168,10 @@ impl EmailClient {
         let refused = match opened.await {
             Ok(Ok(())) => None,
             Ok(Err(e)) if e.is_permanent() => Some(Outcome::Permanent {
+                error: e.to_string(),
+            }),
+            // FLAW unknown-before-body: every failure treated as a possibly sent message.
+            Ok(Err(e)) if self.unknown_before_body => Some(Outcome::Unknown {
                 error: e.to_string(),
             }),
             Ok(Err(e)) => Some(before_body_retry(e.to_string())),

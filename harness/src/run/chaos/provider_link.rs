@@ -4,7 +4,7 @@
 //! fakes' `on_request` hook from the sender's pid ([`Links::fate`]) and carried out by the fakes
 //! (`mock_providers::link`): held until the heal, reset unread, served then reset before the
 //! answer, or delayed. The SMTP fake asks about a refuse before each command instead
-//! ([`Links::refuses`]): its reset then comes before any of a message is sent. A step is applied once at least one request met it (counted as they
+//! ([`Links::refuses`]) and closes the connection there, before any of a message is sent. A step is applied once at least one request met it (counted as they
 //! arrive); each lands on the timeline as a span per target process, from its start to its heal.
 //!
 //! The targets are the workers the step names when it fires; a replacement started during the
@@ -141,7 +141,7 @@ fn words(f: &ProviderLinkFault) -> String {
     let p = f.provider.as_str();
     match f.kind {
         ProviderLinkKind::Partition => format!("partition of the link to {p}"),
-        ProviderLinkKind::Refuse => format!("link to {p} down (connections reset unread)"),
+        ProviderLinkKind::Refuse => format!("link to {p} down (requests cut unread)"),
         ProviderLinkKind::Reset => format!("answers from {p} reset"),
         ProviderLinkKind::Latency { delay, jitter } => format!(
             "{} (+ up to {}) added to every send to {p}",
@@ -163,7 +163,7 @@ fn start_kind(k: ProviderLinkKind) -> EventKind {
 fn met_words(k: ProviderLinkKind) -> &'static str {
     match k {
         ProviderLinkKind::Partition => "held until the heal or their sender's hang-up",
-        ProviderLinkKind::Refuse => "reset before the provider read them",
+        ProviderLinkKind::Refuse => "cut before the provider read them",
         ProviderLinkKind::Reset => "served, then reset before the answer",
         ProviderLinkKind::Latency { .. } => "delayed",
     }
