@@ -180,10 +180,17 @@ impl StatusPoller {
         }
     }
 
-    /// Every row of the batches the stack still knows; `None` without a status API.
-    pub fn rows(&self) -> Option<Vec<StatusDelivery>> {
+    /// Every row of the batches the stack still knows, borrowed (the view is the only copy);
+    /// `None` without a status API.
+    pub fn rows(&self) -> Option<Vec<&StatusDelivery>> {
+        (self.capability == Capability::Present).then(|| self.rows.values().flatten().collect())
+    }
+
+    /// Every row of the batches the stack still knows, moved out of the view; `None` without a
+    /// status API.
+    pub fn into_rows(self) -> Option<Vec<StatusDelivery>> {
         (self.capability == Capability::Present)
-            .then(|| self.rows.values().flatten().cloned().collect())
+            .then(|| self.rows.into_values().flatten().collect())
     }
 
     /// The accepted batches the status API answered 404 for, with when that was first seen.
