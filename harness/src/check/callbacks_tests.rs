@@ -204,6 +204,7 @@ fn a_report_the_fakes_began_late_and_the_stack_never_answered_is_the_harness_s_n
     for e in w
         .ledger
         .iter_mut()
+        .map(std::sync::Arc::make_mut)
         .filter(|e| e.callback_status.as_deref() == Some("delivered"))
     {
         e.callback_response = None;
@@ -264,6 +265,7 @@ fn unacknowledged_or_unmatched_reports_are_insufficient_not_holds() {
     let mut w = healthy();
     w.ledger
         .iter_mut()
+        .map(std::sync::Arc::make_mut)
         .filter(|e| e.callback_status.as_deref() == Some("delivered"))
         .for_each(|e| e.callback_response = Some(500));
     w.status.as_mut().unwrap()[0].state = "submitted".into();
@@ -320,6 +322,7 @@ fn a_forged_report_answered_2xx_is_a_violation() {
     let mut w = healthy();
     w.ledger
         .iter_mut()
+        .map(std::sync::Arc::make_mut)
         .filter(|e| e.callback_variant == Some(ForgedSignature))
         .for_each(|e| e.callback_response = Some(200));
     let v = check(&w.input());

@@ -272,7 +272,7 @@ mod tests {
             .rows()
             .unwrap()
             .into_iter()
-            .map(|r| (r.key, r.state.to_string()))
+            .map(|r| (r.key.clone(), r.state.to_string()))
             .collect();
         assert_eq!(
             states,
