@@ -3,7 +3,9 @@
 //! HTML, JUnit, Markdown, the files written beside the report, and the metrics.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use mock_providers::ledger::LedgerEntry;
 use serde_json::json;
 use ting_chaos_harness::check::{EventKind, Status, TimelineEvent};
 use ting_chaos_harness::report::{
@@ -29,7 +31,7 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report-sample")
 }
 
-fn fixture() -> (Report, Vec<mock_providers::ledger::LedgerEntry>) {
+fn fixture() -> (Report, Vec<Arc<LedgerEntry>>) {
     let data = std::fs::read(fixture_dir().join("report.json")).unwrap();
     let report: Report = serde_json::from_slice(&data).unwrap();
     let (ledger, skipped) = report::read_ledger(&fixture_dir().join("ledger.jsonl")).unwrap();
@@ -38,7 +40,7 @@ fn fixture() -> (Report, Vec<mock_providers::ledger::LedgerEntry>) {
 }
 
 /// The fixture with HTML where people put text: the scenario name and a counterexample.
-fn hostile() -> (Report, Vec<mock_providers::ledger::LedgerEntry>) {
+fn hostile() -> (Report, Vec<Arc<LedgerEntry>>) {
     let (mut r, ledger) = fixture();
     r.scenario_name = format!("restart-midway {EVIL}");
     let no_loss = r

@@ -413,8 +413,9 @@ impl Ledger {
         self.inner.start.elapsed().as_nanos() as u64
     }
 
-    /// Stamps and appends `draft`, runs the `on_entry` hooks, and returns the stored entry.
-    pub fn record(&self, mut draft: Draft) -> LedgerEntry {
+    /// Stamps and appends `draft`, runs the `on_entry` hooks, and returns the stored entry
+    /// (shared with the ledger, not copied).
+    pub fn record(&self, mut draft: Draft) -> Arc<LedgerEntry> {
         let stored = {
             let mut entries = self.inner.entries.lock().expect("ledger poisoned");
             if draft.outcome == Outcome::ProtocolError && draft.recipient.is_empty() {
@@ -424,7 +425,7 @@ impl Ledger {
                 if *seen > PROTOCOL_ERRORS_KEPT {
                     // Counted, not kept: returned unstamped (no seq is used, so none repeats).
                     draft.mono_ns = self.now_ns();
-                    return draft;
+                    return Arc::new(draft);
                 }
             }
             draft.seq = entries.next_seq();
@@ -441,7 +442,7 @@ impl Ledger {
         for h in &hooks {
             h.on_entry(&stored);
         }
-        LedgerEntry::clone(&stored)
+        stored
     }
 
     /// Awaits every hook's `on_connect` for a connection just accepted from `peer`, for at most

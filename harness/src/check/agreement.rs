@@ -41,6 +41,8 @@
 
 use std::collections::HashMap;
 
+use std::sync::Arc;
+
 use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
 use serde_json::{json, Value};
 
@@ -171,7 +173,7 @@ fn answered_accept(s: &LedgerEntry, input: &Input) -> Option<u32> {
 }
 
 /// A failure the stack may have learned from a report or a poll, per (provider, address).
-fn failure_reports(ledger: &[LedgerEntry]) -> HashMap<(Provider, &str), u64> {
+fn failure_reports(ledger: &[Arc<LedgerEntry>]) -> HashMap<(Provider, &str), u64> {
     let mut out: HashMap<(Provider, &str), u64> = HashMap::new();
     for e in ledger {
         let status = match e.kind {

@@ -237,7 +237,7 @@ fn a_correct_stack_at_each_edge_holds() {
                 );
                 p.status = "undelivered".into();
                 p.seq = w.ledger.len() as u64;
-                w.ledger.push(p);
+                w.ledger.push(std::sync::Arc::new(p));
                 w.status_row(
                     "r9",
                     Sms,

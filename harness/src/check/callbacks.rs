@@ -85,6 +85,7 @@ pub fn check(input: &Input) -> Verdict {
     let cbs: Vec<&LedgerEntry> = input
         .ledger
         .iter()
+        .map(std::sync::Arc::as_ref)
         .filter(|e| e.kind == EntryKind::Callback)
         .collect();
     if cbs.is_empty() {

@@ -204,6 +204,7 @@ fn a_report_the_fakes_began_late_and_the_stack_never_answered_is_the_harness_s_n
     for e in w
         .ledger
         .iter_mut()
+        .map(std::sync::Arc::make_mut)
         .filter(|e| e.callback_status.as_deref() == Some("delivered"))
     {
         e.callback_response = None;
@@ -219,7 +220,10 @@ fn a_report_the_fakes_began_late_and_the_stack_never_answered_is_the_harness_s_n
     assert_eq!(t["late_max_ms"], 900, "{t}");
     // On time and answered: nothing late, the answer time measured.
     let mut w = healthy();
-    for e in w.ledger.iter_mut().filter(|e| e.callback_try.is_some()) {
+    for e in w.ledger.iter_mut().map(std::sync::Arc::make_mut) {
+        if e.callback_try.is_none() {
+            continue;
+        }
         e.callback_late_ms = Some(3);
         e.callback_took_ms = Some(12);
     }
@@ -242,13 +246,13 @@ fn a_report_shed_with_503_and_acknowledged_on_a_retry_holds() {
         .iter()
         .position(|e| e.callback_status.as_deref() == Some("delivered"))
         .unwrap();
-    let mut retry = w.ledger[i].clone();
-    w.ledger[i].callback_response = Some(503);
+    let mut retry = LedgerEntry::clone(&w.ledger[i]);
+    w.entry_mut(i).callback_response = Some(503);
     retry.seq = w.ledger.len() as u64;
     retry.mono_ns += 1_000_000_000;
     retry.callback_try = Some(2);
     retry.callback_response = Some(200);
-    w.ledger.push(retry);
+    w.ledger.push(std::sync::Arc::new(retry));
     let v = check(&w.input());
     assert_eq!(v.status, Status::Holds, "{v:#?}");
     assert_eq!(v.figures["final_not_acknowledged"], 0);
@@ -261,6 +265,7 @@ fn unacknowledged_or_unmatched_reports_are_insufficient_not_holds() {
     let mut w = healthy();
     w.ledger
         .iter_mut()
+        .map(std::sync::Arc::make_mut)
         .filter(|e| e.callback_status.as_deref() == Some("delivered"))
         .for_each(|e| e.callback_response = Some(500));
     w.status.as_mut().unwrap()[0].state = "submitted".into();
@@ -317,6 +322,7 @@ fn a_forged_report_answered_2xx_is_a_violation() {
     let mut w = healthy();
     w.ledger
         .iter_mut()
+        .map(std::sync::Arc::make_mut)
         .filter(|e| e.callback_variant == Some(ForgedSignature))
         .for_each(|e| e.callback_response = Some(200));
     let v = check(&w.input());

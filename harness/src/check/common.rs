@@ -6,6 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::sync::Arc;
+
 use mock_providers::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
 use serde_json::{json, Map, Value};
 
@@ -217,7 +219,7 @@ pub struct Sends<'a> {
 
 impl<'a> Sends<'a> {
     /// Indexes the `Send` entries of `ledger`. Polls and callbacks are not send attempts.
-    pub fn new(ledger: &'a [LedgerEntry]) -> Sends<'a> {
+    pub fn new(ledger: &'a [Arc<LedgerEntry>]) -> Sends<'a> {
         let mut by_key: HashMap<Provider, HashMap<&'a str, Vec<&'a LedgerEntry>>> = HashMap::new();
         for e in ledger.iter().filter(|e| e.kind == EntryKind::Send) {
             by_key

@@ -36,6 +36,8 @@ mod unknowns;
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::sync::Arc;
+
 use mock_providers::ledger::LedgerEntry;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -160,7 +162,7 @@ pub struct Quiescence {
 pub struct Input<'a> {
     pub scenario: &'a Scenario,
     pub expected: &'a [Expected],
-    pub ledger: &'a [LedgerEntry],
+    pub ledger: &'a [Arc<LedgerEntry>],
     /// Ledger `seq` → pid of the process that sent the request (from /proc socket ownership).
     pub pids: &'a HashMap<u64, u32>,
     /// `None` when the stack does not expose a status API.

@@ -58,8 +58,8 @@ fn sole_worker_is_judged_from_its_replacement() {
         let mut w = kill_rescued();
         w.processes.remove(1);
         w.worker(9, 5_000, None);
-        w.ledger[1].received_ns = ns(next);
-        w.ledger[1].mono_ns = ns(next + 5);
+        w.entry_mut(1).received_ns = ns(next);
+        w.entry_mut(1).mono_ns = ns(next + 5);
         w.pids.insert(1, 9);
         let v = check(&w.input());
         assert_eq!(v.status, status, "next at {next}: {v:#?}");
@@ -79,8 +79,8 @@ fn a_stalled_machine_extends_the_deadline_by_the_stall() {
         (Some((1_200, 1_400)), Status::Holds),
     ] {
         let mut w = kill_rescued();
-        w.ledger[1].received_ns = ns(2_600);
-        w.ledger[1].mono_ns = ns(2_605);
+        w.entry_mut(1).received_ns = ns(2_600);
+        w.entry_mut(1).mono_ns = ns(2_605);
         w.stalls = stall
             .map(|(from, to)| crate::stalls::Stall {
                 from_ns: ns(from),
@@ -108,8 +108,8 @@ fn each_rule_can_be_broken() {
         (
             "rescued late",
             |w| {
-                w.ledger[1].received_ns = ns(2_600);
-                w.ledger[1].mono_ns = ns(2_605);
+                w.entry_mut(1).received_ns = ns(2_600);
+                w.entry_mut(1).mono_ns = ns(2_605);
             },
             "no_progress",
             json!(2_600.0),

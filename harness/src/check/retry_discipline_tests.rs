@@ -164,7 +164,7 @@ fn each_rule_can_be_broken() {
             "retry-after",
             &[0, 200],
             Accepted,
-            |w| w.ledger[0].retry_after_ms = Some(1_000),
+            |w| w.entry_mut(0).retry_after_ms = Some(1_000),
             &["retry_after_ignored"],
         ),
         (
@@ -211,7 +211,7 @@ fn a_retry_later_than_the_cap_is_flagged_unless_it_could_not_be_made() {
         (
             "a Retry-After of 5 s",
             7_000,
-            |w| w.ledger[0].retry_after_ms = Some(5_000),
+            |w| w.entry_mut(0).retry_after_ms = Some(5_000),
             false,
         ),
         (
@@ -384,7 +384,7 @@ fn attempts_are_what_the_provider_saw_less_rate_limits() {
         (
             "a fifth after a 429",
             &[Transient; 5],
-            |w| w.ledger[1].status = "429".into(),
+            |w| w.entry_mut(1).status = "429".into(),
             false,
         ),
         (

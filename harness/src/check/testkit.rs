@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use hdrhistogram::Histogram;
 use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
@@ -68,7 +69,8 @@ pub fn addr(recipient: &str, channel: Channel) -> String {
 pub struct World {
     pub scenario: Scenario,
     pub expected: Vec<Expected>,
-    pub ledger: Vec<LedgerEntry>,
+    /// Shared as the run's frozen ledger is; [`World::entry_mut`] tweaks one in place.
+    pub ledger: Vec<Arc<LedgerEntry>>,
     pub pids: HashMap<u64, u32>,
     pub status: Option<Vec<StatusDelivery>>,
     pub timeline: Vec<TimelineEvent>,
@@ -174,10 +176,10 @@ impl World {
             e.message_id = Some(format!("m-{address}-{n}"));
         }
         self.pids.insert(e.seq, 100);
-        self.ledger.push(e);
+        self.ledger.push(Arc::new(e));
         let i = self.ledger.len() - 1;
         SendMut {
-            entry: &mut self.ledger[i],
+            entry: Arc::make_mut(&mut self.ledger[i]),
             pids: &mut self.pids,
         }
     }
@@ -202,7 +204,7 @@ impl World {
         e.callback_variant = Some(variant);
         e.callback_response = response;
         e.callback_try = Some(1);
-        self.ledger.push(e);
+        self.ledger.push(Arc::new(e));
     }
 
     /// Adds a status API row; `path` is the states it went through, all by `source` except
@@ -306,6 +308,11 @@ impl World {
             log_tail: None,
         });
         self.processes.last_mut().expect("just pushed")
+    }
+
+    /// The `i`th ledger entry, to tweak in place.
+    pub fn entry_mut(&mut self, i: usize) -> &mut LedgerEntry {
+        Arc::make_mut(&mut self.ledger[i])
     }
 
     pub fn input(&self) -> Input<'_> {

@@ -366,7 +366,7 @@ mod tests {
             w.expect("r1", Email);
             w.expect("r1", Sms);
             build(&mut w);
-            let attempts: Vec<&LedgerEntry> = w.ledger.iter().collect();
+            let attempts: Vec<&LedgerEntry> = w.ledger.iter().map(std::sync::Arc::as_ref).collect();
             let got = excuse(&w.input(), &attempts);
             assert_eq!(
                 got.as_ref().map(|e| e.kind.as_str()),

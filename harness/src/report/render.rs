@@ -10,13 +10,15 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use std::sync::Arc;
+
 use mock_providers::ledger::LedgerEntry;
 
 use super::{html, junit, markdown, stats, Report};
 
 /// Reads `ledger.jsonl`. A line that does not parse (a run killed mid-write leaves a torn last
 /// line) is skipped and counted rather than failing the whole rendering.
-pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<LedgerEntry>, usize)> {
+pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<Arc<LedgerEntry>>, usize)> {
     let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
     let mut entries = Vec::new();
     let mut skipped = 0;
@@ -26,7 +28,7 @@ pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<LedgerEntry>, usize)> {
             continue;
         }
         match serde_json::from_str(&line) {
-            Ok(e) => entries.push(e),
+            Ok(e) => entries.push(Arc::new(e)),
             Err(_) => skipped += 1,
         }
     }
@@ -42,7 +44,7 @@ fn write_atomic(path: &Path, data: &[u8]) -> anyhow::Result<()> {
 pub fn write_rendered(
     dir: &Path,
     report: &Report,
-    ledger: &[LedgerEntry],
+    ledger: &[Arc<LedgerEntry>],
     step_summary: Option<&Path>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let metrics = if report.metrics.is_empty() && !ledger.is_empty() {

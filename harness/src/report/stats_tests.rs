@@ -2,12 +2,18 @@
 
 use super::*;
 
-pub(crate) fn entry(seq: u64, p: Provider, to: &str, outcome: Outcome, ms: u64) -> LedgerEntry {
+pub(crate) fn entry(
+    seq: u64,
+    p: Provider,
+    to: &str,
+    outcome: Outcome,
+    ms: u64,
+) -> Arc<LedgerEntry> {
     let mut e = LedgerEntry::draft(p, EntryKind::Send, to);
     e.seq = seq;
     e.mono_ns = ms * 1_000_000;
     e.outcome = outcome;
-    e
+    Arc::new(e)
 }
 
 fn expected(
@@ -100,7 +106,7 @@ fn uncertain_sends_are_counted_by_how_they_were_settled() {
         e.seq = seq;
         e.status = "200".into();
         e.message_id = sid.map(String::from);
-        e
+        Arc::new(e)
     };
     let ledger = [
         // LINE: accepted, the sender died, the resend got 409 (twice: one delivery).

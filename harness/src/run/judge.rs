@@ -3,6 +3,7 @@
 //! frozen record (`check::run_all`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mock_providers::ledger::{Ledger, LedgerEntry};
@@ -16,7 +17,8 @@ use crate::stalls::{Stall, StallProbe};
 
 /// The frozen record of the run and what the checkers made of it.
 pub(super) struct Judged {
-    pub entries: Vec<LedgerEntry>,
+    /// The ledger's entries when the stack had stopped, shared with it (not copied).
+    pub entries: Vec<Arc<LedgerEntry>>,
     /// Ledger `seq` → pid of the sender.
     pub pids: HashMap<u64, u32>,
     pub timeline: Vec<TimelineEvent>,
@@ -42,7 +44,7 @@ pub(super) async fn stop_and_judge(
     res.supervisor = None;
     let world = &stack.world;
     world.resolve_pending();
-    let entries = ledger.snapshot();
+    let entries = ledger.snapshot_shared();
     let pids = world.pids();
     let timeline = world.timeline();
     let processes = stack.supervisor.records();

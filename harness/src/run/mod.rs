@@ -178,7 +178,7 @@ impl Resources {
         let mut r = output::skeleton(s, kind);
         r.error = Some(error.into());
         if let Some(w) = &self.world {
-            r.ledger_summary = output::ledger_summary(&w.ledger.snapshot());
+            r.ledger_summary = output::ledger_summary(&w.ledger.snapshot_shared());
             r.timeline = w.timeline();
             r.processes = w.supervisor.records();
         }

@@ -31,7 +31,7 @@ pub fn forget_tracked(
 ) {
     if forget(expected, ids.iter().map(String::as_str)) > 0 {
         *tracker = Tracker::new(expected, max_attempts);
-        tracker.feed(&ledger.since(0));
+        tracker.feed(&ledger.since_shared(0));
     }
 }
 

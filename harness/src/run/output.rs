@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use mock_providers::ledger::{EntryKind, Ledger, LedgerEntry};
 
 use super::judge::Judged;
@@ -168,7 +170,9 @@ fn judge_gates_and_verdict(report: &mut Report, scenario: &Scenario, opts: &RunO
 }
 
 /// Counts of send attempts by provider and outcome.
-pub(super) fn ledger_summary(entries: &[LedgerEntry]) -> BTreeMap<String, BTreeMap<String, u64>> {
+pub(super) fn ledger_summary(
+    entries: &[Arc<LedgerEntry>],
+) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut m: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for e in entries.iter().filter(|e| e.kind == EntryKind::Send) {
         let outcome = serde_json::to_value(e.outcome)
@@ -191,7 +195,7 @@ pub(super) fn ledger_summary(entries: &[LedgerEntry]) -> BTreeMap<String, BTreeM
 pub(super) fn render_outputs(
     dir: &Path,
     report: &mut Report,
-    entries: &[LedgerEntry],
+    entries: &[Arc<LedgerEntry>],
     step_summary: Option<&Path>,
 ) {
     match report::write_rendered(dir, report, entries, step_summary) {

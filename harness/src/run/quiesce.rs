@@ -66,7 +66,6 @@ pub(super) async fn wait(
     let mut deadline = Deadline::new(scenario.expect.quiescence);
     let settle_for = scenario.stack.lease + scenario.stack.heartbeat;
     let mut status_view = status::StatusPoller::new();
-    let mut status: Option<Vec<StatusDelivery>> = None;
     let mut last_status: Option<Instant> = None;
     let mut last_print = Instant::now();
     let mut calm_since: Option<Instant> = None;
@@ -78,7 +77,7 @@ pub(super) async fn wait(
             let (ids, max) = (t.take_not_accepted(), scenario.expect.max_attempts);
             not_accepted::forget_tracked(&mut work.expected, &ids, &mut tracker, max, ledger);
         }
-        tracker.feed(&ledger.since(tracker.next_seq()));
+        tracker.feed(&ledger.since_shared(tracker.next_seq()));
         if stopped_early.is_none() {
             stopped_early = watch.poll();
         }
@@ -107,8 +106,8 @@ pub(super) async fn wait(
             {
                 tracing::warn!("status API: {e:#}");
             }
-            status = status_view.rows();
         }
+        let status = status_view.rows();
         if let Some(t) = &trickle {
             // The trickle runs while the batches drain (and past that, up to its minimum).
             let batches = &work.expected[..work.batch_deliveries];
@@ -153,7 +152,7 @@ pub(super) async fn wait(
             // it never got. A row no report was ever sent for stays open.
             let awaiting_report = if pending == 0 {
                 let without = tracker.open(&work.expected, status.as_deref(), &[]);
-                let reported = settle::reported(&ledger.snapshot(), &work.expected);
+                let reported = settle::reported(&ledger.snapshot_shared(), &work.expected);
                 open.iter()
                     .filter(|d| !without.contains(d) && reported.contains(d.as_str()))
                     .cloned()
@@ -208,11 +207,12 @@ pub(super) async fn wait(
             tracing::warn!("status API: {e:#}");
         }
     }
+    let lost_batches = status_view.lost();
     Ok(Settled {
         quiescence,
         enqueue,
-        status: status_view.rows(),
-        lost_batches: status_view.lost(),
+        status: status_view.into_rows(),
+        lost_batches,
     })
 }
 

@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 
+use std::sync::Arc;
+
 use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Provider};
 
 use crate::check::common::{is_failure, is_final};
@@ -57,7 +59,7 @@ impl Tracker {
     }
 
     /// Folds in new ledger entries (`since` order).
-    pub fn feed(&mut self, entries: &[LedgerEntry]) {
+    pub fn feed(&mut self, entries: &[Arc<LedgerEntry>]) {
         for e in entries {
             self.next_seq = self.next_seq.max(e.seq + 1);
             if e.kind != EntryKind::Send {
@@ -98,12 +100,12 @@ impl Tracker {
     pub fn open(
         &self,
         expected: &[Expected],
-        status: Option<&[StatusDelivery]>,
+        status: Option<&[&StatusDelivery]>,
         callbacks: &[Channel],
     ) -> Vec<String> {
         let by_key: Option<HashMap<(&str, Channel), &StatusDelivery>> = status.map(|rows| {
             rows.iter()
-                .map(|d| ((d.recipient.as_str(), d.channel), d))
+                .map(|d| ((d.recipient.as_str(), d.channel), *d))
                 .collect()
         });
         let mut open = Vec::new();
@@ -133,7 +135,7 @@ impl Tracker {
 /// The deliveries (`recipient/channel`, as [`Tracker::open`] names them) that a genuine delivery
 /// report was sent for: a genuine `Callback` entry to their address.
 pub fn reported(
-    ledger: &[LedgerEntry],
+    ledger: &[Arc<LedgerEntry>],
     expected: &[Expected],
 ) -> std::collections::HashSet<String> {
     let to: std::collections::HashSet<(Provider, &str)> = ledger
@@ -167,11 +169,11 @@ mod tests {
         }
     }
 
-    fn send(seq: u64, r: &str, outcome: Outcome) -> LedgerEntry {
+    fn send(seq: u64, r: &str, outcome: Outcome) -> Arc<LedgerEntry> {
         let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Send, format!("+1{r}"));
         e.seq = seq;
         e.outcome = outcome;
-        e
+        Arc::new(e)
     }
 
     fn row(r: &str, state: &str) -> StatusDelivery {
@@ -204,21 +206,25 @@ mod tests {
         // The stack gave up on b (`failed`) and holds c as `unknown`: both settled, so the
         // checkers judge them now instead of the run waiting for its deadline.
         let rows = [
-            row("a", "delivered"),
-            row("b", "failed"),
-            row("c", "unknown"),
+            &row("a", "delivered"),
+            &row("b", "failed"),
+            &row("c", "unknown"),
         ];
         assert!(t.open(&expected, Some(&rows), &[]).is_empty());
         // a still `submitted` on a channel with delivery reports due: open; without reports: done.
         let rows = [
-            row("a", "submitted"),
-            row("b", "failed"),
-            row("c", "unknown"),
+            &row("a", "submitted"),
+            &row("b", "failed"),
+            &row("c", "unknown"),
         ];
         assert_eq!(t.open(&expected, Some(&rows), &[Channel::Sms]), ["a/sms"]);
         assert!(t.open(&expected, Some(&rows), &[]).is_empty());
         // A row still `sending` in the stack keeps even an accepted delivery open.
-        let rows = [row("a", "sending"), row("b", "failed"), row("c", "unknown")];
+        let rows = [
+            &row("a", "sending"),
+            &row("b", "failed"),
+            &row("c", "unknown"),
+        ];
         assert_eq!(t.open(&expected, Some(&rows), &[]), ["a/sms"]);
         // A second transient failure exhausts b in the ledger.
         t.feed(&[send(2, "b", Outcome::Transient)]);
@@ -245,7 +251,7 @@ mod tests {
         let cb = |r: &str, v: CallbackVariant| {
             let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Callback, format!("+1{r}"));
             e.callback_variant = Some(v);
-            e
+            Arc::new(e)
         };
         let ledger = [
             cb("a", CallbackVariant::Genuine),

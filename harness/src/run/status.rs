@@ -180,10 +180,17 @@ impl StatusPoller {
         }
     }
 
-    /// Every row of the batches the stack still knows; `None` without a status API.
-    pub fn rows(&self) -> Option<Vec<StatusDelivery>> {
+    /// Every row of the batches the stack still knows, borrowed (the view is the only copy);
+    /// `None` without a status API.
+    pub fn rows(&self) -> Option<Vec<&StatusDelivery>> {
+        (self.capability == Capability::Present).then(|| self.rows.values().flatten().collect())
+    }
+
+    /// Every row of the batches the stack still knows, moved out of the view; `None` without a
+    /// status API.
+    pub fn into_rows(self) -> Option<Vec<StatusDelivery>> {
         (self.capability == Capability::Present)
-            .then(|| self.rows.values().flatten().cloned().collect())
+            .then(|| self.rows.into_values().flatten().collect())
     }
 
     /// The accepted batches the status API answered 404 for, with when that was first seen.
@@ -265,7 +272,7 @@ mod tests {
             .rows()
             .unwrap()
             .into_iter()
-            .map(|r| (r.key, r.state.to_string()))
+            .map(|r| (r.key.clone(), r.state.to_string()))
             .collect();
         assert_eq!(
             states,
