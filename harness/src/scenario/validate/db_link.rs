@@ -45,9 +45,9 @@ pub(super) fn fault(
         }
         Ok(())
     };
-    let latency = [ChaosAction::DbLatency, ChaosAction::ProviderLatency];
-    only("delay", c.delay.is_some(), &latency)?;
-    only("jitter", c.jitter.is_some(), &latency)?;
+    let latency_actions = [ChaosAction::DbLatency, ChaosAction::ProviderLatency];
+    only("delay", c.delay.is_some(), &latency_actions)?;
+    only("jitter", c.jitter.is_some(), &latency_actions)?;
     only(
         "bytes_per_s",
         c.bytes_per_s.is_some(),
@@ -57,27 +57,7 @@ pub(super) fn fault(
         ChaosAction::DbPartition => DbLinkFault::Partition,
         ChaosAction::DbReset => DbLinkFault::Reset,
         ChaosAction::DbLatency => {
-            let Some(delay) = c.delay.map(|d| d.0) else {
-                return Err(err(
-                    "action",
-                    "`db_latency` needs `delay`, the time added each way (e.g. \"20ms\")".into(),
-                ));
-            };
-            let jitter = c.jitter.map_or(Duration::ZERO, |d| d.0);
-            if delay.is_zero() {
-                return Err(err("delay", "`delay` must be greater than 0".into()));
-            }
-            for (k, d) in [("delay", delay), ("jitter", jitter)] {
-                if d > MAX_DELAY {
-                    return Err(err(
-                        k,
-                        format!(
-                            "`{k}` is at most {}; a link slower than that is a `db_partition`",
-                            humantime::format_duration(MAX_DELAY)
-                        ),
-                    ));
-                }
-            }
+            let (delay, jitter) = latency(&err, c, "the time added each way (e.g. \"20ms\")")?;
             DbLinkFault::Latency { delay, jitter }
         }
         ChaosAction::DbBandwidth => match c.bytes_per_s {
@@ -97,4 +77,38 @@ pub(super) fn fault(
         _ => return Ok(None),
     };
     Ok(Some(fault))
+}
+
+/// The `delay` and `jitter` of a latency action (`db_latency`, `provider_latency`): `delay`
+/// given (`what` says what it is) and above 0, both at most [`MAX_DELAY`] (slower than that is a
+/// partition, and the error names the partition action of the same link).
+pub(super) fn latency(
+    err: &dyn Fn(&str, String) -> ScenarioError,
+    c: &RawChaos,
+    what: &str,
+) -> Result<(Duration, Duration), ScenarioError> {
+    let action = super::chaos::action_name(c.action);
+    let partition = match c.action {
+        ChaosAction::ProviderLatency => "provider_partition",
+        _ => "db_partition",
+    };
+    let Some(delay) = c.delay.map(|d| d.0) else {
+        return Err(err("action", format!("`{action}` needs `delay`, {what}")));
+    };
+    if delay.is_zero() {
+        return Err(err("delay", "`delay` must be greater than 0".into()));
+    }
+    let jitter = c.jitter.map_or(Duration::ZERO, |d| d.0);
+    for (k, d) in [("delay", delay), ("jitter", jitter)] {
+        if d > MAX_DELAY {
+            return Err(err(
+                k,
+                format!(
+                    "`{k}` is at most {}; a link slower than that is a `{partition}`",
+                    humantime::format_duration(MAX_DELAY)
+                ),
+            ));
+        }
+    }
+    Ok((delay, jitter))
 }

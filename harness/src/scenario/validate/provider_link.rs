@@ -1,17 +1,13 @@
 //! The rules of the chaos actions on workers' links to a provider (`provider_partition`,
 //! `provider_refuse`, `provider_reset`, `provider_latency`): each needs `provider`, acts on
 //! workers (never `target = "api"`: the API sends nothing to providers), takes no
-//! `restart_after`; `provider_latency` needs `delay` (and may take `jitter`), in range. `for` is
+//! `restart_after`; `provider_latency` needs `delay` (and may take `jitter`), in the ranges
+//! `db_latency` has (`db_link::latency`). `for` is
 //! checked with every other lasting action in the parent module.
-
-use std::time::Duration;
 
 use super::super::raw::{ChaosAction, RawChaos};
 use super::super::{ProviderLinkFault, ProviderLinkKind, Target};
 use super::{Ctx, ScenarioError};
-
-/// The longest `delay` or `jitter`: a link slower than this is a partition, and says so.
-const MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// Whether `a` acts on workers' links to a provider.
 pub(super) fn is_provider_link(a: ChaosAction) -> bool {
@@ -64,28 +60,8 @@ pub(super) fn fault(
         ChaosAction::ProviderRefuse => ProviderLinkKind::Refuse,
         ChaosAction::ProviderReset => ProviderLinkKind::Reset,
         _ => {
-            let Some(delay) = c.delay.map(|d| d.0) else {
-                return Err(err(
-                    "action",
-                    "`provider_latency` needs `delay`, the time added to each send (e.g. \"2s\")"
-                        .into(),
-                ));
-            };
-            if delay.is_zero() {
-                return Err(err("delay", "`delay` must be greater than 0".into()));
-            }
-            let jitter = c.jitter.map_or(Duration::ZERO, |d| d.0);
-            for (k, d) in [("delay", delay), ("jitter", jitter)] {
-                if d > MAX_DELAY {
-                    return Err(err(
-                        k,
-                        format!(
-                            "`{k}` is at most {}; a link slower than that is a `provider_partition`",
-                            humantime::format_duration(MAX_DELAY)
-                        ),
-                    ));
-                }
-            }
+            let what = "the time added to each send (e.g. \"2s\")";
+            let (delay, jitter) = super::db_link::latency(&err, c, what)?;
             ProviderLinkKind::Latency { delay, jitter }
         }
     };
