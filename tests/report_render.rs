@@ -496,6 +496,7 @@ fn a_restarts_sigterm_is_marked_like_the_other_actions() {
         kind,
         slot: Some(3),
         pid: Some(18597),
+        provider: None,
         detail: String::new(),
     };
     r.timeline.push(ev(52, EventKind::RestartBegin));

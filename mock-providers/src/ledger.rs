@@ -24,7 +24,19 @@ use crate::link::LinkFate;
 pub const CONNECT_HOOK_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Which fake provider wrote an entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Provider {
     Line,

@@ -103,6 +103,10 @@ pub struct TimelineEvent {
     /// Worker slot (1-based) it concerns, if any.
     pub slot: Option<u32>,
     pub pid: Option<u32>,
+    /// The provider a provider action's event concerns (`provider_outage`, the provider-link
+    /// actions), so that steps on different providers that overlap pair their starts and ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<mock_providers::ledger::Provider>,
     pub detail: String,
 }
 

@@ -26,48 +26,32 @@ pub fn answered_by_outage(e: &LedgerEntry) -> bool {
     e.kind == EntryKind::Send && e.fault.as_deref().and_then(OutageMode::of_label).is_some()
 }
 
-/// The windows `[from, to)` during which `provider` was out: each outage step's start to the
-/// later of its end and the last answer (or hang-up) of a request it met. An outage that
+/// The windows `[from, to)` during which `provider` was out: each of its outage steps' start to
+/// the later of its end and the last answer (or hang-up) of a request it met. An outage that
 /// never ended lasts for ever.
 pub fn windows(input: &Input, provider: Provider) -> Vec<(u64, u64)> {
-    let mut evs: Vec<_> = input
-        .timeline
-        .iter()
-        .filter(|e| {
-            matches!(
-                e.kind,
-                EventKind::ProviderOutage | EventKind::ProviderOutageEnd
-            )
-        })
-        .collect();
-    evs.sort_by_key(|e| e.mono_ns);
-    let mut spans: Vec<(u64, u64)> = Vec::new();
-    let mut open: Option<u64> = None;
-    for e in evs {
-        match (e.kind, open) {
-            (EventKind::ProviderOutage, None) => open = Some(e.mono_ns),
-            (EventKind::ProviderOutageEnd, Some(s)) => {
-                spans.push((s, e.mono_ns));
-                open = None;
-            }
-            _ => {}
-        }
-    }
-    if let Some(s) = open {
-        spans.push((s, u64::MAX));
-    }
-    // Steps on other providers leave no entries of this one: only spans this provider met count.
-    spans
+    let outages = spans(
+        input,
+        |k| k == EventKind::ProviderOutage,
+        |k| k == EventKind::ProviderOutageEnd,
+    );
+    // An outage nobody met proved nothing and held nothing up.
+    outages
         .into_iter()
-        .filter_map(|(s, end)| {
-            let met = input.ledger.iter().filter(|e| {
-                e.provider == provider
-                    && answered_by_outage(e)
-                    && (s..=end).contains(&e.received_ns)
-            });
-            let last = met.map(|e| e.mono_ns).max()?;
-            Some((s, end.max(last)))
-        })
+        .filter(|o| o.provider == Some(provider))
+        .filter_map(
+            |Span {
+                 from: s, to: end, ..
+             }| {
+                let met = input.ledger.iter().filter(|e| {
+                    e.provider == provider
+                        && answered_by_outage(e)
+                        && (s..=end).contains(&e.received_ns)
+                });
+                let last = met.map(|e| e.mono_ns).max()?;
+                Some((s, end.max(last)))
+            },
+        )
         .collect()
 }
 
@@ -76,32 +60,61 @@ pub fn windows(input: &Input, provider: Provider) -> Vec<(u64, u64)> {
 /// without a heal lasts for ever. A partition's request held past the heal (its sender let go
 /// of it later) extends nothing: the heal serves every held request at once.
 pub fn link_windows(input: &Input) -> Vec<(u64, u64)> {
+    spans(
+        input,
+        |k| {
+            matches!(
+                k,
+                EventKind::ProviderLinkPartition | EventKind::ProviderLinkSlow
+            )
+        },
+        |k| k == EventKind::ProviderLinkHeal,
+    )
+    .into_iter()
+    .map(|s| (s.from, s.to))
+    .collect()
+}
+
+/// One lasting provider action on the timeline: whose it is and when.
+struct Span {
+    pid: Option<u32>,
+    provider: Option<Provider>,
+    from: u64,
+    /// `u64::MAX` while no end has come.
+    to: u64,
+}
+
+/// The spans of the timeline's lasting provider actions: each start (`starts`) to the next end
+/// (`ends`) of the same pid and provider — steps on other providers or processes may overlap
+/// it — or for ever when none came. In start order.
+fn spans(
+    input: &Input,
+    starts: impl Fn(EventKind) -> bool,
+    ends: impl Fn(EventKind) -> bool,
+) -> Vec<Span> {
     let mut evs: Vec<_> = input
         .timeline
         .iter()
-        .filter(|e| {
-            matches!(
-                e.kind,
-                EventKind::ProviderLinkPartition
-                    | EventKind::ProviderLinkSlow
-                    | EventKind::ProviderLinkHeal
-            )
-        })
+        .filter(|e| starts(e.kind) || ends(e.kind))
         .collect();
     evs.sort_by_key(|e| e.mono_ns);
-    let mut open: Vec<(Option<u32>, u64)> = Vec::new();
-    let mut spans = Vec::new();
+    let mut out: Vec<Span> = Vec::new();
     for e in evs {
-        if e.kind == EventKind::ProviderLinkHeal {
-            if let Some(i) = open.iter().position(|(pid, _)| *pid == e.pid) {
-                spans.push((open.remove(i).1, e.mono_ns));
-            }
-        } else {
-            open.push((e.pid, e.mono_ns));
+        if starts(e.kind) {
+            out.push(Span {
+                pid: e.pid,
+                provider: e.provider,
+                from: e.mono_ns,
+                to: u64::MAX,
+            });
+        } else if let Some(open) = out
+            .iter_mut()
+            .find(|s| s.pid == e.pid && s.provider == e.provider && s.to == u64::MAX)
+        {
+            open.to = e.mono_ns;
         }
     }
-    spans.extend(open.into_iter().map(|(_, s)| (s, u64::MAX)));
-    spans
+    out
 }
 
 /// Nanoseconds of `[from, to)` in which a retry to `provider` could be held up by an outage: an
@@ -151,8 +164,8 @@ mod tests {
     #[test]
     fn a_window_lasts_until_the_last_held_request_is_let_go() {
         let mut w = World::new();
-        w.event(EventKind::ProviderOutage, None, 1_000);
-        w.event(EventKind::ProviderOutageEnd, None, 3_000);
+        w.provider_event(EventKind::ProviderOutage, Provider::Sms, None, 1_000);
+        w.provider_event(EventKind::ProviderOutageEnd, Provider::Sms, None, 3_000);
         // Held from 1.5 s, its sender gave up at 4.5 s (after the outage ended).
         w.send(Sms, "+1555", Transient, 1_500)
             .latency(3_000)
@@ -200,10 +213,44 @@ mod tests {
     }
 
     #[test]
+    fn overlapping_outages_of_two_providers_each_end_at_their_own_end() {
+        let mut w = World::new();
+        // SMS out 1-5 s; the mail server out 2-3 s inside it.
+        w.provider_event(EventKind::ProviderOutage, Provider::Sms, None, 1_000);
+        w.provider_event(EventKind::ProviderOutage, Provider::Smtp, None, 2_000);
+        w.provider_event(EventKind::ProviderOutageEnd, Provider::Smtp, None, 3_000);
+        w.provider_event(EventKind::ProviderOutageEnd, Provider::Sms, None, 5_000);
+        // The SMS outage answered 503 only after the SMTP one had ended.
+        w.send(Sms, "+1555", Transient, 3_500).fault("outage_503");
+        w.send(Email, "a@example.test", Transient, 2_500)
+            .fault("outage_421");
+        let i = w.input();
+        assert_eq!(windows(&i, Provider::Sms), vec![(ns(1_000), ns(5_000))]);
+        assert_eq!(windows(&i, Provider::Smtp), vec![(ns(2_000), ns(3_000))]);
+    }
+
+    #[test]
+    fn one_workers_link_faults_on_two_providers_each_end_at_their_own_heal() {
+        let mut w = World::new();
+        w.provider_event(
+            EventKind::ProviderLinkPartition,
+            Provider::Sms,
+            Some(7),
+            1_000,
+        );
+        w.provider_event(EventKind::ProviderLinkSlow, Provider::Line, Some(7), 2_000);
+        w.provider_event(EventKind::ProviderLinkHeal, Provider::Line, Some(7), 3_000);
+        w.provider_event(EventKind::ProviderLinkHeal, Provider::Sms, Some(7), 6_000);
+        let mut got = link_windows(&w.input());
+        got.sort_unstable();
+        assert_eq!(got, vec![(ns(1_000), ns(6_000)), (ns(2_000), ns(3_000))]);
+    }
+
+    #[test]
     fn an_outage_nobody_met_is_no_window() {
         let mut w = World::new();
-        w.event(EventKind::ProviderOutage, None, 1_000);
-        w.event(EventKind::ProviderOutageEnd, None, 3_000);
+        w.provider_event(EventKind::ProviderOutage, Provider::Sms, None, 1_000);
+        w.provider_event(EventKind::ProviderOutageEnd, Provider::Sms, None, 3_000);
         w.send(Sms, "+1555", Accepted, 1_500);
         assert!(windows(&w.input(), Provider::Sms).is_empty());
     }

@@ -317,8 +317,18 @@ fn a_retry_later_than_the_cap_is_flagged_unless_it_could_not_be_made() {
             "LINE out until it let go of its last held request at 4 s",
             5_000,
             |w| {
-                w.event(EventKind::ProviderOutage, None, 100);
-                w.event(EventKind::ProviderOutageEnd, None, 2_000);
+                w.provider_event(
+                    EventKind::ProviderOutage,
+                    mock_providers::ledger::Provider::Line,
+                    None,
+                    100,
+                );
+                w.provider_event(
+                    EventKind::ProviderOutageEnd,
+                    mock_providers::ledger::Provider::Line,
+                    None,
+                    2_000,
+                );
                 let a = w.expect("h1", Line);
                 w.send(Line, &a, Transient, 1_000)
                     .latency(3_000)
@@ -331,8 +341,18 @@ fn a_retry_later_than_the_cap_is_flagged_unless_it_could_not_be_made() {
             "requests a hung SMS provider held until 4 s fill the shared slots",
             5_000,
             |w| {
-                w.event(EventKind::ProviderOutage, None, 100);
-                w.event(EventKind::ProviderOutageEnd, None, 2_000);
+                w.provider_event(
+                    EventKind::ProviderOutage,
+                    mock_providers::ledger::Provider::Sms,
+                    None,
+                    100,
+                );
+                w.provider_event(
+                    EventKind::ProviderOutageEnd,
+                    mock_providers::ledger::Provider::Sms,
+                    None,
+                    2_000,
+                );
                 let a = w.expect("h1", Sms);
                 w.send(Sms, &a, Transient, 1_000)
                     .latency(3_000)
@@ -345,8 +365,18 @@ fn a_retry_later_than_the_cap_is_flagged_unless_it_could_not_be_made() {
             "an SMS outage answering 503 excuses nothing on LINE",
             5_000,
             |w| {
-                w.event(EventKind::ProviderOutage, None, 100);
-                w.event(EventKind::ProviderOutageEnd, None, 4_000);
+                w.provider_event(
+                    EventKind::ProviderOutage,
+                    mock_providers::ledger::Provider::Sms,
+                    None,
+                    100,
+                );
+                w.provider_event(
+                    EventKind::ProviderOutageEnd,
+                    mock_providers::ledger::Provider::Sms,
+                    None,
+                    4_000,
+                );
                 let a = w.expect("h1", Sms);
                 w.send(Sms, &a, Transient, 1_000).fault("outage_503");
             },

@@ -281,8 +281,23 @@ impl World {
             kind,
             slot: None,
             pid,
+            provider: None,
             detail: String::new(),
         });
+    }
+
+    /// An event of a provider action on `provider`.
+    pub fn provider_event(
+        &mut self,
+        kind: EventKind,
+        provider: mock_providers::ledger::Provider,
+        pid: Option<u32>,
+        at_ms: u64,
+    ) {
+        self.event(kind, pid, at_ms);
+        if let Some(e) = self.timeline.last_mut() {
+            e.provider = Some(provider);
+        }
     }
 
     /// A worker process alive over [`started_ms`, `exited_ms`).

@@ -100,12 +100,36 @@ impl World {
         pid: Option<u32>,
         detail: impl Into<String>,
     ) {
+        self.record_event(kind, None, slot, pid, detail.into());
+    }
+
+    /// An event of a provider action: like [`World::event`], naming the provider.
+    pub fn provider_event(
+        &self,
+        kind: EventKind,
+        provider: Provider,
+        slot: Option<u32>,
+        pid: Option<u32>,
+        detail: impl Into<String>,
+    ) {
+        self.record_event(kind, Some(provider), slot, pid, detail.into());
+    }
+
+    fn record_event(
+        &self,
+        kind: EventKind,
+        provider: Option<Provider>,
+        slot: Option<u32>,
+        pid: Option<u32>,
+        detail: String,
+    ) {
         let ev = TimelineEvent {
             mono_ns: self.now_ns(),
             kind,
             slot,
             pid,
-            detail: detail.into(),
+            provider,
+            detail,
         };
         tracing::info!(kind = kind.as_str(), ?slot, ?pid, detail = %ev.detail, "event");
         if let Some(p) = self.printer.lock().unwrap().as_ref() {

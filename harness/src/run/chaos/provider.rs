@@ -43,8 +43,9 @@ pub(super) fn outage(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str) 
     let before = hub.outage_hits(fault.provider);
     chaos.log(i).owe();
     let w = &chaos.world;
-    w.event(
+    w.provider_event(
         EventKind::ProviderOutage,
+        fault.provider,
         None,
         None,
         format!(
@@ -63,8 +64,13 @@ pub(super) fn outage(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str) 
             "{name} recovered after {}: the outage answered or held {met} send requests",
             humantime::format_duration(hold)
         );
-        me.world
-            .event(EventKind::ProviderOutageEnd, None, None, detail.clone());
+        me.world.provider_event(
+            EventKind::ProviderOutageEnd,
+            fault.provider,
+            None,
+            None,
+            detail.clone(),
+        );
         let mut log = me.log(i);
         log.count(met);
         if met == 0 {

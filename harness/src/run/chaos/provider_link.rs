@@ -228,8 +228,9 @@ pub(super) fn act(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, sender: Option
     let what = words(&fault);
     for (slot, pid) in &targets {
         chaos.log(i).target(*pid, 0);
-        w.event(
+        w.provider_event(
             start_kind(fault.kind),
+            fault.provider,
             Some(*slot),
             Some(*pid),
             format!("{why}; {what} for {}", humantime::format_duration(hold)),
@@ -247,8 +248,9 @@ pub(super) fn act(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, sender: Option
             met_words(fault.kind)
         );
         for (slot, pid) in &targets {
-            me.world.event(
+            me.world.provider_event(
                 EventKind::ProviderLinkHeal,
+                fault.provider,
                 Some(*slot),
                 Some(*pid),
                 &detail,
