@@ -11,10 +11,14 @@
 #        `target/release/ting-chaos db up` prints a URL to a throwaway server.
 # Needs: psql, python3, PostgreSQL 15+ (pg_walinspect). Creates and drops database `wal_breakdown`.
 # Record sizes exclude full-page images (reported apart): they depend on checkpoints, not on the
-# schema.
+# schema. The three statements are written out here, shaped after `stack/src/claim.rs`
+# (CLAIM_SQL, the attempt start) and `stack/src/state.rs` (CAS_SQL) with the columns they set, not
+# called from them: when those change, change these (`bench claim` runs the real claim and
+# completion and prints their WAL per row, without the breakdown).
 set -euo pipefail
 
 JOBS="${1:-2000}"
+[[ "$JOBS" =~ ^[1-9][0-9]{0,6}$ ]] || { echo "error: JOBS must be a whole number from 1 to 9999999, got '$JOBS'" >&2; exit 2; }
 URL="${DATABASE_URL:?set DATABASE_URL to a server (ting-chaos db up prints one)}"
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 DB=wal_breakdown
@@ -67,6 +71,7 @@ SELECT 1 \\g /dev/null
 print("SELECT pg_current_wal_lsn() AS l0, n_tup_upd AS u0, n_tup_hot_upd AS h0 FROM pg_stat_user_tables WHERE relname = 'deliveries' \\gset")
 for _ in range(jobs):
     print(claim + start + done, end="")
+# The cumulative statistics reach pg_stat_user_tables at most a second after the last commit.
 print(f"""SELECT pg_sleep(1) \\g /dev/null
 SELECT "resource_manager/record_type" AS wal, count,
        round(record_size::numeric / {jobs}) AS bytes_per_job,
