@@ -110,10 +110,10 @@ fn bench_claim_rounds_list_every_rounds_ratio() {
 }
 
 #[test]
-fn bench_e2e_runs_the_whole_stack() {
+fn bench_e2e_runs_the_whole_stack_at_each_size() {
     let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(bin())
-        .args(["bench", "e2e", "--workers", "1", "--recipients", "30"])
+        .args(["bench", "e2e", "--workers", "1", "--recipients", "30,60"])
         .args(["--latency", "0ms", "--channels", "line", "--report-dir"])
         .arg(tmp.path())
         .output()
@@ -129,13 +129,27 @@ fn bench_e2e_runs_the_whole_stack() {
     let json = bench_json(&result_dir(tmp.path()));
     assert_eq!(json["benchmark"], "e2e");
     let rows = json["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0]["deliveries"], 30);
-    assert_eq!(rows[0]["exit_code"], 0);
-    assert!(
-        rows[0]["deliveries_per_s"].as_f64().unwrap() > 0.0,
-        "{json}"
-    );
+    assert_eq!(rows.len(), 2);
+    for (row, deliveries) in rows.iter().zip([30, 60]) {
+        assert_eq!(row["deliveries"], deliveries, "{row}");
+        assert_eq!(row["exit_code"], 0, "{row}");
+        assert!(row["deliveries_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        // The cost curve: the harness's CPU per 1,000 deliveries and every process's peak.
+        assert!(row["harness_cpu_s_per_1k"].as_f64().unwrap() > 0.0, "{row}");
+        for peak in ["harness_peak_rss_mib", "api_peak_rss_mib", "worker_peak_rss_mib"] {
+            assert!(row[peak].as_u64().unwrap() > 0, "{peak}: {row}");
+        }
+    }
+}
+
+#[test]
+fn bench_e2e_rejects_an_empty_campaign() {
+    let out = Command::new(bin())
+        .args(["bench", "e2e", "--recipients", "100,0"])
+        .output()
+        .expect("run ting-chaos");
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(text(&out).contains("--recipients"), "{}", text(&out));
 }
 
 #[test]

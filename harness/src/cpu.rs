@@ -47,9 +47,14 @@ fn ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// `VmHWM` of `/proc/self/status`, in KiB.
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+/// `VmHWM` of `/proc/<pid>/status` (this process's when `None`), in KiB: the peak resident
+/// memory of the process so far. `None` when the process is gone or `/proc` is unavailable.
+pub fn peak_rss_kib(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
@@ -59,8 +64,12 @@ fn cpu_now() -> Option<f64> {
     Some(ticks(&stat)? as f64 / USER_HZ)
 }
 
-/// Reads the harness's CPU time now; `None` where `/proc` is unavailable.
+/// Reads the harness's CPU time now and starts its peak resident memory afresh (writing `5` to
+/// `/proc/self/clear_refs` resets `VmHWM`), so that a run's peak is its own even when one process
+/// runs several (`bench e2e`); `None` where `/proc` is unavailable.
 pub fn mark() -> Option<Mark> {
+    // Best effort: without it the peak is the process's since it started, never less.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
     Some(Mark {
         cpu_s: cpu_now()?,
         at: Instant::now(),
@@ -74,7 +83,7 @@ impl HarnessUsage {
         let wall_s = start.at.elapsed().as_secs_f64();
         let cpu_s = (cpu_now()? - start.cpu_s).max(0.0);
         Some(HarnessUsage {
-            peak_rss_kib: peak_rss_kib(),
+            peak_rss_kib: peak_rss_kib(None),
             ..HarnessUsage::of(cpu_s, wall_s)
         })
     }

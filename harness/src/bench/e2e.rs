@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use super::output::{self, Series};
 use super::{parse_duration, parse_list, usage, E2eArgs};
+use crate::check::Role;
 use crate::exit;
 use crate::run::{self, RunOptions};
 use crate::scenario::{self, Channel, Scenario};
@@ -48,14 +49,102 @@ pub struct E2eRow {
     pub channels: String,
     pub latency_ms: u64,
     pub workers: u32,
+    pub recipients: u32,
     pub deliveries: u64,
     pub deliveries_per_s: f64,
     pub e2e_p50_ms: f64,
     pub e2e_p99_ms: f64,
     pub run_seconds: f64,
+    /// The harness process's CPU seconds per 1,000 deliveries: what judging a campaign costs.
+    pub harness_cpu_s_per_1k: Option<f64>,
+    /// Peak resident memory of the harness during this run, of the API, and of the largest
+    /// worker process, in MiB.
+    pub harness_peak_rss_mib: Option<u64>,
+    pub api_peak_rss_mib: Option<u64>,
+    pub worker_peak_rss_mib: Option<u64>,
     pub verdict: String,
     pub exit_code: i32,
 }
+
+impl E2eRow {
+    /// The figures a finished run's report gives for this configuration.
+    fn of(
+        report: &crate::report::Report,
+        (channels, n_channels): (&str, usize),
+        latency: Duration,
+        (workers, recipients): (u32, u32),
+    ) -> E2eRow {
+        let deliveries = u64::from(recipients) * n_channels as u64;
+        let mib = |kib: u64| kib.div_ceil(1024);
+        let peak = |role: Role| {
+            let of_role = report.processes.iter().filter(|p| p.role == role);
+            of_role.filter_map(|p| p.peak_rss_kib).max().map(mib)
+        };
+        let harness = report.harness.as_ref();
+        E2eRow {
+            channels: channels.to_string(),
+            latency_ms: latency.as_millis() as u64,
+            workers,
+            recipients,
+            deliveries,
+            // A bench row always ran a load; a figure without data shows as 0.
+            deliveries_per_s: report.metrics.deliveries_per_s.unwrap_or_default(),
+            e2e_p50_ms: report.metrics.e2e_p50_ms.unwrap_or_default(),
+            e2e_p99_ms: report.metrics.e2e_p99_ms.unwrap_or_default(),
+            run_seconds: report.duration_ms as f64 / 1000.0,
+            harness_cpu_s_per_1k: harness
+                .filter(|_| deliveries > 0)
+                .map(|h| h.cpu_s * 1000.0 / deliveries as f64),
+            harness_peak_rss_mib: harness.and_then(|h| h.peak_rss_kib).map(mib),
+            api_peak_rss_mib: peak(Role::Api),
+            worker_peak_rss_mib: peak(Role::Worker),
+            verdict: report.verdict.clone(),
+            exit_code: report.exit_code,
+        }
+    }
+
+    /// The row as the table prints it, under [`HEADER`].
+    fn line(&self) -> String {
+        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        format!(
+            "{:<8} {:>6}ms {:>7} {:>10} {:>10} {:>13.0} {:>9.1} {:>9.1} {:>8.1} {:>9} {:>7} {:>6} {:>7}  {}",
+            self.channels,
+            self.latency_ms,
+            self.workers,
+            self.recipients,
+            self.deliveries,
+            self.deliveries_per_s,
+            self.e2e_p50_ms,
+            self.e2e_p99_ms,
+            self.run_seconds,
+            self.harness_cpu_s_per_1k
+                .map_or("-".to_string(), |v| format!("{v:.3}")),
+            opt(self.harness_peak_rss_mib),
+            opt(self.api_peak_rss_mib),
+            opt(self.worker_peak_rss_mib),
+            self.verdict,
+        )
+    }
+}
+
+/// The table's header: per row the configuration, throughput and latency, wall time, the
+/// harness's CPU seconds per 1,000 deliveries and each process's peak RSS in MiB.
+const HEADER: [&str; 14] = [
+    "channels",
+    "latency",
+    "workers",
+    "recipients",
+    "deliveries",
+    "deliveries/s",
+    "p50 ms",
+    "p99 ms",
+    "run s",
+    "h.cpu/1k",
+    "h.MiB",
+    "api",
+    "worker",
+    "verdict",
+];
 
 /// `ting-chaos bench e2e`: exit 0, 1 when a run violated an invariant, 2 usage, 3 infrastructure.
 pub async fn e2e(args: E2eArgs, self_exe: &Path) -> i32 {
@@ -79,7 +168,12 @@ pub async fn e2e(args: E2eArgs, self_exe: &Path) -> i32 {
             other => return usage(&format!("--channels: `{other}` is not `line` or `all`")),
         }
     }
-    if args.recipients == 0 || latencies.is_empty() {
+    let sizes = match parse_list::<u32>("--recipients", &args.recipients) {
+        Ok(r) if r.contains(&0) => return usage("--recipients: each size must be at least 1"),
+        Ok(r) => r,
+        Err(e) => return usage(&e),
+    };
+    if sizes.is_empty() || latencies.is_empty() {
         return usage("--recipients and --latency must not be empty");
     }
     let base = match &args.scenario {
@@ -127,68 +221,47 @@ pub async fn e2e(args: E2eArgs, self_exe: &Path) -> i32 {
     };
     let mut rows = Vec::new();
     let mut code = exit::OK;
+    let h = HEADER;
     println!(
-        "{:<8} {:>8} {:>7} {:>10} {:>13} {:>9} {:>9} {:>8}  verdict",
-        "channels", "latency", "workers", "deliveries", "deliveries/s", "p50 ms", "p99 ms", "run s"
+        "{:<8} {:>8} {:>7} {:>10} {:>10} {:>13} {:>9} {:>9} {:>8} {:>9} {:>7} {:>6} {:>7}  {}",
+        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13]
     );
-    'outer: for (set, channels) in &sets {
+    let mut configs = Vec::new();
+    for set in &sets {
         for &latency in &latencies {
-            for &w in &workers {
-                let s = configure(&base, w, args.recipients, channels, latency);
-                let opts = RunOptions {
-                    workers: Some(w),
-                    database_url: server.clone(),
-                    report_root: runs_dir.path().to_path_buf(),
-                    self_exe: self_exe.to_path_buf(),
-                    ..Default::default()
-                };
-                let outcome = run::run(s, opts, crate::cli::interrupted()).await;
-                if outcome.exit_code == 130 {
-                    code = 130;
-                    break 'outer;
-                }
-                let Some(r) = outcome.report else {
-                    code = exit::INFRA;
-                    break 'outer;
-                };
-                let row = E2eRow {
-                    channels: set.to_string(),
-                    latency_ms: latency.as_millis() as u64,
-                    workers: w,
-                    deliveries: u64::from(args.recipients) * channels.len() as u64,
-                    // A bench row always ran a load; a figure without data shows as 0.
-                    deliveries_per_s: r.metrics.deliveries_per_s.unwrap_or_default(),
-                    e2e_p50_ms: r.metrics.e2e_p50_ms.unwrap_or_default(),
-                    e2e_p99_ms: r.metrics.e2e_p99_ms.unwrap_or_default(),
-                    run_seconds: r.duration_ms as f64 / 1000.0,
-                    verdict: r.verdict.clone(),
-                    exit_code: r.exit_code,
-                };
-                println!(
-                    "{:<8} {:>6}ms {:>7} {:>10} {:>13.0} {:>9.1} {:>9.1} {:>8.1}  {}{}",
-                    row.channels,
-                    row.latency_ms,
-                    row.workers,
-                    row.deliveries,
-                    row.deliveries_per_s,
-                    row.e2e_p50_ms,
-                    row.e2e_p99_ms,
-                    row.run_seconds,
-                    row.verdict,
-                    r.error
-                        .as_deref()
-                        .map(|e| format!(": {e}"))
-                        .unwrap_or_default()
-                );
-                if r.exit_code != exit::OK && code == exit::OK {
-                    code = match r.exit_code {
-                        exit::VIOLATION | exit::INCONCLUSIVE => r.exit_code,
-                        _ => exit::INFRA,
-                    };
-                }
-                rows.push(row);
+            for &recipients in &sizes {
+                configs.extend(workers.iter().map(|&w| (set, latency, recipients, w)));
             }
         }
+    }
+    for ((set, channels), latency, recipients, w) in configs {
+        let s = configure(&base, w, recipients, channels, latency);
+        let opts = RunOptions {
+            workers: Some(w),
+            database_url: server.clone(),
+            report_root: runs_dir.path().to_path_buf(),
+            self_exe: self_exe.to_path_buf(),
+            ..Default::default()
+        };
+        let outcome = run::run(s, opts, crate::cli::interrupted()).await;
+        if outcome.exit_code == 130 {
+            code = 130;
+            break;
+        }
+        let Some(r) = outcome.report else {
+            code = exit::INFRA;
+            break;
+        };
+        let row = E2eRow::of(&r, (set, channels.len()), latency, (w, recipients));
+        let error = r.error.as_deref().map(|e| format!(": {e}"));
+        println!("{}{}", row.line(), error.unwrap_or_default());
+        if r.exit_code != exit::OK && code == exit::OK {
+            code = match r.exit_code {
+                exit::VIOLATION | exit::INCONCLUSIVE => r.exit_code,
+                _ => exit::INFRA,
+            };
+        }
+        rows.push(row);
     }
     if let Some(c) = cluster {
         if let Err(e) = c.stop().await {
@@ -202,7 +275,7 @@ pub async fn e2e(args: E2eArgs, self_exe: &Path) -> i32 {
         "machine": machine,
         "stack": if base.stack.external.is_some() { "external" } else { "built-in" },
         "scenario": args.scenario.as_ref().map(|p| p.display().to_string()),
-        "recipients": args.recipients,
+        "recipients": sizes,
         "rows": rows,
     });
     match output::write(
@@ -247,11 +320,15 @@ fn configure(
     s
 }
 
-/// One series per (channels, latency), deliveries/s against workers; failed runs are left out.
+/// One series per (channels, latency, recipients), deliveries/s against workers; failed runs are
+/// left out.
 fn series(rows: &[E2eRow]) -> Vec<Series> {
     let mut out: Vec<Series> = Vec::new();
     for r in rows.iter().filter(|r| r.exit_code == exit::OK) {
-        let name = format!("{} channel(s), {} ms", r.channels, r.latency_ms);
+        let name = format!(
+            "{} channel(s), {} ms, {} recipients",
+            r.channels, r.latency_ms, r.recipients
+        );
         match out.iter_mut().find(|s| s.name == name) {
             Some(s) => s.points.push((f64::from(r.workers), r.deliveries_per_s)),
             None => out.push(Series {

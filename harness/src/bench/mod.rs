@@ -77,9 +77,11 @@ pub struct E2eArgs {
     /// Worker process counts, comma-separated.
     #[arg(long, default_value = "1,2,4,8,16")]
     pub workers: String,
-    /// Recipients per run (one delivery per recipient and channel).
-    #[arg(long, default_value_t = 1000)]
-    pub recipients: u32,
+    /// Recipients per run (one delivery per recipient and channel), comma-separated: several
+    /// sizes give the cost curve (wall time, harness CPU per 1,000 deliveries, peak memory of
+    /// every process) as a campaign grows.
+    #[arg(long, default_value = "1000")]
+    pub recipients: String,
     /// Fixed provider latencies to measure at, comma-separated.
     #[arg(long, default_value = "0ms,50ms")]
     pub latency: String,

@@ -78,6 +78,48 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// Whether the event may have left a lease behind that a rescue can still act on: a stack
+    /// process killed, frozen, stopped or cut off from its database or a provider, or the
+    /// database itself disturbed. Quiescence waits a lease and a heartbeat past the last one, so
+    /// a stack that would resend a rescued row does so where the ledger sees it.
+    pub fn unsettles_leases(self) -> bool {
+        use EventKind::*;
+        match self {
+            LoadStart | LoadDone | ApiReady | Spawn | ChaosNoTarget | Quiescent | Deadline
+            | StoppedEarly | DbRestartSkipped | DbTerminateNoTarget => false,
+            Exit
+            | Crashed
+            | Sigkill
+            | Sigterm
+            | Sigstop
+            | Sigcont
+            | RestartBegin
+            | Restart
+            | RestartFailed
+            | GraceExceeded
+            | DbRestart
+            | DbRestarted
+            | DbRestartFailed
+            | DbTerminate
+            | DbTerminateFailed
+            | DbIdleTx
+            | DbIdleTxEnd
+            | DbLinkPartition
+            | DbLinkHeal
+            | DbLinkReset
+            | DbLinkSlow
+            | DbLinkSlowEnd
+            | ApiSignal
+            | ProviderOutage
+            | ProviderOutageEnd
+            | ProviderLinkPartition
+            | ProviderLinkRefuse
+            | ProviderLinkReset
+            | ProviderLinkSlow
+            | ProviderLinkHeal => true,
+        }
+    }
+
     /// The snake_case name `report.json` uses.
     pub fn as_str(self) -> &'static str {
         use EventKind::*;

@@ -136,6 +136,10 @@ pub struct ProcessRecord {
     /// The last lines of its log, kept for a process that exited unasked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_tail: Option<String>,
+    /// Its peak resident memory (`VmHWM`, KiB) as last read: every half second while it runs and
+    /// just before each signal the harness sends it. The process alone, not what it forked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_kib: Option<u64>,
 }
 
 /// Whether the run settled before its deadline.

@@ -321,6 +321,7 @@ impl World {
             log: String::new(),
             exited_unasked: false,
             log_tail: None,
+            peak_rss_kib: None,
         });
         self.processes.last_mut().expect("just pushed")
     }

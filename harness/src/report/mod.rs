@@ -8,7 +8,7 @@ use std::path::Path;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{ProcessRecord, Quiescence, Status, TimelineEvent, Verdict};
+use crate::check::{ProcessRecord, Quiescence, Role, Status, TimelineEvent, Verdict};
 
 pub mod atomic;
 pub mod chaos_steps;
@@ -317,7 +317,30 @@ pub fn summary_text(r: &Report) -> String {
             out.push_str(&format!("  warning: {warning}\n"));
         }
     }
+    if let Some(line) = stack_memory(&r.processes) {
+        out.push_str(&format!("  stack: {line}\n"));
+    }
     out
+}
+
+/// "api peak RSS 31 MB, workers up to 58 MB (6 worker processes)": the stack processes' peak
+/// resident memory, per role; `None` when none was read.
+pub fn stack_memory(processes: &[ProcessRecord]) -> Option<String> {
+    let peak = |role: Role| {
+        let of_role = processes.iter().filter(|p| p.role == role);
+        let read: Vec<u64> = of_role.filter_map(|p| p.peak_rss_kib).collect();
+        Some((*read.iter().max()?, read.len()))
+    };
+    let mb = |kib: u64| kib.div_ceil(1024);
+    let parts: Vec<String> = [
+        peak(Role::Api).map(|(k, _)| format!("api peak RSS {} MB", mb(k))),
+        peak(Role::Worker)
+            .map(|(k, n)| format!("workers up to {} MB ({n} worker processes)", mb(k))),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 /// One line naming why the verdict is FAIL when no invariant was violated: the failed gates.
@@ -342,4 +365,44 @@ pub fn gate_failure_line(r: &Report) -> Option<String> {
         "performance gate failed: {}",
         r.regressions.join("; ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(role: Role, pid: u32, peak_rss_kib: Option<u64>) -> ProcessRecord {
+        ProcessRecord {
+            role,
+            slot: None,
+            worker_id: None,
+            pid,
+            started_ns: 0,
+            exited_ns: None,
+            exit_code: None,
+            signal: None,
+            sigterm_ns: None,
+            killed_after_grace: false,
+            log: String::new(),
+            exited_unasked: false,
+            log_tail: None,
+            peak_rss_kib,
+        }
+    }
+
+    #[test]
+    fn the_stack_memory_line_names_each_roles_peak() {
+        let procs = [
+            process(Role::Migrate, 1, Some(9_000)),
+            process(Role::Api, 2, Some(31_000)),
+            process(Role::Worker, 3, Some(50_000)),
+            process(Role::Worker, 4, Some(59_000)),
+            process(Role::Worker, 5, None),
+        ];
+        assert_eq!(
+            stack_memory(&procs).as_deref(),
+            Some("api peak RSS 31 MB, workers up to 58 MB (2 worker processes)")
+        );
+        assert_eq!(stack_memory(&[process(Role::Worker, 3, None)]), None);
+    }
 }

@@ -1,8 +1,11 @@
 //! The run's fourth phase: waiting for quiescence. Every expected delivery must reach a final
 //! outcome in the ledger (and, where the stack has a status API, a settled state there), no
-//! delivery report may still be due and no chaos step running, and that calm must last a lease
-//! and a heartbeat — long enough for a stack that would resend after a rescue to do so where the
-//! ledger sees it. What "final" means is [`settle::Tracker`]'s, the same classification `no_loss`
+//! delivery report may still be due and no chaos step running; then [`settled`] decides when that
+//! calm is enough: a lease and a heartbeat past the last event that could have left a lease
+//! behind (a kill, a freeze, a cut link), long enough for a stack that would resend after a
+//! rescue to do so where the ledger sees it, and either the stack's own status API, asked after
+//! the calm began, agreeing that nothing is open, or — without one — the calm itself lasting a
+//! lease and a heartbeat. What "final" means is [`settle::Tracker`]'s, the same classification `no_loss`
 //! uses. A stack still settling at the deadline is slow, not stuck: the wait goes on while it
 //! makes progress, up to three times the deadline.
 
@@ -69,6 +72,8 @@ pub(super) async fn wait(
     let mut last_status: Option<Instant> = None;
     let mut last_print = Instant::now();
     let mut calm_since: Option<Instant> = None;
+    // The status API, asked after the calm began, agreed that nothing is open.
+    let mut confirmed = false;
     let quiescence = loop {
         // Read before taking its orders: a trickle finished by now has published them all.
         let trickling = trickle.as_ref().is_some_and(|t| !t.is_finished());
@@ -95,13 +100,23 @@ pub(super) async fn wait(
         }
         if status_view.enabled() && last_status.is_none_or(|t| t.elapsed() >= STATUS_EVERY) {
             last_status = Some(Instant::now());
-            // Batches with a delivery the ledger has not settled are open whatever the stack says.
+            // Batches with a delivery the ledger has not settled are open whatever the stack
+            // says; of the others, those the view still has open are what quiescence waits on.
             let unsettled: HashSet<&str> =
                 tracker.open_batches(&work.expected).into_iter().collect();
-            let ready = |id: &str| !unsettled.contains(id);
+            let view_open =
+                tracker.open_in(&work.expected, status_view.rows().as_deref(), &reporting);
+            let waiting = |id: &str| !unsettled.contains(id) && view_open.contains(id);
+            let in_flight = |id: &str| unsettled.contains(id);
             let now = world.now_ns();
             if let Err(e) = status_view
-                .poll_some(&client, &stack.api_base, &batch_ids, ready, now)
+                .poll_some(
+                    &client,
+                    &stack.api_base,
+                    &batch_ids,
+                    (waiting, in_flight),
+                    now,
+                )
                 .await
             {
                 tracing::warn!("status API: {e:#}");
@@ -130,11 +145,33 @@ pub(super) async fn wait(
         } else {
             None
         };
+        confirmed &= calm;
+        let (open, status) = if calm && !confirmed && status_view.enabled() {
+            // Ask now, not at the next poll: the answer decides whether the calm is quiescence.
+            let now = world.now_ns();
+            if let Err(e) = status_view
+                .poll_due(&client, &stack.api_base, &batch_ids, now)
+                .await
+            {
+                tracing::warn!("status API: {e:#}");
+            }
+            last_status = Some(Instant::now());
+            let status = status_view.rows();
+            let open = tracker.open(&work.expected, status.as_deref(), &reporting);
+            confirmed = status.is_some() && open.is_empty();
+            (open, status)
+        } else {
+            (open, status)
+        };
         if last_print.elapsed() >= Duration::from_millis(250) {
             last_print = Instant::now();
             progress.update(&snapshot(stack, work, pending, t0));
         }
-        if calm_since.is_some_and(|t| t.elapsed() >= settle_for) {
+        let disturbed = world.last_event_ns(EventKind::unsettles_leases);
+        let since_disturbed =
+            Duration::from_nanos(world.now_ns().saturating_sub(disturbed.unwrap_or(0)));
+        let calm_for = calm_since.filter(|_| open.is_empty()).map(|t| t.elapsed());
+        if settled(calm_for, confirmed, since_disturbed, settle_for) {
             break Quiescence {
                 reached: true,
                 at_ns: world.now_ns(),
@@ -214,6 +251,27 @@ pub(super) async fn wait(
         status: status_view.into_rows(),
         lost_batches,
     })
+}
+
+/// Whether a calm run is quiescent. `calm_for`: how long nothing has been open, due or running
+/// (`None`: something is); `confirmed`: the stack's status API, asked after the calm began,
+/// agrees that nothing is open; `since_disturbed`: how long since the last event that may have
+/// left a lease behind ([`EventKind::unsettles_leases`]); `settle_for`: a lease and a heartbeat.
+///
+/// A rescue acts only on a row its stack still has open, so once the stack's own view has every
+/// delivery settled and every lease a disturbed process held has expired, waiting longer shows
+/// nothing new. Without a status API the ledger alone cannot see a row the stack still holds:
+/// the calm itself must then last a lease and a heartbeat.
+fn settled(
+    calm_for: Option<Duration>,
+    confirmed: bool,
+    since_disturbed: Duration,
+    settle_for: Duration,
+) -> bool {
+    let Some(calm_for) = calm_for else {
+        return false;
+    };
+    since_disturbed >= settle_for && (confirmed || calm_for >= settle_for)
 }
 
 /// The channels whose deliveries are settled only by a delivery report (SMS status callbacks,
@@ -321,6 +379,47 @@ mod tests {
             hard,
             fewest_open: 0,
             last_progress: now - Duration::from_secs(progress_ago),
+        }
+    }
+
+    #[test]
+    fn a_calm_run_settles_at_once_only_when_the_stack_agrees_and_no_lease_is_left_behind() {
+        let ms = Duration::from_millis;
+        let settle_for = ms(2500);
+        // (calm for, status confirmed, since the last disturbing event) → quiescent
+        let cases = [
+            // The stack's view agrees and the last kill is a lease and a heartbeat ago: at once.
+            (Some(ms(0)), true, ms(9_000), true),
+            // Something is open or due: never.
+            (None, true, ms(9_000), false),
+            // A kill 1 s ago: its leases may not have expired; a rescue could still resend.
+            (Some(ms(5_000)), true, ms(1_000), false),
+            (Some(ms(5_000)), false, ms(1_000), false),
+            // No status API (or it has not agreed yet): the calm itself must last.
+            (Some(ms(2_000)), false, ms(9_000), false),
+            (Some(ms(2_500)), false, ms(9_000), true),
+        ];
+        for (calm_for, confirmed, since_disturbed, want) in cases {
+            let got = settled(calm_for, confirmed, since_disturbed, settle_for);
+            assert_eq!(got, want, "{calm_for:?} {confirmed} {since_disturbed:?}");
+        }
+    }
+
+    #[test]
+    fn every_chaos_action_unsettles_leases_and_the_harness_own_events_do_not() {
+        use EventKind::*;
+        for k in [
+            Sigkill,
+            Sigstop,
+            Sigterm,
+            RestartBegin,
+            DbLinkPartition,
+            ProviderLinkReset,
+        ] {
+            assert!(k.unsettles_leases(), "{k:?}");
+        }
+        for k in [LoadStart, LoadDone, ApiReady, Spawn, Quiescent] {
+            assert!(!k.unsettles_leases(), "{k:?}");
         }
     }
 

@@ -7,7 +7,7 @@
 //! outcome: the stack has stopped working on it, so waiting longer shows nothing new, and the
 //! checkers judge what the ledger says happened (e.g. `failed` after one transient error is lost).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use std::sync::Arc;
 
@@ -103,6 +103,30 @@ impl Tracker {
         status: Option<&[&StatusDelivery]>,
         callbacks: &[Channel],
     ) -> Vec<String> {
+        self.open_ones(expected, status, callbacks)
+            .map(|e| format!("{}/{}", e.recipient, e.channel.as_str()))
+            .collect()
+    }
+
+    /// The batches [`Tracker::open`] has a delivery of.
+    pub fn open_in<'e>(
+        &self,
+        expected: &'e [Expected],
+        status: Option<&[&StatusDelivery]>,
+        callbacks: &[Channel],
+    ) -> HashSet<&'e str> {
+        self.open_ones(expected, status, callbacks)
+            .map(|e| e.batch_id.as_str())
+            .collect()
+    }
+
+    /// The expected deliveries still open, in order.
+    fn open_ones<'e>(
+        &self,
+        expected: &'e [Expected],
+        status: Option<&[&StatusDelivery]>,
+        callbacks: &[Channel],
+    ) -> impl Iterator<Item = &'e Expected> {
         let by_key: Option<HashMap<(&str, Channel), &StatusDelivery>> = status.map(|rows| {
             rows.iter()
                 .map(|d| ((d.recipient.as_str(), d.channel), *d))
@@ -125,10 +149,10 @@ impl Tracker {
             // Settled in the stack's own view (`unknown` included): it has stopped working on it.
             let terminal = row.is_some_and(|d| d.state.is_settled());
             if !(settled_in_stack && (self.ledger_final(i) || terminal)) {
-                open.push(format!("{}/{}", e.recipient, e.channel.as_str()));
+                open.push(e);
             }
         }
-        open
+        open.into_iter()
     }
 }
 

@@ -6,9 +6,9 @@
 //! for a batch the stack accepted (202/200) is not "no API" but a lost batch: it is recorded
 //! (`report.json` `lost_batches`, and a `no_loss` `batch_lost` violation), its rows are dropped
 //! from the status view, and polling goes on for the other batches. Must never turn the API off
-//! because of one batch. While the run settles a poll asks for a few batches at a time
-//! ([`StatusPoller::poll_some`]): a run with the trickle on has hundreds, and asking for each
-//! every second would compete with the stack for the CPU it is measured on.
+//! because of one batch. While the run settles a poll asks for the batches quiescence waits on
+//! and a few of the others ([`StatusPoller::poll_some`]): a run with the trickle on has hundreds,
+//! and asking for each every second would compete with the stack for the CPU it is measured on.
 //!
 //! A stack whose answer carries a `cursor` is asked incrementally (`?since=<cursor>`): its
 //! answer lists the deliveries that changed, merged here by key over the rows already held. Every
@@ -42,8 +42,12 @@ pub struct StatusPoller {
     turn_rest: usize,
 }
 
-/// Batches one [`StatusPoller::poll_some`] asks for at most.
+/// Batches the ledger has not settled that one [`StatusPoller::poll_some`] asks for at most.
 pub const PER_POLL: usize = 20;
+
+/// Batches quiescence waits on that one [`StatusPoller::poll_some`] asks for at most: as many as
+/// a trickle's orders settle in ten seconds, so the view keeps up with the ledger.
+pub const PER_POLL_WAITING: usize = 200;
 
 /// Of the requests for one batch, every this many asks for the whole list even with a cursor.
 pub const FULL_EVERY: u32 = 10;
@@ -98,27 +102,30 @@ impl StatusPoller {
         Ok(())
     }
 
-    /// [`StatusPoller::poll`] for at most [`PER_POLL`] of the batches not final yet (nor lost):
-    /// first those `ready` says the ledger has settled (their rows are what quiescence waits
-    /// for), taking turns, then the others, taking turns too.
+    /// [`StatusPoller::poll`] for the batches quiescence is waiting on and a few of the others.
+    /// `waiting`: batches the ledger has settled whose rows the view still has open — each answer
+    /// may be the one that settles the run, so up to [`PER_POLL_WAITING`] of them are asked every
+    /// poll; `in_flight`: batches the ledger has not settled, asked [`PER_POLL`] at a time. Both
+    /// take turns. A batch that is neither (settled in the ledger and in the view) is left to
+    /// [`StatusPoller::poll_due`] and the run's last poll.
     pub async fn poll_some(
         &mut self,
         client: &reqwest::Client,
         api_base: &str,
         batch_ids: &[String],
-        ready: impl Fn(&str) -> bool,
+        (waiting, in_flight): (impl Fn(&str) -> bool, impl Fn(&str) -> bool),
         now_ns: u64,
     ) -> anyhow::Result<()> {
-        let due: Vec<&String> = batch_ids
-            .iter()
-            .filter(|id| !self.lost.contains_key(*id))
-            .filter(|id| !self.rows.get(*id).is_some_and(|r| is_final(r)))
-            .collect();
-        let (first, rest): (Vec<&String>, Vec<&String>) = due.into_iter().partition(|id| ready(id));
+        let due = self.due(batch_ids);
+        let first: Vec<&String> = due.iter().copied().filter(|id| waiting(id)).collect();
+        let rest: Vec<&String> = due.into_iter().filter(|id| in_flight(id)).collect();
         let mut now = Vec::new();
-        for (list, turn) in [(first, &mut self.turn), (rest, &mut self.turn_rest)] {
+        for (list, turn, per_poll) in [
+            (first, &mut self.turn, PER_POLL_WAITING),
+            (rest, &mut self.turn_rest, PER_POLL),
+        ] {
             let start = if *turn < list.len() { *turn } else { 0 };
-            let take = PER_POLL.saturating_sub(now.len()).min(list.len());
+            let take = per_poll.min(list.len());
             now.extend(
                 list.iter()
                     .cycle()
@@ -129,6 +136,28 @@ impl StatusPoller {
             *turn = start + take;
         }
         self.poll(client, api_base, &now, false, now_ns).await
+    }
+
+    /// [`StatusPoller::poll`] for every batch not final yet (nor lost): the confirmation that
+    /// the stack's own view agrees with a calm ledger, asked once the calm began.
+    pub async fn poll_due(
+        &mut self,
+        client: &reqwest::Client,
+        api_base: &str,
+        batch_ids: &[String],
+        now_ns: u64,
+    ) -> anyhow::Result<()> {
+        let due: Vec<String> = self.due(batch_ids).into_iter().cloned().collect();
+        self.poll(client, api_base, &due, false, now_ns).await
+    }
+
+    /// The batches whose rows may still change: neither lost nor all final.
+    fn due<'b>(&self, batch_ids: &'b [String]) -> Vec<&'b String> {
+        batch_ids
+            .iter()
+            .filter(|id| !self.lost.contains_key(*id))
+            .filter(|id| !self.rows.get(*id).is_some_and(|r| is_final(r)))
+            .collect()
     }
 
     /// The cursor to ask for `batch_id` with: none for a whole list (asked for, or due).

@@ -152,6 +152,16 @@ impl World {
         self.timeline.lock().unwrap().clone()
     }
 
+    /// When the latest event of a kind `pick` chooses happened (ledger clock), if any did.
+    pub fn last_event_ns(&self, pick: impl Fn(EventKind) -> bool) -> Option<u64> {
+        let timeline = self.timeline.lock().unwrap();
+        timeline
+            .iter()
+            .rev()
+            .find(|e| pick(e.kind))
+            .map(|e| e.mono_ns)
+    }
+
     pub fn pids(&self) -> HashMap<u64, u32> {
         self.pids.lock().unwrap().clone()
     }

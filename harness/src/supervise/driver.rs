@@ -40,6 +40,12 @@ pub trait Driver: Send + Sync {
     /// The process's scheduler state, as `/proc/<pid>/stat` spells it (`T` stopped, `R`/`S`/`D`
     /// running or sleeping, `Z` exiting); `None` when it is gone.
     fn state(&self, id: u32) -> Option<char>;
+
+    /// The process's peak resident memory so far, in KiB; `None` when it is gone or the driver
+    /// cannot see it.
+    fn peak_rss_kib(&self, _id: u32) -> Option<u64> {
+        None
+    }
 }
 
 /// Children of this process: each in its own process group (a signal reaches anything it forked),
@@ -90,6 +96,10 @@ impl Driver for Local {
 
     fn state(&self, id: u32) -> Option<char> {
         process_state(id)
+    }
+
+    fn peak_rss_kib(&self, id: u32) -> Option<u64> {
+        crate::cpu::peak_rss_kib(Some(id))
     }
 }
 

@@ -45,6 +45,9 @@ struct Proc {
 const LOG_TAIL_BYTES: u64 = 2_048;
 const LOG_TAIL_LINES: usize = 20;
 
+/// How often a running process's peak resident memory is read.
+const RSS_EVERY: Duration = Duration::from_millis(500);
+
 /// Starts, signals and reaps stack processes; every record is kept for the report.
 #[derive(Clone)]
 pub struct Supervisor {
@@ -110,6 +113,7 @@ impl Supervisor {
             log: log_path.file_name().unwrap().to_string_lossy().into_owned(),
             exited_unasked: false,
             log_tail: None,
+            peak_rss_kib: None,
         };
         self.procs.lock().unwrap().push(Proc {
             record,
@@ -118,7 +122,14 @@ impl Supervisor {
         });
         let me = self.clone();
         tokio::spawn(async move {
-            let status = ended.await;
+            let mut ended = ended;
+            let status = loop {
+                me.note_rss(pid);
+                tokio::select! {
+                    status = &mut ended => break status,
+                    () = tokio::time::sleep(RSS_EVERY) => {}
+                }
+            };
             let now = me.clock.now_ns();
             let unasked = !me.stopping.load(std::sync::atomic::Ordering::SeqCst);
             // Read outside the lock; kept only when the harness had not asked it to stop.
@@ -145,6 +156,7 @@ impl Supervisor {
     /// Sends `sig` to the process group of `pid` (the process and anything it forked). Any
     /// signal but SIGCONT marks the process as asked to stop: its exit is then not a crash.
     pub fn signal(&self, pid: u32, sig: Signal) -> anyhow::Result<()> {
+        self.note_rss(pid);
         let now = self.clock.now_ns();
         if let Some(p) = self
             .procs
@@ -159,6 +171,21 @@ impl Supervisor {
             }
         }
         self.driver.signal(pid, sig)
+    }
+
+    /// Reads `pid`'s peak resident memory into its record (a peak only grows, so the last
+    /// reading before it ends is the closest to its whole life's).
+    fn note_rss(&self, pid: u32) {
+        let Some(kib) = self.driver.peak_rss_kib(pid) else {
+            return;
+        };
+        let mut procs = self.procs.lock().unwrap();
+        if let Some(p) = procs
+            .iter_mut()
+            .find(|p| p.record.pid == pid && p.record.exited_ns.is_none())
+        {
+            p.record.peak_rss_kib = p.record.peak_rss_kib.max(Some(kib));
+        }
     }
 
     /// Waits up to `timeout` for `pid` to exit; true when it did.
