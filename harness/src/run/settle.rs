@@ -166,6 +166,7 @@ mod tests {
             bad: false,
             tricky_name: None,
             batch_id: "b".into(),
+            template_edited: false,
         }
     }
 
