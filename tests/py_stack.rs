@@ -1,6 +1,8 @@
 //! The Python stack (`examples/py-stack/`, another design in another language) passes a shipped
 //! scenario through the real binary: a FAIL from the harness must mean a wrong stack, so a
-//! correct stack that is not ours must pass. Needs a `python3` on PATH with psycopg: run the suite
+//! correct stack that is not ours must pass. And with a mistake switched on (`PY_STACK_FLAWS`) it
+//! fails, on the rules that were blind to that stack's shape of it until the mutation testing in
+//! its README found them. Needs a `python3` on PATH with psycopg: run the suite
 //! with `scripts/test.sh`, which installs it into `target/py-venv` and puts that first on PATH; a
 //! machine without it fails here with that instruction, never skips.
 
@@ -26,10 +28,20 @@ fn require_psycopg() {
 }
 
 fn run_scenario(name: &str, sets: &[&str]) -> (std::process::Output, tempfile::TempDir) {
+    run_flawed(&[], name, sets)
+}
+
+/// `run_scenario` with py-stack's `PY_STACK_FLAWS` switched on (none: the correct stack).
+fn run_flawed(
+    flaws: &[&str],
+    name: &str,
+    sets: &[&str],
+) -> (std::process::Output, tempfile::TempDir) {
     require_psycopg();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let reports = tempfile::tempdir().expect("tempdir");
     let mut cmd = Command::new(bin());
+    cmd.env("PY_STACK_FLAWS", flaws.join(","));
     cmd.arg("run")
         .arg(root.join("scenarios").join(format!("{name}.toml")))
         .arg("--stack")
@@ -57,5 +69,100 @@ fn python_stack_passes_restart_midway() {
             .take(30)
             .collect::<Vec<_>>()
             .join("\n")
+    );
+}
+
+/// `api-redeploy` with its SIGKILL 100 ms after the restart's SIGTERM: the old API is still
+/// draining (this stack's serve loop notices the shutdown within 0.5 s) and its replacement not
+/// yet up. The kill must wait for the replacement and hit it, right after it answered a batch:
+/// acting at once signalled the draining or still-starting API and started two replacements on
+/// one address (`process_crashed`, or a restart that never became ready: INCONCLUSIVE).
+#[test]
+fn python_stack_passes_api_redeploy_with_the_api_steps_100ms_apart() {
+    let (out, reports) = run_scenario(
+        "api-redeploy",
+        &["load.recipients=200", "chaos[1].at=\"2100ms\""],
+    );
+    let report = report_in(&reports);
+    assert_eq!(
+        code(&out),
+        0,
+        "the Python stack did not pass api-redeploy with overlapping API steps (reports in {:?}):\n{}",
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let steps = report["chaos_steps"].as_array().expect("chaos_steps");
+    let pids: Vec<&serde_json::Value> = steps.iter().map(|s| &s["pids"][0]).collect();
+    assert_ne!(
+        pids[0], pids[1],
+        "the kill hit the API the restart had signalled: {steps:?}"
+    );
+    let aimed = report["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter(|e| e["kind"] == "api_signal")
+        .any(|e| {
+            e["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("right after the API answered"))
+        });
+    assert!(
+        aimed,
+        "no API signal landed right after an answer: {steps:?}"
+    );
+}
+
+/// The one report a run wrote under `reports`.
+fn report_in(reports: &tempfile::TempDir) -> serde_json::Value {
+    let dir = std::fs::read_dir(reports.path())
+        .expect("reports dir")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.join("report.json").exists())
+        .expect("a report directory");
+    serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
+        .expect("report is JSON")
+}
+
+/// Runs py-stack with `flaw` on `scenario` and asserts exit 1 with `checker` violated on `rule`.
+fn caught(flaw: &str, scenario: &str, sets: &[&str], checker: &str, rule: &str) {
+    let (out, reports) = run_flawed(&[flaw], scenario, sets);
+    let report = report_in(&reports);
+    let v = verdict(&report, checker);
+    let found = v["status"] == "violated" && rules_of(v).iter().any(|r| r == rule);
+    assert!(
+        found && code(&out) == 1,
+        "py-stack flaw {flaw} on {scenario}: exit {}, {checker} {} {:?} (reports in {:?}):\n{}",
+        code(&out),
+        v["status"],
+        rules_of(v),
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// A stack that checks a report's signature only when there is one: the fakes' forged reports
+/// without any signature header (`unsigned`) must be refused (403) and change nothing.
+#[test]
+fn python_stack_accepting_unsigned_reports_fails_callbacks_chaos() {
+    caught(
+        "unsigned-reports-accepted",
+        "callbacks-chaos",
+        &["load.recipients=60"],
+        "callbacks",
+        "forged_answered_2xx",
+    );
+}
+
+/// A stack that keeps templates by id (the latest POST wins) and renders at send time: the
+/// batches POSTed before `template-change`'s edit go out with the edited Subject.
+#[test]
+fn python_stack_rendering_from_the_template_of_the_moment_fails_template_change() {
+    caught(
+        "template-by-id",
+        "template-change",
+        &["load.recipients=40"],
+        "headers",
+        "subject_changed",
     );
 }

@@ -235,7 +235,8 @@ fn durations_past_their_bounds_are_errors_at_the_key() {
     }
 }
 
-/// The trickle, repeats and the orders' SLO: bad values at their key, and the cross-field rule.
+/// The trickle, repeats, template edits and the orders' SLO: bad values at their key, and the
+/// cross-field rules.
 #[test]
 fn trickle_and_repeat_keys_are_validated() {
     #[rustfmt::skip]
@@ -249,8 +250,27 @@ fn trickle_and_repeat_keys_are_validated() {
         ("[load]\n", "[load]\nrepeat = { share = 0, after = \"1s\" }\n", "share", 10, 12, "repeat `share` must be greater than 0%", None),
         ("[load]\n", "[load]\nrepeat = { share = \"5%\", after = \"0ms..2m\" }\n", "after", 10, 26, "within 60s", None),
         ("", "[expect]\norder_e2e_p99 = \"2s\"", "order_e2e_p99", 19, 1, "`order_e2e_p99` judges the small orders of `[load] trickle`", None),
+        ("[load]\n", "[load]\nbatches = 4\ntemplate_edit = { from_batch = 5 }\n", "from_batch", 11, 19, "`from_batch` must be between 2 and the number of batches (4) (got 5)", None),
+        ("[load]\n", "[load]\nbatches = 4\ntemplate_edit = { from_batch = 1 }\n", "from_batch", 11, 19, "an edit needs a batch before it and one after", None),
+        ("[load]\n", "[load]\nbatches = 4\ntemplate_edit = { from = 2 }\n", "from", 11, 19, "valid keys here: `from_batch`", None),
     ];
     check_cases(cases);
+    let s = parse(&case_text(
+        "[load]\n",
+        "[load]\nbatches = 4\ntemplate_edit = { from_batch = 3 }\n",
+    ))
+    .expect("valid");
+    let edited: Vec<bool> = (0..4).map(|k| s.load.template_edited(k)).collect();
+    assert_eq!(edited, [false, false, true, true]);
+    let t = s.load.template_of(true);
+    assert_eq!(
+        (t.id.as_str(), t.version),
+        (s.load.template.id.as_str(), s.load.template.version + 1)
+    );
+    assert!(
+        t.subject.ends_with(" (edited)") && t.sms.ends_with(" (edited)"),
+        "{t:?}"
+    );
     let s = parse(&case_text(
         "[load]\n",
         "[load]\ntrickle = { rate = \"300/min\" }\nrepeat = { share = \"5%\", after = \"0ms..2s\" }\n",

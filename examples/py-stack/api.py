@@ -12,13 +12,13 @@ import signal
 import sys
 import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from urllib.parse import parse_qsl
 
 import psycopg
 
 import render
-from common import TERMINAL, connect, env, log
+from common import TERMINAL, connect, env, flaw, log
 
 CHANNELS = ("line", "email", "sms")
 ADDRESS_FIELD = {"line": "line_user_id", "email": "email", "sms": "phone"}
@@ -129,7 +129,9 @@ def rows_for(batch_id, template, channels, recipients):
             if ch == "email":
                 subject = render.render(template["subject"], context)
                 text = render.render(template["text"], context)
-                body_html = render.render(template["html"], context)
+                # flaw(html-unescaped-name): the name is "ours" (from the customer database).
+                raw = ("name",) if flaw("html-unescaped-name") else ()
+                body_html = render.render(template["html"], context, raw)
             else:
                 subject, body_html = None, None
                 text = render.render(template[ch], context)
@@ -167,6 +169,14 @@ class Api:
     def post_batch(self, body):
         batch_id, template, channels, recipients = parse_batch(body)
         n = len(recipients) * len(channels)
+        if flaw("commit-after-202"):
+            # flaw(commit-after-202): "answer fast, write in the background".
+            threading.Thread(target=self.insert_batch, daemon=True,
+                             args=(batch_id, template, channels, recipients, n)).start()
+            return 202, {"batch_id": batch_id, "deliveries": n}
+        return self.insert_batch(batch_id, template, channels, recipients, n)
+
+    def insert_batch(self, batch_id, template, channels, recipients, n):
         try:
             conn = self.batch_pool.get(timeout=1.5)
         except (queue.Empty, psycopg.OperationalError):
@@ -177,11 +187,14 @@ class Api:
                     "INSERT INTO py_batches (batch_id, deliveries) VALUES (%s, %s) "
                     "ON CONFLICT (batch_id) DO NOTHING RETURNING deliveries",
                     (batch_id, n)).fetchone()
-                if created is None:
+                # flaw(batch-no-dedup): whether the batch row was new is never looked at.
+                if created is None and not flaw("batch-no-dedup"):
                     existing = conn.execute(
                         "SELECT deliveries FROM py_batches WHERE batch_id = %s",
                         (batch_id,)).fetchone()
                     return 200, {"batch_id": batch_id, "deliveries": existing[0]}
+                if flaw("template-by-id"):
+                    return self.insert_by_template_id(conn, batch_id, template, channels, recipients, n)
                 with conn.cursor().copy(
                         "COPY py_deliveries (key, batch_id, recipient, channel, address, prio, "
                         "subject, body_text, body_html, payload_sha256, retry_key, message_id) "
@@ -193,6 +206,23 @@ class Api:
             raise Reject(503, f"database unavailable: {e}")
         finally:
             self.batch_pool.put(conn)
+
+    @staticmethod
+    def insert_by_template_id(conn, batch_id, template, channels, recipients, n):
+        """flaw(template-by-id): the template is stored by its id (a later batch's edit replaces
+        it) and each row keeps its recipient's context; the worker renders at send time."""
+        conn.execute("INSERT INTO py_templates (id, body) VALUES (%s, %s) "
+                     "ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body",
+                     (str(template.get("id")), json.dumps(template)))
+        with conn.cursor().copy(
+                "COPY py_deliveries (key, batch_id, recipient, channel, address, prio, subject, "
+                "body_text, body_html, payload_sha256, retry_key, message_id, template_id, context) "
+                "FROM STDIN") as copy:
+            for row, r in zip(rows_for(batch_id, template, channels, recipients),
+                              (r for r in recipients for _ in channels)):
+                context = dict(r.get("vars") or {}, id=r["id"], name=r.get("name", ""))
+                copy.write_row(row + (str(template.get("id")), json.dumps(context)))
+        return 202, {"batch_id": batch_id, "deliveries": n}
 
     # --- status --------------------------------------------------------------------------
     def with_conn(self, fn):
@@ -229,7 +259,10 @@ class Api:
             if row is None:
                 return 200  # a message we never issued: acknowledged, ignored
             did, state, pmid = row
-            if state in TERMINAL or state == to_state:
+            if state == to_state:
+                return 200
+            # flaw(callback-regression): the report's state is applied whatever the row's is.
+            if state in TERMINAL and not flaw("callback-regression"):
                 return 200
             if state == "sending":
                 # Its worker has not recorded the provider's answer yet: keep the report for it.
@@ -237,7 +270,7 @@ class Api:
                     "INSERT INTO py_early_reports (delivery_id, pmid, to_state, detail) VALUES (%s, %s, %s, %s)",
                     (did, detail.get("pmid"), to_state, detail.get("text")))
                 return 200
-            if state != "submitted" and state not in adopt_from:
+            if state != "submitted" and state not in adopt_from and not flaw("callback-regression"):
                 return 200
             conn.execute(
                 "UPDATE py_deliveries SET state = %s, provider_message_id = coalesce(provider_message_id, %s), "
@@ -257,7 +290,9 @@ class Api:
         params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
         signed = url + "".join(k + v for k, v in sorted(params))
         expected = base64.b64encode(hmac.new(self.sms_token, signed.encode(), hashlib.sha1).digest()).decode()
-        if not hmac.compare_digest(expected, headers.get("X-Twilio-Signature", "")):
+        # flaw(unsigned-reports-accepted): only a signature that is there is checked.
+        unsigned = flaw("unsigned-reports-accepted") and headers.get("X-Twilio-Signature") is None
+        if not unsigned and not hmac.compare_digest(expected, headers.get("X-Twilio-Signature", "")):
             return 403
         form = dict(params)
         sid, status = form.get("MessageSid"), form.get("MessageStatus")
@@ -283,7 +318,9 @@ class Api:
     def email_event(self, headers, body):
         sig = headers.get("X-Ting-Signature", "")
         expected = "sha256=" + hmac.new(self.events_secret, body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, sig):
+        # flaw(unsigned-reports-accepted): only a signature that is there is checked.
+        unsigned = flaw("unsigned-reports-accepted") and headers.get("X-Ting-Signature") is None
+        if not unsigned and not hmac.compare_digest(expected, sig):
             return 403
         try:
             ev = json.loads(body)
@@ -364,7 +401,10 @@ def main():
     host, _, port = env("TING_API_ADDR").rpartition(":")
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer.request_queue_size = 256
-    server = ThreadingHTTPServer((host.strip("[]"), int(port)), Handler)
+    # flaw(single-threaded-api): one request at a time; every other one waits its turn.
+    server_class = HTTPServer if flaw("single-threaded-api") else ThreadingHTTPServer
+    server_class.request_queue_size = 256
+    server = server_class((host.strip("[]"), int(port)), Handler)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     log("api: listening on", env("TING_API_ADDR"))
     server.serve_forever()

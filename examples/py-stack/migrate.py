@@ -1,5 +1,5 @@
 """`migrate`: creates the schema (idempotent) and exits 0."""
-from common import connect
+from common import connect, flaw
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS py_batches (
@@ -64,7 +64,20 @@ CREATE INDEX IF NOT EXISTS py_early_reports_delivery ON py_early_reports (delive
 CREATE INDEX IF NOT EXISTS py_transitions_delivery ON py_transitions (delivery_id, id);
 """
 
+# flaw(batch-no-dedup): the deliveries table has no unique key.
+NO_UNIQUE_KEY = "ALTER TABLE py_deliveries DROP CONSTRAINT IF EXISTS py_deliveries_key_key"
+# flaw(template-by-id): templates kept by id (the latest POST wins), rows keep their context.
+TEMPLATES_BY_ID = """
+CREATE TABLE IF NOT EXISTS py_templates (id text PRIMARY KEY, body jsonb NOT NULL);
+ALTER TABLE py_deliveries ADD COLUMN IF NOT EXISTS template_id text;
+ALTER TABLE py_deliveries ADD COLUMN IF NOT EXISTS context jsonb;
+"""
+
 if __name__ == "__main__":
     with connect() as conn:
         conn.execute(SCHEMA)
+        if flaw("batch-no-dedup"):
+            conn.execute(NO_UNIQUE_KEY)
+        if flaw("template-by-id"):
+            conn.execute(TEMPLATES_BY_ID)
     print("py-stack: schema ready", flush=True)

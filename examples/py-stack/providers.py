@@ -7,11 +7,12 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from email.message import EmailMessage
 from email.utils import formatdate
 
-from common import env
+from common import env, flaw
 
 HTTP_TIMEOUT = 10.0
 SMTP_TIMEOUT = 10.0
@@ -42,6 +43,11 @@ def retry_after(headers):
         return None
 
 
+def timed_out(e):
+    """Whether a urllib failure was a timeout (flaw(timeout-as-success) only)."""
+    return isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
+
+
 def http(req, check_lease):
     """Sends `req`; returns (status, headers, body) or raises OSError for a connection failure.
     Whether the request may have reached the provider is the caller's question."""
@@ -62,7 +68,8 @@ class Line:
         body = json.dumps({"to": d["address"], "messages": [{"type": "text", "text": d["body_text"]}]})
         req = urllib.request.Request(self.url, data=body.encode(), method="POST", headers={
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
-            "X-Line-Retry-Key": d["retry_key"]})
+            # flaw(line-key-per-attempt): a new key per request, so a resend is a new push.
+            "X-Line-Retry-Key": str(uuid.uuid4()) if flaw("line-key-per-attempt") else d["retry_key"]})
         try:
             status, headers, raw = http(req, check_lease)
         except (OSError, urllib.error.URLError) as e:
@@ -100,6 +107,9 @@ class Sms:
         try:
             status, headers, raw = http(req, check_lease)
         except (OSError, urllib.error.URLError) as e:
+            if flaw("timeout-as-success") and timed_out(e):
+                # flaw(timeout-as-success): "Twilio is up; a slow answer means it went through".
+                return Outcome("accepted", provider_message_id=None)
             return Outcome("uncertain", error=f"sms: {e}")
         if status in (200, 201):
             try:
@@ -150,6 +160,12 @@ class Email:
         msg.add_alternative(d["body_html"] or "", subtype="html", charset="utf-8")
         # A boundary of our own, so every attempt sends the same bytes.
         msg.set_boundary("=_py-stack_" + d["retry_key"].replace("-", ""))
+        if flaw("subject-raw-header"):
+            # flaw(subject-raw-header): the headers are concatenated by hand, the Subject as
+            # rendered: a line break in the data ends the header and starts another.
+            del msg["Subject"]
+            raw = msg.as_bytes(policy=msg.policy.clone(linesep="\r\n"))
+            return b"Subject: " + (d["subject"] or "").encode("utf-8") + b"\r\n" + raw
         return msg.as_bytes(policy=msg.policy.clone(linesep="\r\n"))
 
     def send(self, d, check_lease):

@@ -47,11 +47,21 @@ def lookup(context, dotted):
     return str(value)
 
 
-def render(template, context):
+def render(template, context, raw=()):
+    """`raw`: variables inserted unescaped — only flaw(html-unescaped-name) passes any."""
     def one(m):
         inner = m.group(1)
         if inner.startswith("!"):
             return ""
-        return html.escape(lookup(context, inner.strip()), quote=True)
+        value = lookup(context, inner.strip())
+        return value if inner.strip() in raw else html.escape(value, quote=True)
 
     return TAG.sub(one, template)
+
+
+def render_channel(template, channel, context):
+    """flaw(template-by-id) only: (subject, text, html) of one channel, rendered at send time."""
+    if channel == "email":
+        return (render(template["subject"], context), render(template["text"], context),
+                render(template["html"], context))
+    return None, render(template[channel], context), None

@@ -27,7 +27,8 @@ import time  # noqa: E402
 import psycopg
 
 import providers
-from common import connect, env, env_float, env_int, log
+import render
+from common import connect, env, env_float, env_int, flaw, log
 
 WORKER = env("TING_WORKER_ID")
 LEASE_MS = env_int("TING_LEASE_MS")
@@ -51,11 +52,14 @@ held = {}  # delivery id -> [token, local deadline (monotonic)]
 COLUMNS = ("id", "from_state", "channel", "address", "subject", "body_text", "body_html",
            "retry_key", "message_id", "created_at", "attempts", "inflight", "token")
 
+# flaw(prio-after-due-time): the priority only breaks ties between rows due at the same instant.
+CLAIM_ORDER = "next_at, prio, id" if flaw("prio-after-due-time") else "prio, next_at, id"
+
 CLAIM = f"""
 WITH c AS (
     SELECT id, state FROM py_deliveries
     WHERE state IN ('pending', 'retryable') AND next_at <= now()
-    ORDER BY prio, next_at, id
+    ORDER BY {CLAIM_ORDER}
     FOR UPDATE SKIP LOCKED LIMIT 1
 )
 UPDATE py_deliveries d
@@ -66,10 +70,28 @@ RETURNING d.id, c.state, d.channel, d.address, d.subject, d.body_text, d.body_ht
           d.retry_key::text, d.message_id, d.created_at, d.attempts, d.inflight, d.lease_token
 """
 
+# flaw(claim-no-lock): pick a due row without locking it, then take it by id. Two threads that
+# pick the same row both "claim" it (the UPDATE re-checks nothing) and both send it.
+CLAIM_PICK = f"""
+SELECT id, state FROM py_deliveries
+WHERE state IN ('pending', 'retryable') AND next_at <= now()
+ORDER BY {CLAIM_ORDER} LIMIT 1
+"""
+CLAIM_TAKE = """
+UPDATE py_deliveries d
+SET state = 'sending', attempts = d.attempts + 1, lease_owner = %(w)s,
+    lease_token = nextval('py_lease_token'), lease_until = now() + %(lease)s * interval '1 ms'
+WHERE d.id = %(id)s
+RETURNING d.id, %(from)s::text, d.channel, d.address, d.subject, d.body_text, d.body_html,
+          d.retry_key::text, d.message_id, d.created_at, d.attempts, d.inflight, d.lease_token
+"""
+
 
 def backoff_s(attempts, retry_after_s):
     gap = min(MAX_MS, BASE_MS * FACTOR ** max(0, attempts - 1)) / 1000
     gap *= 1 + random.uniform(-JITTER, JITTER)
+    if flaw("ignore-retry-after"):
+        return gap  # flaw(ignore-retry-after): our own schedule, whatever the provider asked
     if retry_after_s is not None and retry_after_s > gap:
         gap = float(retry_after_s)
     return gap
@@ -84,6 +106,8 @@ def apply_early_reports(conn, did, channel, message_id, state, pmid):
         pmid = message_id
     if channel == "line":
         return state
+    if flaw("early-reports-unapplied"):
+        return state  # flaw(early-reports-unapplied): kept by the API, never looked at again
     rows = conn.execute(
         "SELECT pmid, to_state, detail FROM py_early_reports WHERE delivery_id = %s"
         + ("" if pmid is None else " AND pmid = %s") + " ORDER BY id",
@@ -118,11 +142,15 @@ class Sender(threading.Thread):
 
     def run(self):
         idle = 0.02
-        while not stopping.is_set():
+        # flaw(sigterm-keeps-claiming): the loop never looks at `stopping`; main ends the process
+        # at the grace deadline, whatever is in flight.
+        while flaw("sigterm-keeps-claiming") or not stopping.is_set():
             try:
                 d = self.claim()
             except psycopg.Error as e:
                 log(WORKER, "claim failed:", e)
+                if flaw("crash-on-db-error"):
+                    crash(e)
                 self.conn = None
                 stopping.wait(0.3)
                 continue
@@ -139,11 +167,29 @@ class Sender(threading.Thread):
 
     def claim(self):
         conn = self.db()
+        if flaw("claim-no-lock"):
+            return self.claim_no_lock(conn)
         with conn.transaction():
             start = time.monotonic()
             row = conn.execute(CLAIM, {"w": WORKER, "lease": LEASE_MS}).fetchone()
             if row is None:
                 return None
+            d = dict(zip(COLUMNS, row))
+            transition(conn, d["id"], d["from_state"], "sending", "worker", WORKER)
+        with held_lock:
+            held[d["id"]] = [d["token"], start + LEASE_MS / 1000]
+        return d
+
+    def claim_no_lock(self, conn):
+        """flaw(claim-no-lock): SELECT … LIMIT 1, then UPDATE by id, in one transaction but with
+        no row lock and no re-check of the state."""
+        with conn.transaction():
+            start = time.monotonic()
+            picked = conn.execute(CLAIM_PICK).fetchone()
+            if picked is None:
+                return None
+            row = conn.execute(CLAIM_TAKE, {"w": WORKER, "lease": LEASE_MS, "id": picked[0],
+                                            "from": picked[1]}).fetchone()
             d = dict(zip(COLUMNS, row))
             transition(conn, d["id"], d["from_state"], "sending", "worker", WORKER)
         with held_lock:
@@ -163,9 +209,12 @@ class Sender(threading.Thread):
         while True:
             try:
                 conn = self.db()
+                # flaw(unfenced-writes): the row is named by its id alone, so a sender that lost
+                # its lease (a frozen thread, woken) writes over whoever holds the row now.
+                fence = (" WHERE id = %(id)s" if flaw("unfenced-writes") else
+                         " WHERE id = %(id)s AND lease_token = %(token)s AND state = 'sending'")
                 with conn.transaction():
-                    cur = conn.execute(sql + " WHERE id = %(id)s AND lease_token = %(token)s AND state = 'sending'",
-                                       {**args, "id": d["id"], "token": d["token"]})
+                    cur = conn.execute(sql + fence, {**args, "id": d["id"], "token": d["token"]})
                     if cur.rowcount != 1:
                         return False
                     if to is not None:
@@ -174,6 +223,8 @@ class Sender(threading.Thread):
                         after(conn)
                 return True
             except psycopg.OperationalError as e:
+                if flaw("crash-on-db-error"):
+                    crash(e)
                 self.conn = None
                 if time.monotonic() > deadline:
                     log(WORKER, "giving up a write for", d["id"], e)
@@ -206,7 +257,7 @@ class Sender(threading.Thread):
 
     def deliver(self, d):
         ch = d["channel"]
-        if stopping.is_set():
+        if stopping.is_set() and not flaw("sigterm-keeps-claiming"):
             return self.give_back(d, "shutting down")
         if ch == "sms" and d["inflight"]:
             if not self.reconcile_sms(d):
@@ -220,6 +271,8 @@ class Sender(threading.Thread):
         if not self.fenced(d, "UPDATE py_deliveries SET inflight = true, "
                               "first_sent_at = coalesce(first_sent_at, now())", {}):
             return
+        if flaw("template-by-id"):
+            self.render_now(d)
         try:
             out = self.clients[ch].send(d, lambda: self.check_lease(d))
         except providers.LeaseLost:
@@ -228,6 +281,14 @@ class Sender(threading.Thread):
                 self.undo_unknown(d)
             return
         self.record(d, out)
+
+    def render_now(self, d):
+        """flaw(template-by-id): the message is rendered at send time from the template now
+        stored under its id (edited by a later batch, if any)."""
+        body, context = self.db().execute(
+            "SELECT t.body, d.context FROM py_deliveries d JOIN py_templates t ON t.id = d.template_id "
+            "WHERE d.id = %s", (d["id"],)).fetchone()
+        d["subject"], d["body_text"], d["body_html"] = render.render_channel(body, d["channel"], context)
 
     def reconcile_sms(self, d):
         """The last attempt may have been accepted: look before resending. Returns whether to send."""
@@ -302,7 +363,8 @@ class Sender(threading.Thread):
         if out.kind == "transient":
             return self.retry(d, out.error, out.retry_after_s)
         # uncertain
-        if ch == "email" and POLICY == "hold":
+        # flaw(email-resend-uncertain): SMTP "usually" failed when no 250 came: retry it.
+        if ch == "email" and POLICY == "hold" and not flaw("email-resend-uncertain"):
             return self.finish(d, "unknown", None, out.error)
         return self.retry(d, out.error, None, keep_inflight=(ch == "sms"))
 
@@ -354,6 +416,12 @@ class Rescuer(threading.Thread):
 
     def run(self):
         period = min(1.0, LEASE_MS / 2000)
+        if flaw("rescue-at-boot-only"):
+            # flaw(rescue-at-boot-only): "a crashed worker is restarted, and the new one cleans
+            # up at boot" — once, at start; a lease that expires later is never rescued.
+            time.sleep(period)
+            self.conn = connect()
+            return self.sweep()
         while not stopping.wait(period * random.uniform(0.8, 1.2)):
             try:
                 if self.conn is None or self.conn.closed or self.conn.broken:
@@ -369,9 +437,11 @@ class Rescuer(threading.Thread):
                 "SELECT id, channel, inflight, attempts, lease_owner, message_id FROM py_deliveries "
                 "WHERE state = 'sending' AND lease_until < now() FOR UPDATE SKIP LOCKED LIMIT 200").fetchall()
             for did, ch, inflight, attempts, owner, message_id in rows:
+                if flaw("rescue-ignores-inflight"):
+                    inflight = False  # flaw(rescue-ignores-inflight): "its worker died: send it again"
                 if not inflight:
                     to, delta = "retryable", -1  # that attempt never left
-                elif ch == "email" and POLICY == "hold":
+                elif ch == "email" and POLICY == "hold" and not flaw("email-resend-uncertain"):
                     to, delta = "unknown", 0
                 elif ch == "line" and attempts >= MAX_ATTEMPTS:
                     to, delta = "unknown", 0  # a resend could be one attempt too many
@@ -381,11 +451,18 @@ class Rescuer(threading.Thread):
                     "UPDATE py_deliveries SET state = %s, attempts = attempts + %s, next_at = now(), "
                     "lease_owner = NULL, lease_until = NULL, "
                     "lease_token = CASE WHEN %s = 'unknown' THEN lease_token END, "
-                    "inflight = CASE WHEN %s = 'unknown' THEN false ELSE inflight END WHERE id = %s",
-                    (to, delta, to, to, did))
+                    "inflight = CASE WHEN %s = 'unknown' OR %s THEN false ELSE inflight END WHERE id = %s",
+                    (to, delta, to, to, not inflight, did))
                 transition(self.conn, did, "sending", to, "rescuer", f"{WORKER}: lease of {owner} expired")
                 if inflight:
                     apply_early_reports(self.conn, did, ch, message_id, to, None)
+
+
+def crash(e):
+    """flaw(crash-on-db-error): "let it crash, the orchestrator restarts us"."""
+    log(WORKER, "database error, exiting:", e)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def main():

@@ -96,8 +96,22 @@ pub enum CallbackVariant {
     Stale,
     /// A wrong signature claiming a different status.
     ForgedSignature,
+    /// No signature at all, claiming a different status: what anyone who does not know the key
+    /// can send. A stack that checks a signature only when one is there believes it.
+    Unsigned,
     /// A correctly signed callback about a message id the provider never issued.
     UnknownId,
+}
+
+impl CallbackVariant {
+    /// A report the provider did not sign — a wrong signature or none — which a stack must
+    /// refuse (403) and never apply.
+    pub fn is_forged(self) -> bool {
+        matches!(
+            self,
+            CallbackVariant::ForgedSignature | CallbackVariant::Unsigned
+        )
+    }
 }
 
 /// One header field of an accepted e-mail, as sent: the name as written, the value unfolded

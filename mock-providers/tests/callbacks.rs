@@ -1,5 +1,6 @@
 //! Delivery reports: SMS status callbacks and e-mail events, every variant at its configured
-//! rate, signatures that verify (and forged ones that don't), and retries on 5xx / timeout.
+//! rate, signatures that verify (and forged ones that don't, or are missing), and retries on 5xx /
+//! timeout.
 
 mod common;
 
@@ -14,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use common::*;
+use mock_providers::callbacks::plan::UNSIGNED_SHARE;
 use mock_providers::config::{CallbackConfig, ProvidersConfig};
 use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
 use mock_providers::signing::{verify_ting, verify_twilio};
@@ -32,6 +34,8 @@ struct Got {
     token: String,
     params: HashMap<String, String>,
     json: serde_json::Value,
+    /// A signature header was there (right or wrong).
+    signed: bool,
     valid: bool,
 }
 
@@ -47,30 +51,33 @@ struct Receiver {
 
 async fn sms_cb(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
     let params: Vec<(String, String)> = serde_urlencoded::from_bytes(&body).unwrap();
-    let sig = headers.get("x-twilio-signature").unwrap().to_str().unwrap();
+    let sig = headers
+        .get("x-twilio-signature")
+        .map(|v| v.to_str().unwrap());
     let token = headers
         .get("i-twilio-idempotency-token")
         .unwrap()
         .to_str()
         .unwrap()
         .to_string();
-    let valid = verify_twilio(&r.auth_token, &format!("{}/sms", r.url), &params, sig);
+    let valid = sig
+        .is_some_and(|sig| verify_twilio(&r.auth_token, &format!("{}/sms", r.url), &params, sig));
     record(
         &r,
         token,
         params.into_iter().collect(),
         serde_json::Value::Null,
-        valid,
+        (sig.is_some(), valid),
     )
     .await
 }
 
 async fn email_cb(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let sig = headers.get("x-ting-signature").unwrap().to_str().unwrap();
-    let valid = verify_ting(&r.secret, &body, sig);
+    let sig = headers.get("x-ting-signature").map(|v| v.to_str().unwrap());
+    let valid = sig.is_some_and(|sig| verify_ting(&r.secret, &body, sig));
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let token = json["id"].as_str().unwrap().to_string();
-    record(&r, token, HashMap::new(), json, valid).await
+    record(&r, token, HashMap::new(), json, (sig.is_some(), valid)).await
 }
 
 async fn record(
@@ -78,7 +85,7 @@ async fn record(
     token: String,
     params: HashMap<String, String>,
     json: serde_json::Value,
-    valid: bool,
+    (signed, valid): (bool, bool),
 ) -> StatusCode {
     let first_time = r.seen.lock().unwrap().insert(token.clone());
     if first_time && r.first == First::Hang {
@@ -92,6 +99,7 @@ async fn record(
         token,
         params,
         json,
+        signed,
         valid,
     });
     if valid {
@@ -206,12 +214,7 @@ async fn sms_status_callbacks_every_variant() {
         N as usize,
         "stale",
     );
-    near(
-        count(&cbs, CallbackVariant::ForgedSignature),
-        RATE,
-        N as usize,
-        "forged",
-    );
+    assert_forgeries(&cbs, &got);
     near(
         count(&cbs, CallbackVariant::UnknownId),
         RATE,
@@ -220,7 +223,7 @@ async fn sms_status_callbacks_every_variant() {
     );
 
     for e in &cbs {
-        let forged = e.callback_variant == Some(CallbackVariant::ForgedSignature);
+        let forged = e.callback_variant.is_some_and(CallbackVariant::is_forged);
         assert_eq!(
             e.callback_response,
             Some(if forged { 403 } else { 200 }),
@@ -280,7 +283,7 @@ async fn sms_status_callbacks_every_variant() {
     // A forged callback claims the opposite of the truth.
     for e in cbs
         .iter()
-        .filter(|e| e.callback_variant == Some(CallbackVariant::ForgedSignature))
+        .filter(|e| e.callback_variant.is_some_and(CallbackVariant::is_forged))
     {
         let truth = cbs
             .iter()
@@ -344,11 +347,11 @@ async fn email_events_every_variant() {
     for (v, what) in [
         (CallbackVariant::Duplicate, "duplicates"),
         (CallbackVariant::Stale, "stale"),
-        (CallbackVariant::ForgedSignature, "forged"),
         (CallbackVariant::UnknownId, "unknown id"),
     ] {
         near(count(&cbs, v), RATE, N as usize, what);
     }
+    assert_forgeries(&cbs, &got);
     for g in &got {
         let j = &g.json;
         for k in [
@@ -366,7 +369,7 @@ async fn email_events_every_variant() {
         chrono::DateTime::parse_from_rfc3339(j["timestamp"].as_str().unwrap()).unwrap();
     }
     for e in &cbs {
-        let forged = e.callback_variant == Some(CallbackVariant::ForgedSignature);
+        let forged = e.callback_variant.is_some_and(CallbackVariant::is_forged);
         assert_eq!(e.callback_response, Some(if forged { 403 } else { 200 }));
         let unknown = e.callback_variant == Some(CallbackVariant::UnknownId);
         assert_eq!(ids.contains(e.message_id.as_deref().unwrap()), !unknown);
@@ -384,6 +387,32 @@ async fn email_events_every_variant() {
         .filter(|g| g.valid && ids.contains(g.json["message_id"].as_str().unwrap()))
         .count();
     near(bounced, RATE, finals, "bounces");
+}
+
+/// Forged reports come at `RATE` per message, about `UNSIGNED_SHARE` of them with no signature
+/// header at all and the rest signed with a wrong key; every other report carries a signature.
+fn assert_forgeries(cbs: &[&LedgerEntry], got: &[Got]) {
+    let wrong_key = count(cbs, CallbackVariant::ForgedSignature);
+    let unsigned = count(cbs, CallbackVariant::Unsigned);
+    near(wrong_key + unsigned, RATE, N as usize, "forged");
+    near(
+        unsigned,
+        UNSIGNED_SHARE,
+        wrong_key + unsigned,
+        "unsigned forgeries",
+    );
+    let unsigned_tokens: HashSet<&str> = cbs
+        .iter()
+        .filter(|e| e.callback_variant == Some(CallbackVariant::Unsigned))
+        .map(|e| e.idempotency_key.as_deref().unwrap())
+        .collect();
+    for g in got {
+        assert_eq!(
+            g.signed,
+            !unsigned_tokens.contains(g.token.as_str()),
+            "{g:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -178,8 +178,8 @@ fn failure_reports(ledger: &[Arc<LedgerEntry>]) -> HashMap<(Provider, &str), u64
     for e in ledger {
         let status = match e.kind {
             EntryKind::Callback
-                if e.callback_variant != Some(CallbackVariant::ForgedSignature)
-                    && e.callback_variant != Some(CallbackVariant::UnknownId) =>
+                if e.callback_variant
+                    .is_none_or(|v| !v.is_forged() && v != CallbackVariant::UnknownId) =>
             {
                 e.callback_status.as_deref()
             }

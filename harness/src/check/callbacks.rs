@@ -13,21 +13,22 @@
 //! - **disagrees**: the status row with that `provider_message_id` (angle brackets ignored, so an
 //!   e-mail matches on its Message-ID) is not `delivered` for a delivered report, or not
 //!   `permanent_failure`/`failed` for a failure report.
-//! - **forged_accepted**: same, and the final state is what a forged-signature or unknown-id report
-//!   to the same address claimed.
+//! - **forged_accepted**: same, and the final state is what a forged report (a wrong signature,
+//!   or none at all) or an unknown-id report to the same address claimed.
 //! - **regression**: any transition out of `delivered`, `permanent_failure` or `failed` (a stale or
 //!   out-of-order report applied), on any row.
 //! - **duplicate_applied**: two transitions with source `callback` into the same state on one row
 //!   (each from another state: a same-state entry the stack logged for a report it ignored
 //!   changed nothing).
-//! - **forged_answered_2xx**: a report with a forged signature answered 2xx (the contract says
-//!   403: a stack that accepts it would accept anyone's).
+//! - **forged_answered_2xx**: a forged report — a wrong signature, or none at all — answered 2xx
+//!   (the contract says 403: a stack that accepts it would accept anyone's; one that checks a
+//!   signature only when there is one accepts every unsigned report).
 //!
 //! Judged: genuine final reports matched to a status row by message id (`disagrees`, needs one
 //! whenever there are genuine final reports; reports never acknowledged or matching no row are
 //! unjudged, and more than 1% of them makes the verdict insufficient — a stack that leaves
 //! `provider_message_id` empty cannot be judged, it does not hold); rows with transitions
-//! (`regression`, `duplicate_applied`); forged-signature reports (`forged_answered_2xx`).
+//! (`regression`, `duplicate_applied`); forged reports (`forged_answered_2xx`).
 //!
 //! Figures count the genuine reports by type per provider, and the intermediate or
 //! informational ones the stack acknowledged after it had acknowledged the final report about the
@@ -130,12 +131,12 @@ pub fn check(input: &Input) -> Verdict {
                 });
                 t.acked |= acked;
             }
-            Some(CallbackVariant::ForgedSignature) | Some(CallbackVariant::UnknownId) => {
+            Some(v) if v.is_forged() || v == CallbackVariant::UnknownId => {
                 forged
                     .entry((cb.provider, cb.recipient.as_str()))
                     .or_default()
                     .push(status);
-                if cb.callback_variant == Some(CallbackVariant::ForgedSignature) {
+                if v.is_forged() {
                     forged_sig += 1;
                     if acked {
                         forged_acked.push(json!({
@@ -143,6 +144,7 @@ pub fn check(input: &Input) -> Verdict {
                             "channel": channel_of(cb.provider).as_str(),
                             "address": cb.recipient,
                             "message_id": id,
+                            "signature": if v == CallbackVariant::Unsigned { "none" } else { "wrong key" },
                             "claimed": status,
                             "answered": cb.callback_response,
                             "at_ms": ms(cb.mono_ns),
@@ -331,8 +333,9 @@ fn late_non_final<'a>(
     let acked = |cb: &&&LedgerEntry| {
         cb.callback_response
             .is_some_and(|c| (200..300).contains(&c))
-            && cb.callback_variant != Some(CallbackVariant::ForgedSignature)
-            && cb.callback_variant != Some(CallbackVariant::UnknownId)
+            && cb
+                .callback_variant
+                .is_none_or(|v| !v.is_forged() && v != CallbackVariant::UnknownId)
     };
     let mut final_at: HashMap<(Provider, &str), u64> = HashMap::new();
     for cb in cbs.iter().filter(acked) {

@@ -330,3 +330,50 @@ fn a_forged_report_answered_2xx_is_a_violation() {
     assert_eq!(rules(&v), ["forged_answered_2xx"]);
     assert_eq!(v.judged["forged_answered_2xx"].judged, 1);
 }
+
+/// `healthy()` with the e-mail also sent an unsigned report claiming `delivered` (its genuine
+/// final report said `bounced`), answered `response`.
+fn with_unsigned_report(response: u16) -> World {
+    let mut w = healthy();
+    let e = addr("r2", Email);
+    w.callback(
+        Email,
+        &e,
+        "<m2@x>",
+        "delivered",
+        Unsigned,
+        Some(response),
+        320,
+    );
+    w
+}
+
+#[test]
+fn an_unsigned_report_refused_403_holds_and_is_judged() {
+    let v = check(&with_unsigned_report(403).input());
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    assert_eq!(v.judged["forged_answered_2xx"].judged, 2);
+}
+
+#[test]
+fn an_unsigned_report_answered_2xx_or_applied_is_a_violation() {
+    let v = check(&with_unsigned_report(200).input());
+    assert_eq!(v.status, Status::Violated, "{v:#?}");
+    assert_eq!(rules(&v), ["forged_answered_2xx"]);
+    assert_eq!(v.counterexamples[0]["signature"], "none");
+
+    // Applied too: the e-mail's row followed the unsigned claim instead of its bounce.
+    let mut w = with_unsigned_report(200);
+    let rows = w.status.as_mut().unwrap();
+    rows.remove(1);
+    w.status_row(
+        "r2",
+        Email,
+        Some("m2@x"),
+        &["pending", "sending", "submitted", "delivered@callback"],
+    );
+    let v = check(&w.input());
+    let mut got = rules(&v);
+    got.sort();
+    assert_eq!(got, ["forged_accepted", "forged_answered_2xx"], "{v:#?}");
+}

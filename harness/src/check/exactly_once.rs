@@ -9,16 +9,20 @@
 //! properly is `no_loss`'s business). An
 //! `IdempotentRepeat` is the provider recognising a retry key, not a new delivery. Judged: every
 //! expected delivery (`duplicate`, needs one) and every address that saw a send
-//! (`unexpected_recipient`, may be none). Must never
-//! consult the stack's status API: the ledger alone says what customers got.
+//! (`unexpected_recipient`, may be none: an address none of the load's recipients has). A
+//! recipient of a batch the stack did not accept within the load's retry window is no stranger —
+//! nothing is expected for it (`responsiveness` judges the batch), but a stack that took the batch
+//! after the load gave up sends to it: counted (`sends_for_batches_not_accepted`), not flagged.
+//! Must never consult the stack's status API: the ledger alone says what customers got.
 
 use std::collections::HashSet;
 
-use mock_providers::ledger::Outcome;
+use mock_providers::ledger::{Outcome, Provider};
 use serde_json::{json, Value};
 
 use super::common::{attempt_json, channel_of, delivery_json, figures, Findings, Sends};
 use super::{Input, Verdict};
+use crate::load::recipients;
 
 pub const NAME: &str = "exactly_once";
 
@@ -56,9 +60,20 @@ pub fn check(input: &Input) -> Verdict {
         .iter()
         .map(|e| (e.channel.provider(), e.address.as_str()))
         .collect();
+    let people: HashSet<(Provider, String)> = recipients::of_run(input.scenario)
+        .iter()
+        .flat_map(|r| {
+            input
+                .scenario
+                .load
+                .channels
+                .iter()
+                .map(|c| (c.provider(), r.address(*c).to_string()))
+        })
+        .collect();
     let mut unexpected_keys: Vec<_> = sends.keys().filter(|k| !expected.contains(k)).collect();
     unexpected_keys.sort();
-    let mut unexpected = 0u64;
+    let (mut unexpected, mut not_accepted) = (0u64, 0u64);
     for (provider, address) in unexpected_keys {
         let accepted: Vec<_> = sends
             .by_key(provider, address)
@@ -66,6 +81,10 @@ pub fn check(input: &Input) -> Verdict {
             .filter(|s| s.outcome == Outcome::Accepted)
             .collect();
         if accepted.is_empty() {
+            continue;
+        }
+        if people.contains(&(provider, address.to_string())) {
+            not_accepted += accepted.len() as u64;
             continue;
         }
         unexpected += accepted.len() as u64;
@@ -90,6 +109,7 @@ pub fn check(input: &Input) -> Verdict {
         "duplicated_deliveries": duplicated,
         "extra_sends": extra_sends,
         "unexpected_sends": unexpected,
+        "sends_for_batches_not_accepted": not_accepted,
         "never_accepted": never,
         "duplicates_resumed_mid_send": resumed,
     }));
@@ -163,6 +183,23 @@ mod tests {
                 assert_eq!(c["address"], "+15559999");
             }
         }
+    }
+
+    /// A batch the stack did not accept in time is not expected (`run/not_accepted.rs`), but its
+    /// recipients are the load's: a stack that took it late and sent it sent to no stranger.
+    #[test]
+    fn a_recipient_of_a_batch_not_accepted_is_no_stranger() {
+        let mut w = World::new();
+        let a = w.expect("r1", Sms);
+        w.send(Sms, &a, Accepted, 10);
+        let late = crate::load::recipients::of_run(&w.scenario)[0]
+            .phone
+            .clone();
+        w.send(Sms, &late, Accepted, 20);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        assert_eq!(v.figures["sends_for_batches_not_accepted"], 1);
+        assert_eq!(v.figures["unexpected_sends"], 0);
     }
 
     #[test]

@@ -46,19 +46,34 @@ pub const SMS_MAX_CHARS: usize = 1_600;
 const ONCE: [&str; 6] = ["subject", "from", "to", "cc", "message-id", "date"];
 
 pub fn check(input: &Input) -> Verdict {
+    let load = &input.scenario.load;
+    // The trickle's orders too: their recipients follow the batches' in one seeded sequence.
+    let people = recipients::of_run(input.scenario);
+    // Every recipient of the load, also of a batch the stack did not accept in time (nothing is
+    // expected for it, but a stack that took it late sends it to the load's own recipients).
     let run_addresses: HashSet<String> = input
         .expected
         .iter()
         .map(|e| e.address.to_ascii_lowercase())
+        .chain(people.iter().map(|r| r.email.to_ascii_lowercase()))
         .collect();
-    let load = &input.scenario.load;
-    // The trickle's orders too: their recipients follow the batches' in one seeded sequence.
-    let people = recipients::of_run(input.scenario);
     let by_email: HashMap<String, &Recipient> = people
         .iter()
         .map(|r| (r.email.to_ascii_lowercase(), r))
         .collect();
-    let subject_template = load.template.subject.as_str();
+    // Each e-mail's Subject is its own batch's: `[load] template_edit` POSTs later batches with
+    // an edited template, and a stack that renders at send time from the template as it is now
+    // sends the edit to earlier batches too.
+    let edited: HashSet<String> = input
+        .expected
+        .iter()
+        .filter(|e| e.template_edited)
+        .map(|e| e.address.to_ascii_lowercase())
+        .collect();
+    let subject_templates = [
+        load.template_of(false).subject.clone(),
+        load.template_of(true).subject.clone(),
+    ];
 
     let mut findings = Findings::default();
     let (mut emails, mut subjects, mut sms) = (0u64, 0u64, 0u64);
@@ -75,7 +90,9 @@ pub fn check(input: &Input) -> Verdict {
                 {
                     findings.push(finding(e, rule, what));
                 }
-                let person = by_email.get(&e.recipient.to_ascii_lowercase());
+                let address = e.recipient.to_ascii_lowercase();
+                let person = by_email.get(&address);
+                let subject_template = &subject_templates[usize::from(edited.contains(&address))];
                 let rendered = person.and_then(|p| Rendered::new(subject_template, p));
                 if let Some(want) = rendered {
                     subjects += 1;
@@ -115,7 +132,7 @@ pub fn check(input: &Input) -> Verdict {
         }
         // A subject template with more than variables and comments is not rendered here: the
         // rule does not apply. Otherwise every e-mail's recipient must be one of the load's.
-        if renderable(subject_template) {
+        if subject_templates.iter().all(|t| renderable(t)) {
             findings.judged("subject_changed", subjects);
             findings.unjudged(
                 "subject_changed",
@@ -399,6 +416,81 @@ mod tests {
         }
         assert!(Rendered::new("{{#x}}y{{/x}}", &ana).is_none());
         assert!(Rendered::new("{{nope}}", &ana).is_none());
+    }
+
+    /// `[load] template_edit`: every e-mail's Subject is its own batch's template. A stack that
+    /// keeps templates by id and renders at send time sends the edit to the batch before it (or
+    /// one that keeps the first version it saw withholds the edit from the batch after it).
+    #[test]
+    fn each_email_carries_its_own_batch_s_template() {
+        let mut w = World::new();
+        w.scenario.load.channels = vec![Channel::Email];
+        w.scenario.load.template_edit = Some(crate::scenario::TemplateEdit { from_batch: 2 });
+        let people = recipients::of_run(&w.scenario);
+        let subject = |p: &Recipient, edited: bool| {
+            let t = w.scenario.load.template_of(edited);
+            Rendered::new(&t.subject, p).unwrap().raw
+        };
+        // (subject of batch 1's e-mail, of batch 2's, rules expected)
+        let cases = [
+            (false, true, vec![]),
+            (true, true, vec!["subject_changed"]),
+            (false, false, vec!["subject_changed"]),
+        ];
+        for (first, second, want) in cases {
+            let mut w = World::new();
+            w.scenario.load.channels = vec![Channel::Email];
+            w.scenario.load.template_edit = Some(crate::scenario::TemplateEdit { from_batch: 2 });
+            for (i, (batch, edited, sent_edited)) in [("b1", false, first), ("b2", true, second)]
+                .into_iter()
+                .enumerate()
+            {
+                let p = &people[i];
+                w.expected.push(crate::check::Expected {
+                    recipient: p.id.clone(),
+                    channel: Channel::Email,
+                    address: p.email.clone(),
+                    bad: false,
+                    tricky_name: None,
+                    batch_id: batch.into(),
+                    template_edited: edited,
+                });
+                w.send(Channel::Email, &p.email, Outcome::Accepted, 10)
+                    .subject(&subject(p, sent_edited));
+            }
+            let v = check(&w.input());
+            assert_eq!(rules(&v), want, "sent edited: {first} {second}: {v:#?}");
+            if let Some(c) = v.counterexamples.first() {
+                assert_eq!(c["address"], people[usize::from(!first)].email);
+            }
+        }
+    }
+
+    /// A batch the stack accepted only after the load gave up is not expected, but its
+    /// recipients are the load's: an e-mail to one adds no recipient; one to a stranger does.
+    #[test]
+    fn a_recipient_of_a_batch_not_accepted_is_no_extra_recipient() {
+        let mut w = World::new();
+        w.scenario.load.channels = vec![Channel::Email];
+        let late = recipients::of_run(&w.scenario)[0].clone();
+        let subject = Rendered::new(&w.scenario.load.template.subject, &late)
+            .unwrap()
+            .raw;
+        w.send(Channel::Email, &late.email, Outcome::Accepted, 10)
+            .subject(&subject);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Holds, "{v:#?}");
+        w.send(
+            Channel::Email,
+            "stranger@example.test",
+            Outcome::Accepted,
+            20,
+        )
+        .subject("x");
+        assert_eq!(
+            rules(&check(&w.input())),
+            ["extra_recipient", "extra_recipient"]
+        );
     }
 
     #[test]

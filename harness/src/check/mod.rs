@@ -58,6 +58,8 @@ pub struct Expected {
     pub tricky_name: Option<String>,
     /// Batch id it was enqueued in.
     pub batch_id: String,
+    /// Its batch was POSTed with the edited template (`[load] template_edit`).
+    pub template_edited: bool,
 }
 
 /// A delivery row from the stack's status API (`GET /v1/batches/{id}/deliveries`).

@@ -135,6 +135,7 @@ impl World {
             bad: false,
             tricky_name: None,
             batch_id: batch_id.into(),
+            template_edited: false,
         });
         address
     }
@@ -393,6 +394,29 @@ impl SendMut<'_> {
 
     pub fn body(self, body: &str) -> Self {
         self.entry.body = Some(body.into());
+        self
+    }
+
+    /// An e-mail as the SMTP fake keeps it: `subject` decoded, and an envelope and header
+    /// section for the entry's recipient alone.
+    pub fn subject(self, subject: &str) -> Self {
+        let field = |name: &str, value: &str| mock_providers::ledger::HeaderField {
+            name: name.into(),
+            value: value.into(),
+        };
+        self.entry.subject = Some(subject.into());
+        self.entry.email = Some(Box::new(mock_providers::ledger::EmailDetail {
+            mail_from: "stack@example.test".into(),
+            rcpt_to: vec![self.entry.recipient.clone()],
+            headers: vec![
+                field("From", "stack@example.test"),
+                field("To", &self.entry.recipient),
+                field("Subject", subject),
+            ],
+            size: 0,
+            sha256: String::new(),
+            body_sha256: String::new(),
+        }));
         self
     }
 

@@ -41,11 +41,14 @@ impl Plan {
         Plan { batches }
     }
 
-    pub fn batch_of(&self, index: usize) -> String {
+    /// The batch recipient `index` is enqueued in, and whether that batch carries the edited
+    /// template.
+    pub fn batch_of(&self, scenario: &Scenario, index: usize) -> (String, bool) {
         self.batches
             .iter()
-            .find(|(_, r)| r.contains(&index))
-            .map(|(id, _)| id.clone())
+            .enumerate()
+            .find(|(_, (_, r))| r.contains(&index))
+            .map(|(k, (id, _))| (id.clone(), scenario.load.template_edited(k)))
             .unwrap_or_default()
     }
 }
@@ -155,6 +158,8 @@ pub struct Poster {
     now_ns: Clock,
     /// [`RETRY_FOR`], shorter in tests.
     retry_for: Duration,
+    /// Told the moment the API answers a batch 2xx (a chaos step on the API aims right after).
+    on_accepted: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// An answered `POST /v1/batches`.
@@ -206,11 +211,20 @@ impl Poster {
             api_base: api_base.into(),
             now_ns,
             retry_for: RETRY_FOR,
+            on_accepted: None,
         }
     }
 
-    fn body(&self, batch_id: &str, recipients: &[Recipient]) -> Vec<u8> {
-        let t = &self.scenario.load.template;
+    /// Notifies `n`'s waiters each time the API answers a batch 2xx, as soon as the status is
+    /// read.
+    pub fn on_accepted(mut self, n: Arc<tokio::sync::Notify>) -> Poster {
+        self.on_accepted = Some(n);
+        self
+    }
+
+    /// The POST body of a batch; `edited`: with the edited template (`[load] template_edit`).
+    fn body(&self, batch_id: &str, recipients: &[Recipient], edited: bool) -> Vec<u8> {
+        let t = self.scenario.load.template_of(edited);
         let channels: Vec<&str> = self
             .scenario
             .load
@@ -241,6 +255,9 @@ impl Poster {
             .await
             .map_err(|e| format!("request error: {e}"))?;
         let status = resp.status().as_u16();
+        if let (true, Some(n)) = ((200..300).contains(&status), &self.on_accepted) {
+            n.notify_waiters();
+        }
         let retry_after_s = retry::retry_after_s(resp.headers());
         let body = resp.text().await.unwrap_or_default();
         let latency_us = sent.elapsed().as_micros() as u64;
@@ -268,7 +285,8 @@ impl Poster {
         batch_id: &str,
         recipients: &[Recipient],
     ) -> Result<Started, EnqueueError> {
-        let body = self.body(batch_id, recipients);
+        let edited = sequence == "batches" && self.scenario.load.template_edited(k);
+        let body = self.body(batch_id, recipients, edited);
         let plan = repeat::plan(&self.scenario, sequence, k, batch_id);
         let expected_deliveries = (recipients.len() * self.scenario.load.channels.len()) as u64;
         let who = retry::Who {

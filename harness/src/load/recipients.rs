@@ -162,14 +162,17 @@ fn email_address(id: &str, pick: u8) -> String {
 }
 
 /// The deliveries the load asks for, with the providers' seeded verdict on each address.
+/// `batch_of(i)`: the batch recipient `i` is enqueued in, and whether it is POSTed with the
+/// edited template (`[load] template_edit`).
 pub fn expected(
     scenario: &Scenario,
     recipients: &[Recipient],
-    batch_of: impl Fn(usize) -> String,
+    batch_of: impl Fn(usize) -> (String, bool),
 ) -> Vec<Expected> {
     let p: &ProvidersConfig = &scenario.providers;
     let mut out = Vec::with_capacity(recipients.len() * scenario.load.channels.len());
     for (i, r) in recipients.iter().enumerate() {
+        let (batch_id, template_edited) = batch_of(i);
         for &channel in &scenario.load.channels {
             let rate = match channel {
                 Channel::Line => p.line.bad_addresses,
@@ -183,7 +186,8 @@ pub fn expected(
                 bad: faults::is_bad_address(scenario.seed, channel.provider(), &address, rate),
                 address,
                 tricky_name: r.tricky.then(|| r.name.clone()),
-                batch_id: batch_of(i),
+                batch_id: batch_id.clone(),
+                template_edited,
             });
         }
     }

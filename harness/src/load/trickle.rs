@@ -103,7 +103,7 @@ impl TrickleRun {
                 let batch_id = order_id(&scenario, k);
                 let expected =
                     super::recipients::expected(&scenario, &people[chunk.clone()], |_| {
-                        batch_id.clone()
+                        (batch_id.clone(), false)
                     });
                 publish.lock().unwrap().push(Order {
                     batch_id: batch_id.clone(),

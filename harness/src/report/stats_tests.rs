@@ -28,6 +28,7 @@ fn expected(
         bad: false,
         tricky_name: None,
         batch_id: batch.into(),
+        template_edited: false,
     }
 }
 

@@ -57,6 +57,9 @@ pub struct Chaos {
     aims: aim::Aims,
     /// The API process (`target = "api"`), once it runs.
     api: Mutex<Option<ApiProcess>>,
+    /// Held by a step on the API from its signal until its replacement is ready: the next step
+    /// on the API waits for it ([`api::act`]).
+    api_turn: Arc<tokio::sync::Mutex<()>>,
     /// The fakes' shared state (`provider_outage`), once they run.
     hub: Mutex<Option<Arc<mock_providers::hub::Hub>>>,
     /// Faults on workers' links to a provider in force, looked up for every send request.
@@ -80,6 +83,7 @@ impl Chaos {
             tasks: Mutex::default(),
             aims: aim::Aims::default(),
             api: Mutex::default(),
+            api_turn: Arc::default(),
             hub: Mutex::default(),
             links: provider_link::Links::default(),
         })

@@ -50,7 +50,8 @@ pub(super) async fn load_and_chaos(
         let ledger = ledger.clone();
         Arc::new(move || ledger.now_ns()) as load::Clock
     };
-    let poster = load::Poster::new(scenario, &stack.api_base, clock);
+    let poster = load::Poster::new(scenario, &stack.api_base, clock)
+        .on_accepted(world.enqueue_answered.clone());
     let trickle_people = std::mem::take(&mut work.trickle_people);
     let trickle = scenario
         .load

@@ -48,6 +48,7 @@ mod tests {
             bad: false,
             tricky_name: None,
             batch_id: batch.into(),
+            template_edited: false,
         }
     }
 

@@ -190,6 +190,7 @@ mod tests {
             bad: false,
             tricky_name: None,
             batch_id: "b".into(),
+            template_edited: false,
         }
     }
 

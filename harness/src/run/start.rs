@@ -39,7 +39,7 @@ impl Workload {
         let mut people = recipients::of_run(scenario);
         let trickle_people = people.split_off(scenario.load.recipients as usize);
         let plan = Plan::new(scenario, people.len());
-        let expected = recipients::expected(scenario, &people, |i| plan.batch_of(i));
+        let expected = recipients::expected(scenario, &people, |i| plan.batch_of(scenario, i));
         let acceptable_by = acceptable_by(&expected);
         Workload {
             people,

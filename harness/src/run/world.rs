@@ -50,6 +50,8 @@ pub struct World {
     pub printer: Mutex<Option<super::progress::Printer>>,
     /// Notified on every accepted send (progress triggers wait on it).
     pub progress: tokio::sync::Notify,
+    /// Notified each time the API answers a batch 2xx (a step on the API aims right after one).
+    pub enqueue_answered: Arc<tokio::sync::Notify>,
 }
 
 fn idx(p: Provider) -> usize {
@@ -85,6 +87,7 @@ impl World {
             accepted_total: AtomicU64::new(0),
             faults: AtomicU64::new(0),
             progress: tokio::sync::Notify::new(),
+            enqueue_answered: Arc::default(),
             printer: Mutex::new(None),
         })
     }

@@ -157,6 +157,53 @@ pub struct Load {
     pub trickle: Option<Trickle>,
     /// Batches POSTed again, as clients do after a timeout or a lost answer.
     pub repeat: Option<Repeat>,
+    /// The template is edited from this batch on (`[load] template_edit`).
+    pub template_edit: Option<TemplateEdit>,
+}
+
+/// `[load] template_edit`, validated: batches from `from_batch` (counting from 1) on are POSTed
+/// with [`TemplateEdit::apply`] of the template.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TemplateEdit {
+    pub from_batch: u32,
+}
+
+impl TemplateEdit {
+    /// What the edit appends to every part of the template.
+    pub const MARK: &'static str = " (edited)";
+
+    /// The edited template: the same `id`, the next `version`, [`TemplateEdit::MARK`] at the end
+    /// of every part (plain text: it adds no tag, so the edit renders wherever the original does).
+    pub fn apply(t: &RawTemplate) -> RawTemplate {
+        let mark = |s: &str| format!("{s}{}", Self::MARK);
+        RawTemplate {
+            id: t.id.clone(),
+            version: t.version + 1,
+            subject: mark(&t.subject),
+            text: mark(&t.text),
+            html: mark(&t.html),
+            line: mark(&t.line),
+            sms: mark(&t.sms),
+        }
+    }
+}
+
+impl Load {
+    /// Whether the batch with 0-based index `k` (of the batches, not the trickle's orders) is
+    /// POSTed with the edited template.
+    pub fn template_edited(&self, k: usize) -> bool {
+        self.template_edit
+            .is_some_and(|e| k + 1 >= e.from_batch as usize)
+    }
+
+    /// The template a batch is POSTed with: `[load.template]`, or its edit.
+    pub fn template_of(&self, edited: bool) -> std::borrow::Cow<'_, RawTemplate> {
+        if edited {
+            std::borrow::Cow::Owned(TemplateEdit::apply(&self.template))
+        } else {
+            std::borrow::Cow::Borrowed(&self.template)
+        }
+    }
 }
 
 /// `[load] trickle`: `per_second` orders of `recipients` each, from the start of the load until

@@ -195,6 +195,20 @@ pub struct RawLoad {
     /// Re-POST a share of the batches, as a client does after a timeout or a lost answer, e.g.
     /// `{ share = "5%", after = "0ms..2s" }`.
     pub repeat: Option<RawRepeat>,
+    /// Edit the template while earlier batches still send, e.g. `{ from_batch = 3 }`.
+    pub template_edit: Option<RawTemplateEdit>,
+}
+
+/// `[load] template_edit`: from batch `from_batch` (counting from 1) on, every batch is POSTed
+/// with the template edited — the same `id`, `version + 1`, and ` (edited)` at the end of every
+/// part — as a team edits a template while the earlier batches still send and retry. A stack
+/// that keeps templates by `id` and renders at send time sends the edit to the earlier batches.
+/// The trickle's orders keep the template as written.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTemplateEdit {
+    /// The first batch POSTed with the edited template (2 up to the number of batches).
+    pub from_batch: u32,
 }
 
 /// `[load] trickle`: small orders (their own batch ids, the same channels and template) enqueued

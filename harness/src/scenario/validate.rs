@@ -473,6 +473,11 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad, stack: &StackSpec) -> Result<Load, 
         (None, None) => Pacing::Batches(1),
     };
     validate_template(cx, &l.template, &channels, stack)?;
+    let template_edit = l
+        .template_edit
+        .as_ref()
+        .map(|e| validate_template_edit(cx, e, pacing.batch_count()))
+        .transpose()?;
     Ok(Load {
         recipients: l.recipients,
         channels,
@@ -489,6 +494,28 @@ fn validate_load(cx: &Ctx, l: &raw::RawLoad, stack: &StackSpec) -> Result<Load, 
             .as_ref()
             .map(|r| validate_repeat(cx, r))
             .transpose()?,
+        template_edit,
+    })
+}
+
+/// An edit needs a batch before it (what it edits under) and one from it on (what carries it).
+fn validate_template_edit(
+    cx: &Ctx,
+    e: &raw::RawTemplateEdit,
+    batches: u32,
+) -> Result<TemplateEdit, ScenarioError> {
+    if e.from_batch < 2 || e.from_batch > batches {
+        return Err(cx.at(
+            "load.template_edit.from_batch",
+            format!(
+                "`from_batch` must be between 2 and the number of batches ({batches}) (got {}): \
+                 an edit needs a batch before it and one after",
+                e.from_batch
+            ),
+        ));
+    }
+    Ok(TemplateEdit {
+        from_batch: e.from_batch,
     })
 }
 

@@ -28,7 +28,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::{SmsConfig, SmtpConfig};
-use crate::ledger::{EntryKind, Ledger, LedgerEntry, Outcome, Provider};
+use crate::ledger::{CallbackVariant, EntryKind, Ledger, LedgerEntry, Outcome, Provider};
 use crate::signing;
 use plan::Planned;
 
@@ -190,12 +190,12 @@ impl Dispatcher {
             if let Some(code) = p.error_code {
                 params.push(("ErrorCode", code.to_string()));
             }
-            let key = if p.forged {
-                format!("{}-forged", cfg.auth_token)
-            } else {
-                cfg.auth_token.clone()
-            };
-            let signature = signing::twilio_signature(&key, &msg.status_callback, &params);
+            let mut headers = Vec::with_capacity(2);
+            if let Some(key) = signing_key(p.variant, &cfg.auth_token) {
+                let signature = signing::twilio_signature(&key, &msg.status_callback, &params);
+                headers.push(("x-twilio-signature", signature));
+            }
+            headers.push(("i-twilio-idempotency-token", p.token.clone()));
             let body = serde_urlencoded::to_string(&params).expect("string pairs always encode");
             self.spawn(Job {
                 provider: Provider::Sms,
@@ -205,10 +205,7 @@ impl Dispatcher {
                 planned: p.clone(),
                 content_type: "application/x-www-form-urlencoded",
                 body: body.into_bytes(),
-                headers: vec![
-                    ("x-twilio-signature", signature),
-                    ("i-twilio-idempotency-token", p.token.clone()),
-                ],
+                headers,
                 retry_on_error: cb.retry_on_error,
                 max_retries: cb.max_retries,
                 timeout: cb.timeout.0,
@@ -248,12 +245,10 @@ impl Dispatcher {
                 "reason": p.reason,
             });
             let body = serde_json::to_vec(&body).expect("json value always serializes");
-            let key = if p.forged {
-                format!("{}-forged", cfg.events_secret)
-            } else {
-                cfg.events_secret.clone()
-            };
-            let signature = signing::ting_signature(&key, &body);
+            let headers = signing_key(p.variant, &cfg.events_secret)
+                .map(|key| ("x-ting-signature", signing::ting_signature(&key, &body)))
+                .into_iter()
+                .collect();
             self.spawn(Job {
                 provider: Provider::Smtp,
                 recipient: entry.recipient.clone(),
@@ -262,7 +257,7 @@ impl Dispatcher {
                 planned: p,
                 content_type: "application/json",
                 body,
-                headers: vec![("x-ting-signature", signature)],
+                headers,
                 retry_on_error: ev.retry_on_error,
                 max_retries: ev.max_retries,
                 timeout: ev.timeout.0,
@@ -363,7 +358,7 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
             .map(|c| c.to_string())
             .unwrap_or_else(|| "no answer".into());
         d.error = err;
-        d.fault = (job.planned.variant != crate::ledger::CallbackVariant::Genuine)
+        d.fault = (job.planned.variant != CallbackVariant::Genuine)
             .then(|| format!("callback {:?}", job.planned.variant).to_lowercase());
         d.idempotency_key = Some(job.planned.token.clone());
         d.message_id = Some(job.planned.message_id.clone());
@@ -402,4 +397,15 @@ const RECEIVER_DOWN_GAP: Duration = Duration::from_millis(250);
 fn backoff(n: u32) -> Duration {
     Duration::from_millis(100u64.saturating_mul(1 << n.min(6).saturating_sub(1)))
         .min(Duration::from_secs(5))
+}
+
+/// The key a report is signed with: the provider's own, a wrong one
+/// ([`CallbackVariant::ForgedSignature`]), or none, so no signature header at all
+/// ([`CallbackVariant::Unsigned`]).
+fn signing_key(variant: CallbackVariant, key: &str) -> Option<String> {
+    match variant {
+        CallbackVariant::Unsigned => None,
+        CallbackVariant::ForgedSignature => Some(format!("{key}-forged")),
+        _ => Some(key.to_string()),
+    }
 }

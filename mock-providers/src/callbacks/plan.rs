@@ -33,8 +33,21 @@ pub struct Planned {
     pub error_code: Option<u32>,
     /// E-mail bounces: the reason given.
     pub reason: Option<String>,
-    /// Signed with a wrong key on purpose.
-    pub forged: bool,
+}
+
+/// Share of forged reports sent with no signature at all ([`CallbackVariant::Unsigned`]); the
+/// others carry a signature made with a wrong key ([`CallbackVariant::ForgedSignature`]). A
+/// stack must refuse both: one that verifies a signature only when the header is present
+/// believes every unsigned one.
+pub const UNSIGNED_SHARE: f64 = 0.5;
+
+/// The variant of a forged report, from its draw.
+fn forgery(draw: f64) -> CallbackVariant {
+    if draw < UNSIGNED_SHARE {
+        CallbackVariant::Unsigned
+    } else {
+        CallbackVariant::ForgedSignature
+    }
 }
 
 /// The true fate of an accepted SMS and the reports about it.
@@ -104,6 +117,8 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
     let unknown_at = uniform(&mut rng, min, max);
     let tokens: Vec<String> = (0..5).map(|_| token(&mut rng)).collect();
     let unknown_sid = format!("SM{}", hex::encode(rng.gen::<[u8; 16]>()));
+    // Drawn last, so every draw above (and the plan of every other report) is what it was.
+    let forged_as = forgery(rng.gen::<f64>());
 
     let genuine = |at: Duration, status: &'static str, token: &str| Planned {
         at,
@@ -114,7 +129,6 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
         message_id: sid.to_string(),
         error_code: if status == "sent" { None } else { error_code },
         reason: None,
-        forged: false,
     };
     let (sent_at, final_at) = if out_of_order {
         (final_after, sent_after)
@@ -145,9 +159,8 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
             (SMS_FAILURES[which].0, Some(SMS_FAILURES[which].1))
         };
         reports.push(Planned {
-            variant: CallbackVariant::ForgedSignature,
+            variant: forged_as,
             error_code: code,
-            forged: true,
             ..genuine(forged_at, status, &tokens[3])
         });
     }
@@ -225,6 +238,7 @@ pub fn email(
     let complained = rng.gen::<f64>() < cfg.complaint_rate.get();
     let complaint_gap = uniform(&mut rng, min, max);
     let more: Vec<String> = (0..4).map(|_| token(&mut rng)).collect();
+    let forged_as = forgery(rng.gen::<f64>());
 
     let event = |bounced: bool, at: Duration, token: &str| Planned {
         at,
@@ -235,7 +249,6 @@ pub fn email(
         message_id: message_id.to_string(),
         error_code: None,
         reason: bounced.then(|| "550 5.1.1 mailbox unavailable".to_string()),
-        forged: false,
     };
     let genuine = event(bounced, at, &tokens[0]);
     let mut out = vec![genuine.clone()];
@@ -283,8 +296,7 @@ pub fn email(
     }
     if forged {
         out.push(Planned {
-            variant: CallbackVariant::ForgedSignature,
-            forged: true,
+            variant: forged_as,
             ..event(!bounced, forged_at, &tokens[2])
         });
     }
@@ -338,7 +350,7 @@ mod tests {
             assert_eq!(fin.status, p.final_status);
             if rate == 1.0 {
                 assert!(fin.at <= sent.at, "out of order: final first");
-                let forged = p.reports.iter().find(|r| r.forged).unwrap();
+                let forged = p.reports.iter().find(|r| r.variant.is_forged()).unwrap();
                 assert_ne!(forged.status, p.final_status);
                 let stale = p
                     .reports
@@ -440,6 +452,38 @@ mod tests {
         }
     }
 
+    /// Every forgery is one report; about [`UNSIGNED_SHARE`] of them carry no signature at all,
+    /// the others a wrong one, and which is drawn last: the rest of the plan does not depend on it.
+    #[test]
+    fn forged_reports_are_unsigned_or_signed_with_a_wrong_key() {
+        let (mut unsigned, mut wrong_key) = (0, 0);
+        for i in 0..400 {
+            let to = format!("+1555{i:07}");
+            let sms_plan = sms(7, &to, 1, "SM1", &cfg(1.0)).reports;
+            let mail = email(7, &format!("r{i}@example.test"), 1, "<m@x>", &cfg(1.0));
+            for p in sms_plan
+                .iter()
+                .chain(&mail)
+                .filter(|p| p.variant.is_forged())
+            {
+                match p.variant {
+                    CallbackVariant::Unsigned => unsigned += 1,
+                    _ => wrong_key += 1,
+                }
+            }
+        }
+        assert_eq!(
+            unsigned + wrong_key,
+            800,
+            "one forgery per message at rate 1"
+        );
+        let share = unsigned as f64 / 800.0;
+        assert!(
+            (share - UNSIGNED_SHARE).abs() < 0.1,
+            "{unsigned} unsigned of 800"
+        );
+    }
+
     #[test]
     fn email_plan_variants() {
         let p = email(1, "a@example.test", 1, "<m1@x>", &cfg(1.0));
@@ -448,11 +492,15 @@ mod tests {
             CallbackVariant::Genuine,
             CallbackVariant::Duplicate,
             CallbackVariant::Stale,
-            CallbackVariant::ForgedSignature,
             CallbackVariant::UnknownId,
         ] {
             assert!(kinds.contains(&v), "{v:?} missing from {kinds:?}");
         }
+        assert_eq!(
+            kinds.iter().filter(|v| v.is_forged()).count(),
+            1,
+            "{kinds:?}"
+        );
         let g = p
             .iter()
             .find(|r| r.variant == CallbackVariant::Genuine)

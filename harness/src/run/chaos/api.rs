@@ -1,7 +1,10 @@
 //! `target = "api"`: SIGKILL, SIGTERM or restart of the API process while batches are being
 //! enqueued, and its replacement on the same address (the load and the fakes' callbacks know
 //! only that address). Applied when the old API was seen to exit by the signal and a new API
-//! process answered its readiness check. While the API is down the load retries each batch with
+//! process answered its readiness check. The signal is aimed, as a worker's is at a send in
+//! flight ([`super::aim`]): it waits up to [`super::aim::AIM_WITHIN`] for the API's next 2xx
+//! answer to a batch and lands right after it — the moment an API that answers before it
+//! commits still holds the batch only in memory. One that commits first loses nothing there. While the API is down the load retries each batch with
 //! the same batch id (`load::RETRY_FOR`) and the fakes retry the delivery reports it could not
 //! take (`mock_providers::callbacks`): neither is the stack's loss.
 //!
@@ -31,7 +34,25 @@ pub struct ApiProcess {
 }
 
 /// Signals the API and, on a task the run waits for, observes its exit and starts the new one.
+///
+/// One step on the API at a time: a step due while an earlier one's old API is still draining or
+/// its replacement still starting waits until that replacement is ready (or failed), and acts on
+/// it — the API running from then on. Signalling the draining process instead would start two
+/// replacements on one address.
 pub(super) async fn act(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &str) {
+    let turn = chaos.api_turn.clone().lock_owned().await;
+    let answered = chaos.world.enqueue_answered.clone();
+    let aimed = tokio::time::timeout(super::aim::AIM_WITHIN, answered.notified())
+        .await
+        .is_ok();
+    let aim = if aimed {
+        "right after the API answered a batch 2xx".to_string()
+    } else {
+        format!(
+            "no batch answered within {}: signalled anyway",
+            humantime::format_duration(super::aim::AIM_WITHIN)
+        )
+    };
     let Some(api) = chaos.api.lock().unwrap().clone() else {
         chaos.log(i).decide(
             ChaosOutcome::NoTarget,
@@ -62,7 +83,7 @@ pub(super) async fn act(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &st
         EventKind::ApiSignal,
         None,
         Some(api.pid),
-        format!("{label}: {why}"),
+        format!("{label}: {why}; {aim}"),
     );
     if let Err(e) = sup.signal(api.pid, signal) {
         chaos
@@ -75,6 +96,7 @@ pub(super) async fn act(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, why: &st
         me.observe_api_exit(i, api.pid, signal).await;
         tokio::time::sleep(back_after).await;
         me.start_api(i, &api).await;
+        drop(turn);
     }));
 }
 
