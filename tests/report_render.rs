@@ -583,3 +583,112 @@ fn report_cli_appends_to_the_step_summary_only_when_asked() {
         "{step}"
     );
 }
+
+/// Sets every number under `v` to `to`.
+fn every_number(v: &mut serde_json::Value, to: &serde_json::Value) {
+    match v {
+        serde_json::Value::Number(_) => *v = to.clone(),
+        serde_json::Value::Array(a) => a.iter_mut().for_each(|x| every_number(x, to)),
+        serde_json::Value::Object(o) => o.values_mut().for_each(|x| every_number(x, to)),
+        _ => {}
+    }
+}
+
+/// A hand-edited or damaged `report.json` / `ledger.jsonl` is rendered or refused, never a
+/// panic: every number of each top-level field of the report, and each field of every ledger
+/// entry, set to an extreme (0, a huge float, u64::MAX) in turn. A value the format does not
+/// allow is refused by `report DIR` with the reader's error (exit 2).
+#[test]
+fn extreme_numbers_in_a_saved_report_never_panic_the_renderers() {
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture_dir().join("report.json")).unwrap()).unwrap();
+    let (_, ledger) = fixture();
+    let extremes = [json!(0), json!(1e300), json!(u64::MAX)];
+    let render = |r: &serde_json::Value, ledger: &[Arc<LedgerEntry>]| {
+        let Ok(r) = serde_json::from_value::<Report>(r.clone()) else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            report::write_rendered(dir.path(), &r, ledger, None).map(|_| ())
+        }));
+        assert!(rendered.is_ok(), "a renderer panicked");
+    };
+    for to in &extremes {
+        for key in report.as_object().unwrap().keys() {
+            let mut r = report.clone();
+            every_number(&mut r[key], to);
+            render(&r, &ledger);
+        }
+        let fields = serde_json::to_value(&*ledger[0]).unwrap();
+        // Every entry's field, then one entry's (a chart sized by one absurd time once asked
+        // for tens of gigabytes).
+        for (field, all) in fields
+            .as_object()
+            .unwrap()
+            .keys()
+            .flat_map(|f| [(f, true), (f, false)])
+        {
+            let mutated: Vec<Arc<LedgerEntry>> = ledger
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| {
+                    let mut v = serde_json::to_value(&**e).unwrap();
+                    if v[field].is_number() && (all || i == 0) {
+                        v[field] = to.clone();
+                    }
+                    serde_json::from_value(v).ok().map(Arc::new)
+                })
+                .collect();
+            render(&report, &mutated);
+        }
+    }
+}
+
+/// `ting-chaos report DIR` on a report it cannot read is a usage error (exit 2) saying what is
+/// wrong with the file; renderings it cannot write are an infrastructure failure (exit 3); a
+/// ledger line that is not UTF-8 is skipped, not fatal.
+#[test]
+fn report_cli_names_what_is_wrong_with_a_saved_report() {
+    let report = |dir: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ting-chaos"))
+            .arg("report")
+            .arg(dir)
+            .env_remove("GITHUB_STEP_SUMMARY")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        (out.status.code(), stderr)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(fixture_dir().join("report.json")).unwrap();
+    let file = dir.path().join("report.json");
+    let (code, err) = report(dir.path());
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("report.json does not exist: a run folder"),
+        "{err}"
+    );
+    std::fs::write(&file, &good[..good.len() / 3]).unwrap();
+    let (code, err) = report(dir.path());
+    assert_eq!(code, Some(2));
+    assert!(err.contains("report.json is cut short"), "{err}");
+    std::fs::write(&file, &good).unwrap();
+    let mut ledger = std::fs::read(fixture_dir().join("ledger.jsonl")).unwrap();
+    ledger.extend_from_slice(b"{\"seq\": \xff\xfe torn\n");
+    std::fs::write(dir.path().join("ledger.jsonl"), ledger).unwrap();
+    assert_eq!(report(dir.path()).0, Some(0));
+    let ledger = dir.path().join("ledger.jsonl");
+    std::fs::rename(&ledger, dir.path().join("kept.jsonl")).unwrap();
+    std::fs::create_dir(&ledger).unwrap();
+    let (code, err) = report(dir.path());
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("ledger.jsonl: Is a directory"), "{err}");
+    std::fs::remove_dir(&ledger).unwrap();
+    std::fs::remove_file(dir.path().join("report.html")).unwrap();
+    std::fs::create_dir(dir.path().join("report.html")).unwrap();
+    let (code, err) = report(dir.path());
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("report.html"), "{err}");
+}

@@ -315,7 +315,9 @@ fn bad_scenario_is_a_usage_error() {
 
 /// Flags that cannot mean what was typed are usage errors before anything starts: a tolerance
 /// with no baseline to compare with (it used to be ignored, and the run went ahead), a negative
-/// seed (clap used to suggest `-- -1`).
+/// seed (clap used to suggest `-- -1`), a database URL that is not PostgreSQL's (it used to be an
+/// infrastructure failure echoing the password), a bare tolerance of 15 (1500%), a report
+/// folder that cannot be created.
 #[test]
 fn meaningless_run_flags_are_usage_errors() {
     let case = Case::new(
@@ -325,12 +327,34 @@ fn meaningless_run_flags_are_usage_errors() {
     for (flags, says) in [
         (&["--tolerance", "abc"][..], "--baseline"),
         (&["--seed", "-1"][..], "invalid value '-1' for '--seed"),
+        // A server URL that cannot work is the flag's mistake, its password never printed.
+        (
+            &["--database-url", "mysql://u:secret@h/db"][..],
+            "--database-url: bad database url \"mysql://u:***@h/db\": the scheme must be",
+        ),
+        (
+            &["--tolerance", "15", "--baseline", "x.json"][..],
+            "write 15%",
+        ),
     ] {
         let out = case.run(flags);
         assert_eq!(code(&out), 2, "{flags:?}: {}", text(&out));
         assert!(text(&out).contains(says), "{flags:?}: {}", text(&out));
         assert!(!text(&out).contains("-- -1"), "{}", text(&out));
+        assert!(!text(&out).contains("secret"), "{}", text(&out));
     }
+    let out = std::process::Command::new(bin())
+        .arg("run")
+        .arg(&case.scenario)
+        .args(["--report-dir", "/dev/null/reports"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(
+        text(&out).contains("--report-dir /dev/null/reports: cannot create run folders there"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

@@ -316,8 +316,11 @@ fn wrong_values_are_rejected_at_the_boundary() {
         ("", "[load.template]\nsubject = \"{{42}}\"", "subject", 19, 1, "template `subject` at 1:1: `{{42}}`: `42` is a literal", None),
         ("", "[load.template]\nline = \"Hi \\\\{{name}}\"", "line", 19, 1, "template `line` at 1:4: `\\{{name}}`: escaped mustaches `\\{{` are not supported", None),
         ("", "[load.template]\nsms = \"\"", "sms", 19, 1, "template `sms` must not be empty: channel `sms` sends it", None),
+        // An external stack's `env` may not replace what the harness sets from the run.
+        ("", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\nenv = { TING_MAX_ATTEMPTS = \"99\" }", "TING_MAX_ATTEMPTS", 22, 9, "`env` may not set `TING_MAX_ATTEMPTS`: the harness sets it from the run", None),
         ("", "[database]\nurl = \"mysql://u:secret@h/db\"", "url", 19, 1, "`url` must be a PostgreSQL URL (`postgres://…` or `postgresql://…`), not `mysql://…`", None),
         ("", "[database]\nurl = \"localhost:5432\"", "url", 19, 1, "`url` must be a PostgreSQL URL such as", None),
+        ("", "[database]\nurl = \"postgres://u:secret@h:99999/db\"", "url", 19, 1, "`url` is not a URL PostgreSQL can be reached at: invalid port number", None),
         ("[stack]\n", "[stack.external]\napi = [\"a\"]\nworker = [\"w\"]\nmigrate = [\"m\"]\ncwd = \"no-such-dir-ting\"\n[stack]\n", "cwd", 8, 1, "`cwd` ./no-such-dir-ting is not a directory (relative paths start at the scenario's folder)", None),
     ];
     check_cases(cases);
@@ -641,6 +644,20 @@ fn set_errors_name_the_flag_and_the_key() {
             .starts_with("--set load.recipients=lots: bad value for `recipients` in [load]"),
         "{}",
         err(&["load.recipients=lots"])
+    );
+    // A value followed by more TOML is not the value with the rest dropped: it is refused whole.
+    assert!(
+        err(&["load.recipients=200\nseed = 5"]).starts_with(
+            "--set load.recipients=200\nseed = 5: bad value for `recipients` in [load]"
+        ),
+        "{}",
+        err(&["load.recipients=200\nseed = 5"])
+    );
+    // A number TOML cannot hold is out of range, not a string to write "without quotes".
+    assert_eq!(
+        err(&["seed=18446744073709551615"]),
+        "--set seed=18446744073709551615: `18446744073709551615` is out of range: whole numbers go \
+         up to 9223372036854775807 (TOML's integers)"
     );
     assert_eq!(
         err(&["load.recipients.x=1"]),

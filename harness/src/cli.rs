@@ -34,6 +34,18 @@ fn database_server(flag: Option<&str>) -> Option<&'static str> {
     }
 }
 
+/// `--database-url` (or `DATABASE_URL`, which clap reads into it; empty is none) checked by the
+/// very rule provisioning applies, so a URL that cannot work is the flag's mistake (exit 2),
+/// named, with its password never printed — not an infrastructure failure after the fact.
+pub fn database_url_flag(url: Option<String>) -> Result<Option<String>, String> {
+    let Some(url) = url.filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    let flag = database_server(Some(&url)).unwrap_or("--database-url");
+    throwaway_pg::url_with_database(&url, "ting_probe").map_err(|e| format!("{flag}: {e}"))?;
+    Ok(Some(url))
+}
+
 /// `ting-chaos run`.
 /// `overrides` (`--workers`, `--stack`, `--set`) replace the file's values before validation, so
 /// the chaos targets are checked against the worker count the run will really have.
@@ -49,6 +61,14 @@ pub async fn run(
             return exit::USAGE;
         }
     }
+    let mut opts = opts;
+    opts.database_url = match database_url_flag(opts.database_url.take()) {
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
     let mut overrides = overrides.clone();
     overrides.database_server = database_server(opts.database_url.as_deref());
     let s = match scenario::load_with(path, &overrides) {
@@ -58,6 +78,10 @@ pub async fn run(
             return exit::USAGE;
         }
     };
+    if let Err(e) = usable_report_root(&opts.report_root) {
+        eprintln!("error: {e}");
+        return exit::USAGE;
+    }
     let outcome = run::run(s, opts, interrupted()).await;
     // The verdict table goes to stdout (progress goes to stderr); `--json` prints only the report.
     match &outcome.report {
@@ -72,6 +96,21 @@ pub async fn run(
         None => {}
     }
     outcome.exit_code
+}
+
+/// `--report-dir DIR` exists as a folder (created if need be) before anything starts: a path
+/// that cannot hold run folders is the flag's mistake (exit 2), found before a database and a
+/// stack are started for nothing.
+fn usable_report_root(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir)
+        .and_then(|()| tempfile::tempdir_in(dir))
+        .and_then(|probe| probe.close())
+        .map_err(|e| {
+            format!(
+                "--report-dir {}: cannot create run folders there: {e}",
+                dir.display()
+            )
+        })
 }
 
 /// `ting-chaos mocks` flags.
@@ -215,7 +254,11 @@ fn load_providers(
     ),
     String,
 > {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = crate::files::read_bounded(path, crate::files::CONFIG_LIMIT)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        scenario::not_utf8(&path.display().to_string(), e.as_bytes(), e.utf8_error()).to_string()
+    })?;
     // A scenario has a `load` table, however it is written (`[load]` or dotted `load.…` keys).
     let is_scenario = toml::from_str::<toml::Table>(&text).is_ok_and(|t| t.contains_key("load"));
     if is_scenario {
@@ -266,9 +309,7 @@ pub fn load_baseline(
     let Some(path) = path else { return Ok(None) };
     let tol =
         crate::report::gate::parse_tolerance(tolerance).map_err(|e| format!("--tolerance: {e}"))?;
-    let data = std::fs::read(path).map_err(|e| format!("--baseline {}: {e}", path.display()))?;
-    let report = serde_json::from_slice(&data)
-        .map_err(|e| format!("--baseline {}: not a report.json: {e}", path.display()))?;
+    let report = crate::report::read_report(path).map_err(|e| format!("--baseline: {e}"))?;
     Ok(Some((report, tol)))
 }
 
@@ -283,24 +324,38 @@ pub fn report(dir: &Path, step_summary: bool) -> i32 {
             exit::OK
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
-            exit::USAGE
+            eprintln!("error: {e}");
+            match e {
+                crate::report::RerenderError::Input(_) => exit::USAGE,
+                crate::report::RerenderError::Output(_) => exit::INFRA,
+            }
         }
     }
 }
 
-/// Parses `--seeds`: a count K (1..=K) or a comma-separated list.
+/// The most runs one sweep makes, as a count or a list.
+const MAX_SEEDS: usize = 1000;
+
+/// Parses `--seeds`: a count K (1..=K) or a comma-separated list (a seed listed again runs
+/// again: how a flaky seed is re-checked).
 pub fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
     let s = s.trim();
     if s.contains(',') {
-        return s
+        let seeds = s
             .split(',')
             .map(|x| {
                 x.trim()
                     .parse::<u64>()
                     .map_err(|_| format!("bad seed `{x}` in --seeds"))
             })
-            .collect();
+            .collect::<Result<Vec<u64>, String>>()?;
+        if seeds.len() > MAX_SEEDS {
+            return Err(format!(
+                "--seeds lists {} seeds; at most {MAX_SEEDS}",
+                seeds.len()
+            ));
+        }
+        return Ok(seeds);
     }
     match s.parse::<u64>() {
         Ok(k) if (1..=1000).contains(&k) => Ok((1..=k).collect()),
@@ -327,6 +382,13 @@ pub async fn sweep(
             return exit::USAGE;
         }
     };
+    let database_url = match database_url_flag(database_url) {
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
     let mut overrides = overrides.clone();
     overrides.database_server = database_server(database_url.as_deref());
     let s = match scenario::load_with(path, &overrides) {
@@ -336,6 +398,10 @@ pub async fn sweep(
             return exit::USAGE;
         }
     };
+    if let Err(e) = usable_report_root(&report_root) {
+        eprintln!("error: {e}");
+        return exit::USAGE;
+    }
     let (mut passed, mut failed) = (0, 0);
     let mut worst = exit::OK;
     for seed in &seeds {
@@ -398,6 +464,33 @@ mod tests {
 
     /// A scenario is read as one (its seed and `[providers]`) whether its `load` table is written
     /// as `[load]` or with dotted keys; a file of provider tables alone is a providers file.
+    #[test]
+    fn seeds_table() {
+        let many = (1..=1001)
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        #[rustfmt::skip]
+        let cases: &[(&str, Result<Vec<u64>, &str>)] = &[
+            ("3", Ok(vec![1, 2, 3])),
+            ("3,7,11", Ok(vec![3, 7, 11])),
+            (" 5 , 9 ", Ok(vec![5, 9])),
+            ("0", Err("--seeds takes a count 1..=1000")),
+            ("1001", Err("--seeds takes a count 1..=1000")),
+            ("1,,2", Err("bad seed `` in --seeds")),
+            ("1,-2", Err("bad seed `-2` in --seeds")),
+            ("7,3,7", Ok(vec![7, 3, 7])),
+            (&many, Err("--seeds lists 1001 seeds; at most 1000")),
+        ];
+        for (input, want) in cases {
+            match (parse_seeds(input), want) {
+                (Ok(got), Ok(want)) => assert_eq!(&got, want, "{input}"),
+                (Err(got), Err(want)) => assert!(got.starts_with(want), "{input}: {got}"),
+                (got, _) => panic!("{input}: {got:?}"),
+            }
+        }
+    }
+
     #[test]
     fn mocks_config_is_a_scenario_when_it_has_a_load_table() {
         let dir = tempfile::tempdir().unwrap();

@@ -12,6 +12,7 @@ pub mod check;
 pub mod cli;
 pub mod cpu;
 pub mod exit;
+pub mod files;
 pub mod load;
 pub mod malloc;
 pub mod netchaos;

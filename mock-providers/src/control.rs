@@ -67,8 +67,15 @@ struct LedgerQuery {
     kind: Option<EntryKind>,
     /// Only entries with `seq >= since`.
     since: Option<u64>,
-    /// `jsonl` (default) or `json` (one array).
-    format: Option<String>,
+    /// `jsonl` (default) or `json` (one array); anything else is a 400, not the default.
+    format: Option<LedgerFormat>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum LedgerFormat {
+    Jsonl,
+    Json,
 }
 
 async fn ledger(State(c): State<Ctl>, Query(q): Query<LedgerQuery>) -> Response {
@@ -80,7 +87,7 @@ async fn ledger(State(c): State<Ctl>, Query(q): Query<LedgerQuery>) -> Response 
         .filter(|e| q.provider.is_none_or(|p| p == e.provider))
         .filter(|e| q.kind.is_none_or(|k| k == e.kind))
         .collect();
-    if q.format.as_deref() == Some("json") {
+    if q.format == Some(LedgerFormat::Json) {
         return Json(entries).into_response();
     }
     let mut out = Vec::with_capacity(entries.len() * 256);

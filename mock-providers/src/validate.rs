@@ -86,7 +86,15 @@ pub fn sms(c: &SmsConfig) -> Result<(), Problem> {
     not_empty("account_sid", &c.account_sid)?;
     not_empty("auth_token", &c.auth_token)?;
     callbacks("callbacks", &c.callbacks)?;
-    email_only("callbacks", &c.callbacks)
+    email_only("callbacks", &c.callbacks)?;
+    if c.callbacks.url.is_some() {
+        return Err(Problem::at(
+            "callbacks.url",
+            "`url` is where e-mail delivery events go: write it under [providers.smtp.events]; \
+             SMS status callbacks go to the `StatusCallback` each message names",
+        ));
+    }
+    Ok(())
 }
 
 pub fn smtp(c: &SmtpConfig) -> Result<(), Problem> {
@@ -274,6 +282,12 @@ fn callbacks(table: &str, c: &CallbackConfig) -> Result<(), Problem> {
     wait(&format!("{table}.delay_min"), c.delay_min.0)?;
     wait(&format!("{table}.delay_max"), c.delay_max.0)?;
     wait(&format!("{table}.timeout"), c.timeout.0)?;
+    if let Some(url) = c.url.as_deref().filter(|u| !webhook_url(u)) {
+        return Err(Problem::at(
+            format!("{table}.url"),
+            format!("`url` must be an http:// or https:// URL with a host (got {url:?})"),
+        ));
+    }
     if c.delay_min > c.delay_max {
         let d = CallbackConfig::default();
         return Err(Problem {
@@ -285,6 +299,13 @@ fn callbacks(table: &str, c: &CallbackConfig) -> Result<(), Problem> {
         });
     }
     Ok(())
+}
+
+/// Whether `url` is one a delivery report can be POSTed to: `http://` or `https://` with a host.
+/// Reachability is not judged: a stack under test listens on loopback.
+pub fn webhook_url(url: &str) -> bool {
+    reqwest::Url::parse(url)
+        .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
 }
 
 /// E-mail event kinds Twilio has no counterpart for: refused on SMS, where they would do nothing.
@@ -465,6 +486,18 @@ mod tests {
                 json!({"events": {"enabled": true, "processed": true, "deferred_rate": 0.2, "complaint_rate": 0.05}}),
                 Ok(()),
             ),
+            (
+                json!({"events": {"enabled": true, "url": "http://127.0.0.1:9/v1/callbacks/email"}}),
+                Ok(()),
+            ),
+            (
+                json!({"events": {"enabled": true, "url": "javascript:alert(1)"}}),
+                Err("events.url"),
+            ),
+            (
+                json!({"events": {"url": "/v1/callbacks/email"}}),
+                Err("events.url"),
+            ),
         ];
         for (patch, want) in cases {
             assert_eq!(
@@ -504,6 +537,11 @@ mod tests {
             (
                 json!({"callbacks": {"enabled": true, "out_of_order_rate": 0.2}}),
                 Ok(()),
+            ),
+            // SMS reports go to each message's StatusCallback: a `url` would do nothing.
+            (
+                json!({"callbacks": {"enabled": true, "url": "http://127.0.0.1:9/sms"}}),
+                Err("callbacks.url"),
             ),
         ];
         for (patch, want) in cases {

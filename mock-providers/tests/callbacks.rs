@@ -584,3 +584,50 @@ async fn a_slow_stack_gets_a_bounded_number_of_reports_at_once() {
         "reports due while the stack was busy waited for a slot"
     );
 }
+
+/// A receiver that answers with a body that never ends is read no further than
+/// `ANSWER_DRAIN` bytes (it used to be read whole, until the report's timeout, into memory), and
+/// a redirect is its answer, recorded as such and not followed.
+#[tokio::test]
+async fn a_receivers_endless_answer_or_redirect_is_recorded_not_followed() {
+    use axum::body::Body;
+    use axum::response::Response;
+    async fn endless() -> Response {
+        let chunks = futures::stream::repeat_with(|| {
+            Ok::<_, std::io::Error>(Bytes::from_static(&[b'x'; 16 * 1024]))
+        });
+        Response::new(Body::from_stream(chunks))
+    }
+    async fn moved() -> Response {
+        Response::builder()
+            .status(StatusCode::FOUND)
+            .header("location", "/elsewhere")
+            .body(Body::empty())
+            .unwrap()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = Router::new()
+        .route("/endless", post(endless))
+        .route("/moved", post(moved))
+        .route("/elsewhere", post(|| async { StatusCode::OK }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let mut cfg = ProvidersConfig::default();
+    cfg.sms.callbacks = variants(0.0);
+    let w = world(12, cfg).await;
+    w.sms_send(&phone(1), "x", Some(&format!("{base}/endless")))
+        .await;
+    w.sms_send(&phone(2), "x", Some(&format!("{base}/moved")))
+        .await;
+    quiesce(&w).await;
+    let entries = w.entries();
+    let cbs = callbacks(&entries);
+    assert_eq!(cbs.len(), 4, "two reports per message, each tried once");
+    for e in &cbs {
+        let url = e.callback_url.as_deref().unwrap_or_default();
+        let want = if url.ends_with("/endless") { 200 } else { 302 };
+        assert_eq!(e.callback_response, Some(want), "{url}");
+        assert!(e.callback_took_ms.unwrap_or(u64::MAX) < 10_000, "{e:?}");
+    }
+}

@@ -38,6 +38,18 @@ async fn ledger_stats_faults_reset() {
     }
     let arr = w.get(format!("{line}/_mock/ledger?format=json")).await;
     assert_eq!(arr.json.as_array().unwrap().len(), 3);
+    // A query the API does not know is a 400 naming it, never the default answer.
+    for q in ["format=xml", "since=abc", "provider=fax", "kind=zzz"] {
+        let r = w
+            .http
+            .get(format!("{line}/_mock/ledger?{q}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{q}");
+        let key = q.split('=').next().unwrap();
+        assert!(r.text().await.unwrap().contains(key), "{q}");
+    }
 
     let stats: Stats =
         serde_json::from_value(w.get(format!("{line}/_mock/stats")).await.json).unwrap();

@@ -482,3 +482,21 @@ async fn request_id_on_404_405_and_413() {
     assert_eq!(r.headers.get_all("x-line-request-id").iter().count(), 1);
     w.p.shutdown().await;
 }
+
+/// A body past the HTTP limit gets LINE's JSON error shape (status 413) and is recorded as a
+/// protocol error like every other refusal (it used to be answered in plain text by the HTTP
+/// stack and never reach the ledger).
+#[tokio::test]
+async fn an_oversized_body_is_refused_in_lines_shape_and_recorded() {
+    let w = world(1, ProvidersConfig::default()).await;
+    let huge = "x".repeat(3 * 1024 * 1024);
+    let r = w.line_push(&uid(1), None, &huge).await;
+    assert_eq!(r.status, 413, "{}", r.json);
+    assert_eq!(r.json["message"], "The request body is too large");
+    let entries = w.entries();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(
+        (entries[0].outcome, entries[0].status.as_str()),
+        (Outcome::ProtocolError, "413")
+    );
+}

@@ -114,6 +114,38 @@ async fn conformance_table() {
             Outcome::ProtocolError,
             None,
         ),
+        // A callback the fake could never send (a script URL, no host) is refused as Twilio
+        // refuses it, not accepted with reports that then fail as "no answer".
+        (
+            "StatusCallback not an http URL",
+            d(),
+            true,
+            vec![
+                ("To", &to),
+                ("From", "+15550009999"),
+                ("Body", "x"),
+                ("StatusCallback", "javascript:alert(1)"),
+            ],
+            400,
+            Some(21609),
+            Outcome::ProtocolError,
+            None,
+        ),
+        (
+            "StatusCallback a relative path",
+            d(),
+            true,
+            vec![
+                ("To", &to),
+                ("From", "+15550009999"),
+                ("Body", "x"),
+                ("StatusCallback", "/v1/callbacks/sms"),
+            ],
+            400,
+            Some(21609),
+            Outcome::ProtocolError,
+            None,
+        ),
         (
             "invalid To",
             d(),
@@ -400,7 +432,7 @@ fn urlencode(s: &str) -> String {
 }
 
 /// A request body past the HTTP limit gets Twilio's JSON error shape (status 413, code 21617),
-/// like every other refusal, not the HTTP stack's plain text.
+/// like every other refusal, not the HTTP stack's plain text, and is recorded.
 #[tokio::test]
 async fn an_oversized_body_is_refused_in_twilios_shape() {
     let w = world(1, ProvidersConfig::default()).await;
@@ -411,5 +443,11 @@ async fn an_oversized_body_is_refused_in_twilios_shape() {
         (413, Some(21617), Some(413)),
         "{}",
         r.json
+    );
+    let entries = w.entries();
+    assert_eq!(entries.len(), 1, "recorded, as every request is");
+    assert_eq!(
+        (entries[0].outcome, entries[0].status.as_str()),
+        (Outcome::ProtocolError, "413")
     );
 }

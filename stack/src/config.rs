@@ -222,7 +222,12 @@ impl Config {
     pub fn from_map(env: &HashMap<String, String>) -> Result<Config, ConfigError> {
         let s = |k: &str, d: &str| env.get(k).cloned().unwrap_or_else(|| d.to_string());
         let ms = |k: &'static str, d: u64| -> Result<Duration, ConfigError> {
-            Ok(Duration::from_millis(num::<u64>(env, k, d)?))
+            match num::<u64>(env, k, d)? {
+                // Deadlines are `Instant::now() + d`: a span past any run (u64::MAX ms) would
+                // overflow the clock mid-run instead of failing here.
+                v if v > MAX_MS => Err(invalid(k, &v.to_string(), "must be at most a year")),
+                v => Ok(Duration::from_millis(v)),
+            }
         };
         let api_addr = s("TING_API_ADDR", "127.0.0.1:8080");
         let cfg = Config {
@@ -318,11 +323,19 @@ impl Config {
                 "must be shorter than TING_LEASE_MS",
             ));
         }
-        if !(0.0..=1.0).contains(&self.backoff.jitter) || self.backoff.factor < 1.0 {
+        if !(0.0..=1.0).contains(&self.backoff.jitter) {
             return Err(invalid(
                 "TING_BACKOFF_JITTER",
-                &format!("{}/{}", self.backoff.jitter, self.backoff.factor),
-                "jitter must be in [0,1] and factor >= 1",
+                &self.backoff.jitter.to_string(),
+                "must be in [0,1]",
+            ));
+        }
+        // `nan` and `inf` parse as numbers; neither is a growth factor.
+        if !(self.backoff.factor.is_finite() && self.backoff.factor >= 1.0) {
+            return Err(invalid(
+                "TING_BACKOFF_FACTOR",
+                &self.backoff.factor.to_string(),
+                "must be a finite number >= 1",
             ));
         }
         for (var, v) in [
@@ -373,6 +386,9 @@ impl Config {
         format!("http://{}/v1/callbacks/sms", self.api_addr)
     }
 }
+
+/// The longest span a `TING_*_MS` variable may give: a year.
+const MAX_MS: u64 = 365 * 24 * 3600 * 1000;
 
 fn num<T: FromStr>(
     env: &HashMap<String, String>,
@@ -451,6 +467,16 @@ mod tests {
                 "TING_STACK_FLAWS",
             ),
             (&[("TING_BACKOFF_JITTER", "1.5")], "TING_BACKOFF_JITTER"),
+            (&[("TING_BACKOFF_JITTER", "nan")], "TING_BACKOFF_JITTER"),
+            // A bad factor is named as itself (it was reported as the jitter), and `nan` or
+            // `inf`, which parse as numbers, are no factor.
+            (&[("TING_BACKOFF_FACTOR", "0.5")], "TING_BACKOFF_FACTOR"),
+            (&[("TING_BACKOFF_FACTOR", "nan")], "TING_BACKOFF_FACTOR"),
+            (&[("TING_BACKOFF_FACTOR", "inf")], "TING_BACKOFF_FACTOR"),
+            (
+                &[("TING_SHUTDOWN_GRACE_MS", "18446744073709551615")],
+                "TING_SHUTDOWN_GRACE_MS",
+            ),
         ];
         for (pairs, var) in cases {
             let err = Config::from_map(&env(pairs)).unwrap_err().to_string();

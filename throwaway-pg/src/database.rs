@@ -20,7 +20,7 @@ pub fn fresh_name() -> String {
 /// parameters kept).
 pub fn url_with_database(server_url: &str, db: &str) -> Result<String, Error> {
     let bad = |reason: &str| Error::BadUrl {
-        url: server_url.to_string(),
+        url: redacted(server_url),
         reason: reason.to_string(),
     };
     let mut url = url::Url::parse(server_url).map_err(|e| bad(&e.to_string()))?;
@@ -32,6 +32,25 @@ pub fn url_with_database(server_url: &str, db: &str) -> Result<String, Error> {
         .map_err(|()| bad("the url cannot have a path"))?
         .push(db);
     Ok(url.to_string())
+}
+
+/// `url` fit to print in an error: its password replaced by `***`; a URL that does not parse as
+/// one with a host (so where its password is cannot be told) shown only up to its scheme.
+fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if !u.cannot_be_a_base() => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        // `user:password@host` parses as scheme `user` and an opaque rest: show neither.
+        Ok(u) => format!("{}:…", u.scheme()),
+        Err(_) => match url.split_once("://") {
+            Some((scheme, _)) => format!("{scheme}://…"),
+            None => "…".to_string(),
+        },
+    }
 }
 
 fn quote_ident(name: &str) -> String {
@@ -217,6 +236,26 @@ pub(crate) fn drop_blocking(admin_url: &str, db: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_url_is_never_printed_with_its_password() {
+        for (bad, shown) in [
+            (
+                "mysql://u:secret@h/db",
+                "bad database url \"mysql://u:***@h/db\"",
+            ),
+            (
+                "postgres://u:secret@h:99999/db",
+                "bad database url \"postgres://…\"",
+            ),
+            ("u:secret@h", "bad database url \"u:…\""),
+            ("secret", "bad database url \"…\""),
+        ] {
+            let e = url_with_database(bad, "x").unwrap_err().to_string();
+            assert!(!e.contains("secret"), "{e}");
+            assert!(e.starts_with(shown), "{e}");
+        }
+    }
 
     #[test]
     fn url_with_database_replaces_only_the_database() {

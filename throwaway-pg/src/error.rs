@@ -42,7 +42,8 @@ pub enum Error {
     /// A server URL that cannot be used.
     #[error("bad database url {url:?}: {reason}")]
     BadUrl {
-        /// The URL as given (it may contain a password: print with care).
+        /// The URL as given, its password replaced by `***` (or only its scheme when it does
+        /// not parse).
         url: String,
         /// Why it was refused.
         reason: String,

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::output::{self, Series};
-use super::{parse_duration, parse_list, usage, ClaimArgs};
+use super::{measuring_time, parse_list, usage, ClaimArgs};
 use crate::exit;
 
 /// What to measure, resolved from the flags.
@@ -55,11 +55,15 @@ pub struct ClaimOutcome {
 }
 
 /// `ting-chaos bench claim`: exit 0, 1 when the verification failed, 2 usage, 3 infrastructure.
-pub async fn claim<F, Fut>(args: ClaimArgs, measure: F) -> i32
+pub async fn claim<F, Fut>(mut args: ClaimArgs, measure: F) -> i32
 where
     F: FnOnce(ClaimPlan) -> Fut,
     Fut: Future<Output = anyhow::Result<ClaimOutcome>>,
 {
+    args.database_url = match crate::cli::database_url_flag(args.database_url.take()) {
+        Ok(url) => url,
+        Err(e) => return usage(&e),
+    };
     let workers = match parse_list::<usize>("--workers", &args.workers) {
         Ok(w) if w.iter().all(|n| *n <= 256) => w,
         Ok(_) => return usage("--workers: at most 256"),
@@ -69,10 +73,13 @@ where
         Ok(b) => b,
         Err(e) => return usage(&e),
     };
-    let duration = match args.duration.as_deref().map(parse_duration).transpose() {
+    let duration = match args.duration.as_deref().map(measuring_time).transpose() {
         Ok(d) => d,
         Err(e) => return usage(&format!("--duration: {e}")),
     };
+    if args.rows == Some(0) {
+        return usage("--rows: at least 1 (a claim benchmark over no rows measures nothing)");
+    }
     let rows = args
         .rows
         .unwrap_or(if duration.is_some() { 300_000 } else { 20_000 });

@@ -32,7 +32,11 @@ pub struct DblinkArgs {
 }
 
 /// `ting-chaos bench dblink`.
-pub async fn dblink(args: DblinkArgs) -> i32 {
+pub async fn dblink(mut args: DblinkArgs) -> i32 {
+    args.database_url = match crate::cli::database_url_flag(args.database_url.take()) {
+        Ok(url) => url,
+        Err(e) => return super::usage(&e),
+    };
     if args.round_trips < args.rounds {
         return super::usage("--round-trips must be at least --rounds");
     }

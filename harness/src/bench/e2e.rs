@@ -147,7 +147,11 @@ const HEADER: [&str; 14] = [
 ];
 
 /// `ting-chaos bench e2e`: exit 0, 1 when a run violated an invariant, 2 usage, 3 infrastructure.
-pub async fn e2e(args: E2eArgs, self_exe: &Path) -> i32 {
+pub async fn e2e(mut args: E2eArgs, self_exe: &Path) -> i32 {
+    args.database_url = match crate::cli::database_url_flag(args.database_url.take()) {
+        Ok(url) => url,
+        Err(e) => return usage(&e),
+    };
     let workers = match parse_list::<u32>("--workers", &args.workers) {
         Ok(w) if w.iter().all(|n| *n <= 64) => w,
         Ok(_) => return usage("--workers: at most 64"),
@@ -175,6 +179,16 @@ pub async fn e2e(args: E2eArgs, self_exe: &Path) -> i32 {
     };
     if sizes.is_empty() || latencies.is_empty() {
         return usage("--recipients and --latency must not be empty");
+    }
+    // The runs are built from a validated scenario by hand: the scenario's own bounds again.
+    if sizes.iter().any(|n| *n > 1_000_000) {
+        return usage("--recipients: each size at most 1000000");
+    }
+    if latencies
+        .iter()
+        .any(|l| *l > mock_providers::validate::MAX_WAIT)
+    {
+        return usage("--latency: at most 24h, the longest a fake may wait");
     }
     let base = match &args.scenario {
         Some(p) => scenario::load(p),

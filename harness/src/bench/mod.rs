@@ -109,7 +109,7 @@ pub struct MocksArgs {
 
 /// `ting-chaos bench mocks`.
 pub async fn mocks(args: MocksArgs) -> i32 {
-    let d = match parse_duration(&args.duration) {
+    let d = match measuring_time(&args.duration) {
         Ok(d) => d,
         Err(e) => return usage(&format!("--duration: {e}")),
     };
@@ -132,6 +132,21 @@ pub(crate) fn usage(msg: &str) -> i32 {
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("`{s}`: {e}"))
+}
+
+/// The longest a benchmark's `--duration` may measure.
+const MAX_MEASURING: Duration = Duration::from_secs(24 * 3600);
+
+/// A `--duration` to measure for: above zero (nothing measured in no time is no figure: it
+/// printed `NaN`) and at most a day.
+pub(crate) fn measuring_time(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!(
+            "`{s}`: a benchmark needs time to measure, e.g. \"3s\""
+        )),
+        d if d > MAX_MEASURING => Err(format!("`{s}`: at most 24h")),
+        d => Ok(d),
+    }
 }
 
 /// A comma-separated list of positive numbers, e.g. "1,2,4".
@@ -159,6 +174,19 @@ pub(crate) fn parse_list<T: std::str::FromStr + PartialOrd + Default>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn measuring_times() {
+        for (input, ok) in [
+            ("3s", true),
+            ("24h", true),
+            ("0s", false),
+            ("25h", false),
+            ("x", false),
+        ] {
+            assert_eq!(measuring_time(input).is_ok(), ok, "{input}");
+        }
+    }
 
     #[test]
     fn lists() {

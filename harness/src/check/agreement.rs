@@ -30,6 +30,12 @@
 //!   other send after the first accept is counted as explained (`resends_after_accept_explained`:
 //!   a resend with the LINE retry key after a lost answer is the correct design). Ledger-only, so
 //!   it is judged without a status API too.
+//! - **status_unreadable**: the status API answered 2xx with what is not the contract's answer
+//!   (not JSON, not its shape — a state that is not a string, `attempts` past a u32 —, or longer
+//!   than the whole list of the run's deliveries could be), or, in a run that was not stopped
+//!   early, no request to it ever got an answer (every one timed out, was reset or got a 5xx).
+//!   The stack's own view cannot be read, so nothing it says can be judged: that is the stack
+//!   breaking the contract, never "no status API".
 //!
 //! Judged: the three state rules every delivery with a status API row (more than 1% of expected
 //! deliveries without one makes the verdict insufficient), `resend_after_accept` every delivery
@@ -47,7 +53,7 @@ use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, P
 use serde_json::{json, Value};
 
 use super::common::{
-    attempt_json, delivery_json, figures, status_index, Findings, PerChannel, Sends,
+    attempt_json, delivery_json, figures, ms, status_index, Findings, PerChannel, Sends,
     MAX_UNJUDGED_SHARE,
 };
 use super::{EventKind, Input, State, StatusDelivery, Verdict};
@@ -61,6 +67,7 @@ enum Rule {
     NeverAccepted,
     UnknownButAccepted,
     ResendAfterAccept,
+    StatusUnreadable,
 }
 
 impl Rule {
@@ -70,6 +77,7 @@ impl Rule {
             Rule::NeverAccepted => "never_accepted",
             Rule::UnknownButAccepted => "unknown_but_accepted",
             Rule::ResendAfterAccept => "resend_after_accept",
+            Rule::StatusUnreadable => "status_unreadable",
         }
     }
 }
@@ -275,6 +283,7 @@ pub fn check(input: &Input) -> Verdict {
         judged_states,
         no_row,
     );
+    status_unreadable(input, &mut findings);
     let states = if status.is_some() {
         format!(
             "{judged_states} final states judged: {} accepted but failed, {} never accepted, \
@@ -286,11 +295,17 @@ pub fn check(input: &Input) -> Verdict {
     } else {
         "final states not checked (stack exposes no status API)".to_string()
     };
-    let summary = format!(
+    let mut summary = format!(
         "{states}; {} resends after a seen accept ({} explained by chaos)",
         counts.total("resends_after_accept"),
         counts.total("resends_after_accept_explained"),
     );
+    if input.status_answers.unreadable > 0 {
+        summary = format!(
+            "{} status API answers were not the contract's; {summary}",
+            input.status_answers.unreadable
+        );
+    }
     let figs = figures(json!({
         "by_channel": counts.to_json(),
         "states_judged": judged_states,
@@ -302,8 +317,37 @@ pub fn check(input: &Input) -> Verdict {
         "deliveries_resent_after_accept": counts.total("resend_after_accept"),
         "resends_after_accept": counts.total("resends_after_accept"),
         "resends_after_accept_explained": counts.total("resends_after_accept_explained"),
+        "status_requests": input.status_answers.requests,
+        "status_unreadable": input.status_answers.unreadable,
     }));
     findings.verdict(NAME, summary, figs)
+}
+
+/// `status_unreadable`: every status API answer that was not the contract's (the first few, with
+/// what was wrong and the answer's first bytes), or one finding for an API that never answered.
+/// Judged: the requests made (none is no shortfall: a run may end before the first poll).
+fn status_unreadable(input: &Input, findings: &mut Findings) {
+    let a = input.status_answers;
+    let rule = Rule::StatusUnreadable.as_str();
+    findings.judged_at_least(rule, a.requests, 0);
+    for u in &a.examples {
+        findings.push(json!({
+            "rule": rule, "batch_id": u.batch_id, "at_ms": ms(u.at_ns),
+            "http_status": u.http_status, "error": u.error, "body_head": u.body_head,
+            "reason": format!(
+                "the status API answered {} for this batch with what is not the contract's \
+                 answer ({} such answers in all)", u.http_status, a.unreadable),
+        }));
+    }
+    let never = a.requests > 0 && a.readable == 0 && a.unreadable == 0;
+    if never && input.quiescence.stopped_early.is_none() {
+        findings.push(json!({
+            "rule": rule, "requests": a.requests, "last_failure": a.last_failure,
+            "reason": format!(
+                "none of the {} requests to the status API got an answer (a stack without one \
+                 answers 404)", a.requests),
+        }));
+    }
 }
 
 /// What each rule judged: the state rules every delivery with a status row (short when more than

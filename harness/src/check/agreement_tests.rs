@@ -363,3 +363,116 @@ fn a_resend_after_its_senders_link_was_partitioned_is_explained() {
         );
     }
 }
+
+/// `status_unreadable`: a 2xx answer that is not the contract's is a violation with the answer
+/// as its counterexample, and so is an API no request ever got an answer from; a stack without
+/// a status API (404), one whose answers all read, and a run stopped early before any answer
+/// came are not flagged.
+#[test]
+fn an_unreadable_status_api_is_a_violation_with_its_answer() {
+    use crate::check::{StatusAnswers, UnreadableStatus};
+    let garbage = UnreadableStatus {
+        batch_id: "b1".into(),
+        at_ns: 2_000_000_000,
+        http_status: 200,
+        error: "not the contract's answer: invalid value: floating point `1e+30`, expected u32"
+            .into(),
+        body_head: "{\"deliveries\": [{\"attempts\": 1e30".into(),
+    };
+    // (answers, stopped early, violated)
+    let cases = [
+        (
+            StatusAnswers {
+                requests: 4,
+                readable: 3,
+                unreadable: 1,
+                examples: vec![garbage],
+                last_failure: None,
+            },
+            false,
+            true,
+        ),
+        (
+            StatusAnswers {
+                requests: 3,
+                readable: 0,
+                unreadable: 0,
+                examples: vec![],
+                last_failure: Some("operation timed out".into()),
+            },
+            false,
+            true,
+        ),
+        (
+            StatusAnswers {
+                requests: 3,
+                readable: 0,
+                unreadable: 0,
+                examples: vec![],
+                last_failure: Some("operation timed out".into()),
+            },
+            true,
+            false,
+        ),
+        (
+            StatusAnswers {
+                requests: 1,
+                readable: 1,
+                ..Default::default()
+            },
+            false,
+            false,
+        ),
+        (
+            StatusAnswers {
+                requests: 9,
+                readable: 7,
+                last_failure: Some("HTTP 503".into()),
+                ..Default::default()
+            },
+            false,
+            false,
+        ),
+        (StatusAnswers::default(), false, false),
+    ];
+    for (i, (answers, stopped, violated)) in cases.into_iter().enumerate() {
+        let mut w = healthy();
+        w.status_answers = answers;
+        if stopped {
+            w.quiescence.stopped_early = Some("the API exited".into());
+        }
+        let v = check(&w.input());
+        let flagged = v.violations_by_rule.contains_key("status_unreadable");
+        assert_eq!(flagged, violated, "case {i}: {v:#?}");
+        if violated {
+            assert_eq!(v.status, Status::Violated, "case {i}");
+            let c = &v.counterexamples[0];
+            assert_eq!(c["rule"], "status_unreadable", "case {i}");
+        } else {
+            assert_eq!(v.status, Status::Holds, "case {i}: {v:#?}");
+        }
+    }
+    let mut w = healthy();
+    w.status_answers.requests = 2;
+    w.status_answers.readable = 1;
+    w.status_answers.unreadable = 1;
+    w.status_answers.examples.push(UnreadableStatus {
+        batch_id: "b7".into(),
+        at_ns: 0,
+        http_status: 200,
+        error: "not the contract's answer: expected value at line 1 column 1".into(),
+        body_head: "<html>".into(),
+    });
+    let v = check(&w.input());
+    let c = &v.counterexamples[0];
+    assert_eq!(
+        (c["batch_id"].as_str(), c["body_head"].as_str()),
+        (Some("b7"), Some("<html>"))
+    );
+    assert!(
+        v.summary
+            .starts_with("1 status API answers were not the contract's"),
+        "{}",
+        v.summary
+    );
+}

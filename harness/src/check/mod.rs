@@ -191,9 +191,45 @@ pub struct Input<'a> {
     pub quiescence: &'a Quiescence,
     /// Batches the stack accepted and its status API later answered 404 for.
     pub lost_batches: &'a [LostBatch],
+    /// What the status API's requests came to: the answers that were not the contract's.
+    pub status_answers: &'a StatusAnswers,
     /// When the machine stopped running processes on time ([`crate::stalls`]): time allowances
     /// grow by the stalls inside the window they judge.
     pub stalls: &'a [crate::stalls::Stall],
+}
+
+/// How the status API answered over the run, beside the rows it gave (`agreement`'s
+/// `status_unreadable`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatusAnswers {
+    /// Requests the harness made.
+    pub requests: u64,
+    /// Answers it could use: the contract's answer, or a 404 / 405 / 501.
+    pub readable: u64,
+    /// 2xx answers that were not the contract's (not JSON, not its shape, too long).
+    pub unreadable: u64,
+    /// The first [`StatusAnswers::KEPT`] of those.
+    pub examples: Vec<UnreadableStatus>,
+    /// Why the last request that got no answer to use failed (timed out, reset, a 5xx).
+    pub last_failure: Option<String>,
+}
+
+impl StatusAnswers {
+    /// Unreadable answers kept as counterexamples.
+    pub const KEPT: usize = 10;
+}
+
+/// A 2xx answer of the status API that is not the contract's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnreadableStatus {
+    pub batch_id: String,
+    /// When the answer came, on the ledger clock.
+    pub at_ns: u64,
+    pub http_status: u16,
+    /// What is wrong with it (the JSON error with its line and column, or its length).
+    pub error: String,
+    /// Its first bytes, as text.
+    pub body_head: String,
 }
 
 /// A batch the stack accepted (202/200) that its status API later said it did not know (404),

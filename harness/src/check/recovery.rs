@@ -98,10 +98,15 @@ fn timed_transitions<'a>(
             let at = chrono::DateTime::parse_from_rfc3339(tr.at.as_deref()?)
                 .ok()?
                 .timestamp_millis();
+            // A time centuries past the run (a stack's clock or format gone wrong) is no
+            // time on the ledger clock: left out, as an untimed transition is.
+            let at_ns = u64::try_from((at - offset).max(0))
+                .ok()?
+                .checked_mul(1_000_000)?;
             Some(Moved {
                 from: tr.from.as_ref(),
                 to: &tr.to,
-                at_ns: ((at - offset).max(0) as u64) * 1_000_000,
+                at_ns,
             })
         })
         .collect();

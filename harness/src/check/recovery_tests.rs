@@ -290,7 +290,7 @@ fn late_retry(w: &mut World) -> String {
 fn a_release_recorded_after_the_answer_counts_even_before_the_kill() {
     // (case, r6's recorded transitions, holds?)
     type Steps = &'static [(&'static str, &'static str, u64)];
-    let cases: [(&str, Steps, bool); 4] = [
+    let cases: [(&str, Steps, bool); 5] = [
         (
             "released by 7 itself 5 ms before the kill",
             &[("sending", "worker", 940), ("retryable", "worker", 995)],
@@ -309,6 +309,16 @@ fn a_release_recorded_after_the_answer_counts_even_before_the_kill() {
         // No release on record (the stack's clock, or a record it does not keep): judged by the
         // ledger alone, as a stack without a status API, and the backlog excuses the wait.
         ("no release on record", &[("sending", "worker", 940)], true),
+        // A release stamped nine centuries on (a stack's clock or format gone wrong) is no time
+        // on the ledger clock: as if not on record (its nanoseconds used to overflow).
+        (
+            "a release stamped centuries away",
+            &[
+                ("sending", "worker", 940),
+                ("retryable", "rescuer", 30_000_000_000_000),
+            ],
+            true,
+        ),
     ];
     for (case, steps, holds) in cases {
         let mut w = kill_rescued();

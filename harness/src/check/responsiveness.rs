@@ -9,7 +9,8 @@
 //! Besides the latency, every enqueue attempt that failed (`load.enqueue_failures`), with or
 //! without an SLO, judged over the batches posted (the trickle's orders too):
 //! - **enqueue_not_accepted**: no attempt of a batch was accepted within the load's retry window
-//!   (30 s): the stack failed to take a valid batch. Its deliveries are not expected of anyone.
+//!   (30 s), or the stack refused it (an answer but 202, 200, 5xx or 429, which is final): the
+//!   stack failed to take a valid batch. Its deliveries are not expected of anyone.
 //! - **enqueue_failed**: an accepted batch needed more than [`MAX_FAILURES_PER_BATCH`] attempts
 //!   that failed without shedding load. Shedding is what the contract allows a stack under load
 //!   (`503` or `429` with a `Retry-After`, which the harness waits out): counted, never a

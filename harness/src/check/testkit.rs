@@ -81,6 +81,7 @@ pub struct World {
     pub enqueue_failures: crate::report::EnqueueFailures,
     pub quiescence: Quiescence,
     pub lost_batches: Vec<crate::check::LostBatch>,
+    pub status_answers: crate::check::StatusAnswers,
     pub stalls: Vec<crate::stalls::Stall>,
     attempts: HashMap<(Provider, String), u32>,
 }
@@ -115,6 +116,7 @@ impl World {
                 stopped_early: None,
             },
             lost_batches: Vec::new(),
+            status_answers: Default::default(),
             stalls: Vec::new(),
             attempts: HashMap::new(),
         }
@@ -347,6 +349,7 @@ impl World {
             enqueue_failures: &self.enqueue_failures,
             quiescence: &self.quiescence,
             lost_batches: &self.lost_batches,
+            status_answers: &self.status_answers,
             stalls: &self.stalls,
         }
     }

@@ -53,9 +53,9 @@ impl Plan {
     }
 }
 
-/// An enqueue request the stack refused (4xx) or the harness could not make: the harness's own
-/// failure. A batch the stack kept failing (5xx, 429, no answer) is not one: it is recorded in
-/// [`Enqueued::failures`] and judged.
+/// An enqueue the harness could not carry out (one of its own tasks failed): the harness's own
+/// failure. A batch the stack refused or kept failing (a 4xx, 5xx, 429, no answer) is not one: it
+/// is recorded in [`Enqueued::failures`] and judged.
 #[derive(Debug, thiserror::Error)]
 #[error("enqueue of batch {batch_id} failed: {detail}")]
 pub struct EnqueueError {
@@ -146,6 +146,9 @@ impl Default for Enqueued {
 /// never accepted (the contract's promise to a client: docs/stack-contract.md).
 pub const RETRY_FOR: Duration = Duration::from_secs(30);
 
+/// How long one enqueue request may take, from connecting to the last byte of its answer.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// The run's clock (the ledger's), read by the load's tasks.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
@@ -204,7 +207,9 @@ impl Poster {
     pub fn new(scenario: &Scenario, api_base: &str, now_ns: Clock) -> Poster {
         Poster {
             client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(120))
+                .timeout(REQUEST_TIMEOUT)
+                // A redirect is an answer, not an invitation to POST the batch elsewhere.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("http client"),
             scenario: Arc::new(scenario.clone()),
@@ -259,7 +264,7 @@ impl Poster {
             n.notify_waiters();
         }
         let retry_after_s = retry::retry_after_s(resp.headers());
-        let body = resp.text().await.unwrap_or_default();
+        let body = read_capped(resp, ANSWER_CAP).await;
         let latency_us = sent.elapsed().as_micros() as u64;
         let deliveries = serde_json::from_str::<serde_json::Value>(&body)
             .ok()
@@ -277,14 +282,14 @@ impl Poster {
     }
 
     /// Sends a batch's first request (retried as [`Poster::answered`] says) and starts its repeat
-    /// when the seed plans one. Only a 4xx, or a request the harness could not make, is an error.
-    /// `sequence` and `k`: the batch is the `k`-th of the batches or of the trickle's orders.
+    /// when the seed plans one. `sequence` and `k`: the batch is the `k`-th of the batches or of
+    /// the trickle's orders.
     async fn start(
         &self,
         (sequence, k): (&str, usize),
         batch_id: &str,
         recipients: &[Recipient],
-    ) -> Result<Started, EnqueueError> {
+    ) -> Started {
         let edited = sequence == "batches" && self.scenario.load.template_edited(k);
         let body = self.body(batch_id, recipients, edited);
         let plan = repeat::plan(&self.scenario, sequence, k, batch_id);
@@ -296,12 +301,12 @@ impl Poster {
         };
         let first_at = Instant::now();
         let Some(plan) = plan else {
-            let tried = self.answered(&who, body).await?;
-            return Ok(Started {
+            let tried = self.answered(&who, body).await;
+            return Started {
                 answered: tried.accepted,
                 repeat: None,
                 failures: tried.failures,
-            });
+            };
         };
         let record =
             |original: Option<&Answer>, original_sent_ns: u64| crate::report::RepeatRecord {
@@ -321,36 +326,41 @@ impl Poster {
             RepeatMode::Concurrent => {
                 // The repeat leaves on its own clock, whether or not the original was answered.
                 let again = self.spawn_post(&who, body.clone(), first_at + plan.after, false);
-                let tried = self.answered(&who, body).await?;
+                let tried = self.answered(&who, body).await;
                 let (rec, repeat_is_enqueue) = match &tried.accepted {
                     Some(original) => (record(Some(original), original.sent_ns), false),
                     // Never accepted: an accepted repeat is the batch's enqueue.
                     None => (record(None, tried.first_sent_ns()), true),
                 };
-                Ok(Started {
+                Started {
                     answered: tried.accepted,
                     repeat: Some(finish(again, rec, repeat_is_enqueue)),
                     failures: tried.failures,
-                })
+                }
             }
             RepeatMode::AfterAnswer => {
-                let tried = self.answered(&who, body.clone()).await?;
+                let tried = self.answered(&who, body.clone()).await;
                 // Nothing to repeat after an answer that never came.
                 let repeat = tried.accepted.as_ref().map(|original| {
                     let again = self.spawn_post(&who, body, Instant::now() + plan.after, false);
                     finish(again, record(Some(original), original.sent_ns), false)
                 });
-                Ok(Started {
+                Started {
                     answered: tried.accepted,
                     repeat,
                     failures: tried.failures,
-                })
+                }
             }
             RepeatMode::LostAnswer => {
                 let sent_ns = (self.now_ns)();
                 let mut failures = EnqueueFailures::default();
-                if let Err(e) =
-                    repeat::post_and_hang_up(&self.api_base, &body, plan.hang_up_after).await
+                if let Err(e) = repeat::post_and_hang_up(
+                    &self.api_base,
+                    &body,
+                    plan.hang_up_after,
+                    REQUEST_TIMEOUT,
+                )
+                .await
                 {
                     // The request never reached the stack: a failed attempt like any other; the
                     // retry below is the batch's enqueue either way.
@@ -363,11 +373,11 @@ impl Poster {
                     ));
                 }
                 let again = self.spawn_post(&who, body, Instant::now() + plan.after, true);
-                Ok(Started {
+                Started {
                     answered: None,
                     repeat: Some(finish(again, record(None, sent_ns), true)),
                     failures,
-                })
+                }
             }
         }
     }
@@ -389,15 +399,29 @@ impl Poster {
                 let answer = me.post(&who.batch_id, body).await;
                 return (sent_ns, answer, EnqueueFailures::default());
             }
-            match me.answered(&who, body).await {
-                Ok(tried) => {
-                    let last = tried.last_error();
-                    (sent_ns, tried.accepted.ok_or(last), tried.failures)
-                }
-                Err(e) => (sent_ns, Err(e.detail), EnqueueFailures::default()),
-            }
+            let tried = me.answered(&who, body).await;
+            let last = tried.last_error();
+            (sent_ns, tried.accepted.ok_or(last), tried.failures)
         })
     }
+}
+
+/// Of an enqueue answer's body, the bytes read: an answer is `{"batch_id", "deliveries"}` or an
+/// error, and a stack that answers megabytes (or a body that never ends) must not fill the
+/// harness's memory.
+const ANSWER_CAP: usize = 64 * 1024;
+
+/// The first `cap` bytes of `resp`'s body as text (lossy), and no more: the rest is left unread
+/// (the connection is dropped), and a body cut off by an error or the timeout is what arrived.
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> String {
+    let mut body = Vec::new();
+    while body.len() < cap {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk[..chunk.len().min(cap - body.len())]),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 /// A repeat's send time, its answer (or why none), and its failed attempts when it retried.
@@ -462,7 +486,7 @@ pub async fn enqueue(
         tokio::time::sleep_until(due.into()).await;
         let mut started = poster
             .start(("batches", k), batch_id, &recipients[range.clone()])
-            .await?;
+            .await;
         // A repeat never holds up the next batch.
         repeats.push(started.repeat.take());
         out.record_started(started, false).await?;
@@ -489,25 +513,69 @@ pub struct StatusPage {
     pub cursor: Option<String>,
 }
 
-/// One batch's rows from the status API (`GET /v1/batches/{id}/deliveries`, with `?since=` when
-/// a cursor is given); `None` when the stack answers 404, 405 or 501 for it (what that means is
-/// `run/status.rs`'s business: no status API at all on the first batch, a lost batch after
-/// that).
+/// One answer of the status API for a batch, read at the boundary.
+#[derive(Debug)]
+pub enum StatusAnswer {
+    /// 404, 405 or 501: no status API, or (after it answered once) a batch it does not know.
+    NotFound,
+    /// The contract's answer.
+    Page(StatusPage),
+    /// A 2xx answer that is not the contract's: not JSON, not its shape, or longer than any
+    /// whole list of the batch could be. The stack's failure, kept as a counterexample.
+    Unreadable {
+        http_status: u16,
+        error: String,
+        body_head: String,
+    },
+}
+
+/// Bytes of an unreadable answer kept to show what the stack sent.
+const BODY_HEAD: usize = 200;
+
+/// One batch's answer from the status API (`GET /v1/batches/{id}/deliveries`, with `?since=`
+/// when a cursor is given), read up to `cap` bytes: what it means is `run/status.rs`'s business.
+/// `Err` when there was no answer to use (no connection, a timeout, a body cut off, an error
+/// status other than 404 / 405 / 501): the next poll asks again.
 pub async fn fetch_batch_status(
     client: &reqwest::Client,
     api_base: &str,
     batch_id: &str,
     since: Option<&str>,
-) -> anyhow::Result<Option<StatusPage>> {
+    cap: usize,
+) -> anyhow::Result<StatusAnswer> {
     let mut req = client.get(format!("{api_base}/v1/batches/{batch_id}/deliveries"));
     if let Some(cursor) = since {
         req = req.query(&[("since", cursor)]);
     }
-    let resp = req.send().await.context("status API request")?;
-    if matches!(resp.status().as_u16(), 404 | 405 | 501) {
-        return Ok(None);
+    let mut resp = req.send().await.context("status API request")?;
+    let status = resp.status();
+    if matches!(status.as_u16(), 404 | 405 | 501) {
+        return Ok(StatusAnswer::NotFound);
     }
-    let resp = resp.error_for_status().context("status API")?;
-    let page: StatusPage = resp.json().await.context("status API body")?;
-    Ok(Some(page))
+    if !status.is_success() {
+        anyhow::bail!("status API answered HTTP {status}");
+    }
+    let head =
+        |body: &[u8]| String::from_utf8_lossy(&body[..body.len().min(BODY_HEAD)]).into_owned();
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.context("status API body")? {
+        if body.len() + chunk.len() > cap {
+            return Ok(StatusAnswer::Unreadable {
+                http_status: status.as_u16(),
+                error: format!(
+                    "the answer is longer than {cap} bytes, more than the whole list of this                      run's deliveries can take"
+                ),
+                body_head: head(&body),
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    match serde_json::from_slice::<StatusPage>(&body) {
+        Ok(page) => Ok(StatusAnswer::Page(page)),
+        Err(e) => Ok(StatusAnswer::Unreadable {
+            http_status: status.as_u16(),
+            error: format!("not the contract's answer: {e}"),
+            body_head: head(&body),
+        }),
+    }
 }

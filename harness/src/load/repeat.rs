@@ -80,25 +80,36 @@ fn rng(key: &str) -> rand_chacha::ChaCha8Rng {
 
 /// Writes a `POST /v1/batches` with `body` to the API at `api_base` and closes the connection
 /// `hang_up_after` later without reading the answer. Errors only when the request could not be
-/// written at all.
+/// written at all, or not `within` (a stack that accepts and never reads would otherwise hold the
+/// write, and the whole load, for ever).
 pub async fn post_and_hang_up(
     api_base: &str,
     body: &[u8],
     hang_up_after: Duration,
+    within: Duration,
 ) -> std::io::Result<()> {
     let addr = api_base
         .strip_prefix("http://")
         .unwrap_or(api_base)
         .trim_end_matches('/');
-    let mut conn = tokio::net::TcpStream::connect(addr).await?;
     let head = format!(
         "POST /v1/batches HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n\r\n",
         body.len()
     );
-    conn.write_all(head.as_bytes()).await?;
-    conn.write_all(body).await?;
-    conn.flush().await?;
+    let write = async {
+        let mut conn = tokio::net::TcpStream::connect(addr).await?;
+        conn.write_all(head.as_bytes()).await?;
+        conn.write_all(body).await?;
+        conn.flush().await?;
+        Ok::<_, std::io::Error>(conn)
+    };
+    let conn = tokio::time::timeout(within, write).await.map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the API did not take the request within {within:?}"),
+        )
+    })??;
     tokio::time::sleep(hang_up_after).await;
     drop(conn);
     Ok(())
@@ -112,6 +123,26 @@ pub async fn until(at: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An API that accepts the connection and never reads: the write gives up `within`.
+    #[tokio::test]
+    async fn a_request_the_api_never_reads_gives_up_in_time() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let (conn, _) = listener.accept().await.unwrap();
+            std::future::pending::<()>().await;
+            drop(conn);
+        });
+        let body = vec![b' '; 64 << 20];
+        let started = std::time::Instant::now();
+        let err = post_and_hang_up(&base, &body, Duration::ZERO, Duration::from_millis(500))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        held.abort();
+    }
 
     #[test]
     fn the_plan_is_seeded_exact_and_takes_turns() {

@@ -3,12 +3,13 @@
 //! backoff, or after the answer's `Retry-After` when that is longer, until the stack accepts it
 //! or [`super::RETRY_FOR`] has passed. Every failed attempt is recorded; a batch still not
 //! accepted is recorded as such and the run goes on, because that is a verdict about the stack
-//! (`responsiveness`), not a failure of the harness. A 4xx is final (the stack refused what the
-//! harness sent) and stays an error. Never sleeps past the window.
+//! (`responsiveness`), not a failure of the harness. Any other answer than 202 or 200 (a 4xx,
+//! a 201, a redirect) is final: the stack refused a batch the contract says it must take, which
+//! is recorded the same way, after that one attempt. Never sleeps past the window.
 
 use std::time::{Duration, Instant};
 
-use super::{Answer, EnqueueError, Poster};
+use super::{Answer, Poster};
 use crate::report::{EnqueueFailures, FailedEnqueue, NotAccepted};
 
 /// The first backoff gap; it doubles per failed attempt up to [`MAX_GAP`].
@@ -25,6 +26,25 @@ pub(super) struct Who {
 }
 
 impl Who {
+    /// The batch given up on after `attempts`, `last_error` saying why.
+    fn not_accepted(
+        &self,
+        first_ns: u64,
+        done_ns: u64,
+        attempts: u32,
+        last_error: String,
+    ) -> NotAccepted {
+        NotAccepted {
+            batch_id: self.batch_id.clone(),
+            first_sent_ns: first_ns,
+            gave_up_ns: done_ns,
+            attempts,
+            deliveries: self.deliveries,
+            last_error,
+            trickle: self.trickle,
+        }
+    }
+
     pub fn failed(
         &self,
         sent_ns: u64,
@@ -97,8 +117,7 @@ fn wait(gap: Duration, retry_after_s: Option<u64>) -> Duration {
 
 impl Poster {
     /// [`Poster::post`] until the answer is 202 or 200, as a client does (see the module doc).
-    /// `Err` only for a 4xx other than 429.
-    pub(super) async fn answered(&self, who: &Who, body: Vec<u8>) -> Result<Tried, EnqueueError> {
+    pub(super) async fn answered(&self, who: &Who, body: Vec<u8>) -> Tried {
         let first = Instant::now();
         let first_ns = (self.now_ns)();
         let mut failures = EnqueueFailures::default();
@@ -114,10 +133,10 @@ impl Poster {
                         sent_ns: first_ns,
                         ..a
                     };
-                    return Ok(Tried {
+                    return Tried {
                         accepted: Some(accepted),
                         failures,
-                    });
+                    };
                 }
                 Ok(a) => {
                     let why = format!(
@@ -125,12 +144,6 @@ impl Poster {
                         a.status,
                         a.body.chars().take(500).collect::<String>()
                     );
-                    if !retryable(a.status) {
-                        return Err(EnqueueError {
-                            batch_id: who.batch_id.clone(),
-                            detail: why,
-                        });
-                    }
                     (Some(a.status), a.retry_after_s, why)
                 }
                 Err(e) => (None, None, e),
@@ -139,25 +152,34 @@ impl Poster {
             failures
                 .attempts
                 .push(who.failed(sent_ns, done_ns, status, retry_after, why.clone()));
+            if let Some(refused) = status.filter(|s| !retryable(*s)) {
+                tracing::warn!(
+                    "enqueue of batch {}: {why}; refused, not retried",
+                    who.batch_id
+                );
+                let last_error = format!(
+                    "{why} (refused: only 202 or 200 accepts a batch, and a {refused} is final)"
+                );
+                let gone = who.not_accepted(first_ns, done_ns, attempts, last_error);
+                failures.not_accepted.push(gone);
+                return Tried {
+                    accepted: None,
+                    failures,
+                };
+            }
             let pause = wait(gap, retry_after);
             if first.elapsed() + pause > self.retry_for {
                 tracing::warn!("enqueue of batch {}: {why}; giving up", who.batch_id);
-                failures.not_accepted.push(NotAccepted {
-                    batch_id: who.batch_id.clone(),
-                    first_sent_ns: first_ns,
-                    gave_up_ns: done_ns,
-                    attempts,
-                    deliveries: who.deliveries,
-                    last_error: format!(
-                        "{why} (not accepted after {attempts} attempts in {:.1}s)",
-                        first.elapsed().as_secs_f64()
-                    ),
-                    trickle: who.trickle,
-                });
-                return Ok(Tried {
+                let last_error = format!(
+                    "{why} (not accepted after {attempts} attempts in {:.1}s)",
+                    first.elapsed().as_secs_f64()
+                );
+                let gone = who.not_accepted(first_ns, done_ns, attempts, last_error);
+                failures.not_accepted.push(gone);
+                return Tried {
                     accepted: None,
                     failures,
-                });
+                };
             }
             tracing::warn!(
                 "enqueue of batch {}: {why}; retrying in {} ms",

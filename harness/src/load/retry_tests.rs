@@ -158,16 +158,48 @@ async fn a_retry_after_beyond_the_window_gives_up_without_waiting_for_it() {
     assert_eq!(out.failures.not_accepted.len(), 1);
 }
 
+/// Any answer but 202 or 200 that is not a failure to retry (a 4xx, a status the contract does
+/// not name, a redirect) is the stack refusing the batch: final after one attempt, and recorded
+/// as not accepted (judged by `responsiveness`), never an error that stops the run (exit 3).
 #[tokio::test]
-async fn a_4xx_is_final_and_an_error() {
-    let (base, seen) = serve(vec![(422, None)]).await;
-    let (poster, scenario) = poster(&base, super::super::RETRY_FOR).await;
-    let people = one_recipient();
-    let plan = Plan::new(&scenario, people.len());
-    let err = enqueue(&poster, &people, &plan)
-        .await
-        .err()
-        .expect("an error");
-    assert!(err.detail.contains("HTTP 422"), "{err}");
-    assert_eq!(seen.lock().unwrap().posts.len(), 1);
+async fn a_refusal_is_final_and_recorded_as_not_accepted() {
+    for status in [422, 400, 201, 302] {
+        let (base, seen) = serve(vec![(status, None)]).await;
+        let (poster, scenario) = poster(&base, super::super::RETRY_FOR).await;
+        let people = one_recipient();
+        let plan = Plan::new(&scenario, people.len());
+        let out = enqueue(&poster, &people, &plan)
+            .await
+            .expect("not an error");
+        assert_eq!(seen.lock().unwrap().posts.len(), 1, "{status}: not retried");
+        let gone = &out.failures.not_accepted;
+        assert_eq!(gone.len(), 1, "{status}");
+        assert_eq!((gone[0].attempts, gone[0].deliveries), (1, 3), "{status}");
+        let want = format!("HTTP {status}: ");
+        assert!(gone[0].last_error.starts_with(&want), "{gone:?}");
+        assert!(gone[0].last_error.contains("is final"), "{gone:?}");
+        assert_eq!(out.failures.attempts[0].status, Some(status));
+        assert!(out.batches.is_empty(), "{status}");
+    }
+}
+
+/// An accepted answer of 64 MiB is read no further than the few kilobytes an answer needs.
+#[tokio::test]
+async fn a_huge_answer_is_read_only_up_to_its_cap() {
+    let app = Router::new().route(
+        "/v1/batches",
+        post(|| async { (StatusCode::ACCEPTED, vec![b' '; 64 << 20]) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (poster, _) = poster(&format!("http://{addr}"), super::super::RETRY_FOR).await;
+    let answer = poster.post("b1", b"{}".to_vec()).await.expect("answered");
+    assert_eq!(answer.status, 202);
+    assert!(
+        answer.body.len() <= super::super::ANSWER_CAP,
+        "{}",
+        answer.body.len()
+    );
+    assert_eq!(answer.deliveries, None);
 }

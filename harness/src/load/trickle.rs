@@ -115,7 +115,7 @@ impl TrickleRun {
                     let _permit = permit;
                     let started = poster
                         .start(("trickle", k), &batch_id, &people[chunk])
-                        .await?;
+                        .await;
                     let mut one = Enqueued::new();
                     one.record_started(started, true).await?;
                     let ids = one.batches.iter().map(|b| b.batch_id.clone());

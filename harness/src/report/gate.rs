@@ -93,8 +93,10 @@ pub enum GateError {
         value: String,
         expected: &'static str,
     },
-    #[error("tolerance {0:?}: expected a percentage like 15% or a share like 0.15")]
+    #[error("tolerance {0:?}: expected a percentage like 15% or a share from 0 to 1 like 0.15")]
     Tolerance(String),
+    #[error("tolerance {0:?}: a bare number is a share from 0 to 1; write {0}% for {0} percent")]
+    ToleranceShare(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +222,10 @@ pub fn parse_tolerance(s: &str) -> Result<f64, GateError> {
         None => t.parse::<f64>(),
     };
     match share {
+        // A bare number is a share: `15` would be 1500%, which nobody means (write `15%`).
+        Ok(v) if !t.ends_with('%') && v > 1.0 && v.is_finite() => {
+            Err(GateError::ToleranceShare(t.to_string()))
+        }
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(GateError::Tolerance(s.to_string())),
     }

@@ -70,6 +70,12 @@ fn tolerance_parses() {
         ("0", Some(0.0)),
         ("-1%", None),
         ("lots", None),
+        // A bare number is a share: 15 would mean 1500%.
+        ("1", Some(1.0)),
+        ("15", None),
+        ("150%", Some(1.5)),
+        ("inf%", None),
+        ("NaN", None),
     ] {
         assert_eq!(parse_tolerance(input).ok(), want, "{input}");
     }

@@ -194,11 +194,12 @@ fn cards(page: &mut String, r: &Report, m: &Metrics, ledger: &[Arc<LedgerEntry>]
     if let Some(e) = &r.error {
         let _ = write!(page, "<section><div class=\"error-box\"><b>The run could not complete:</b> {}</div></section>", esc(e));
     }
+    // Saturating: a hand-edited report.json may hold any count.
     let accepted: u64 = r
         .ledger_summary
         .values()
         .filter_map(|o| o.get("accepted"))
-        .sum();
+        .fold(0, |n, a| n.saturating_add(*a));
     let faults = ledger.iter().filter(|e| e.fault.is_some()).count();
     let cards = [
         (

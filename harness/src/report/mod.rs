@@ -19,11 +19,15 @@ pub mod html;
 mod html_parts;
 pub mod junit;
 pub mod markdown;
+mod read;
 mod render;
 pub(crate) mod stats;
 
 pub use enqueue_failures::{EnqueueFailures, FailedEnqueue, NotAccepted};
-pub use render::{read_ledger, rerender, step_summary_path, write_all, write_rendered};
+pub use read::{read_report, ReadError};
+pub use render::{
+    read_ledger, rerender, step_summary_path, write_all, write_rendered, RerenderError,
+};
 pub use stats::{
     enqueue_times, latency, metrics, sends_by_pid, sends_unattributed, uncertain, Bucket,
     EnqueueTimes, Latency, Metrics, Uncertain,

@@ -17,17 +17,18 @@ use mock_providers::ledger::LedgerEntry;
 use super::{html, junit, markdown, stats, Report};
 
 /// Reads `ledger.jsonl`. A line that does not parse (a run killed mid-write leaves a torn last
-/// line) is skipped and counted rather than failing the whole rendering.
+/// line, a damaged disk leaves bytes that are not UTF-8) is skipped and counted rather than
+/// failing the whole rendering.
 pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<Arc<LedgerEntry>>, usize)> {
     let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
     let mut entries = Vec::new();
     let mut skipped = 0;
-    for line in std::io::BufReader::new(file).lines() {
+    for line in std::io::BufReader::new(file).split(b'\n') {
         let line = line.with_context(|| format!("read {}", path.display()))?;
-        if line.trim().is_empty() {
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        match serde_json::from_str(&line) {
+        match serde_json::from_slice(&line) {
             Ok(e) => entries.push(Arc::new(e)),
             Err(_) => skipped += 1,
         }
@@ -88,29 +89,41 @@ pub fn step_summary_path() -> Option<PathBuf> {
 /// `step_summary` is true, appends the summary to the file `$GITHUB_STEP_SUMMARY` names when that
 /// is set (and not empty).
 pub fn write_all(dir: &Path, report: &Report, step_summary: bool) -> anyhow::Result<Vec<PathBuf>> {
-    let ledger_path = dir.join("ledger.jsonl");
-    let ledger = if ledger_path.exists() {
-        let (entries, skipped) = read_ledger(&ledger_path)?;
-        if skipped > 0 {
-            tracing::warn!(
-                "{}: skipped {skipped} unreadable lines",
-                ledger_path.display()
-            );
-        }
-        entries
-    } else {
-        Vec::new()
-    };
+    let ledger = saved_ledger(dir)?;
     let step_summary = step_summary.then(step_summary_path).flatten();
     write_rendered(dir, report, &ledger, step_summary.as_deref())
 }
 
+/// `dir/ledger.jsonl`'s entries (none when there is no such file), its unreadable lines skipped
+/// with a warning.
+fn saved_ledger(dir: &Path) -> anyhow::Result<Vec<Arc<LedgerEntry>>> {
+    let path = dir.join("ledger.jsonl");
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let (entries, skipped) = read_ledger(&path)?;
+    if skipped > 0 {
+        tracing::warn!("{}: skipped {skipped} unreadable lines", path.display());
+    }
+    Ok(entries)
+}
+
+/// Why `ting-chaos report DIR` rendered nothing: a report or ledger it cannot read (the user's
+/// input, exit 2) or renderings it could not write (exit 3).
+#[derive(Debug, thiserror::Error)]
+pub enum RerenderError {
+    #[error("{0}")]
+    Input(String),
+    #[error("{0:#}")]
+    Output(anyhow::Error),
+}
+
 /// Loads `dir/report.json` and renders it again (`ting-chaos report DIR`); appends to
 /// `$GITHUB_STEP_SUMMARY` only when `step_summary` is true (the run already did).
-pub fn rerender(dir: &Path, step_summary: bool) -> anyhow::Result<Vec<PathBuf>> {
-    let path = dir.join("report.json");
-    let data = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
-    let report: Report =
-        serde_json::from_slice(&data).with_context(|| format!("parse {}", path.display()))?;
-    write_all(dir, &report, step_summary)
+pub fn rerender(dir: &Path, step_summary: bool) -> Result<Vec<PathBuf>, RerenderError> {
+    let report = super::read::read_report(&dir.join("report.json"))
+        .map_err(|e| RerenderError::Input(e.to_string()))?;
+    let ledger = saved_ledger(dir).map_err(|e| RerenderError::Input(format!("{e:#}")))?;
+    let step_summary = step_summary.then(step_summary_path).flatten();
+    write_rendered(dir, &report, &ledger, step_summary.as_deref()).map_err(RerenderError::Output)
 }

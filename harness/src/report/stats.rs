@@ -412,16 +412,27 @@ pub(crate) struct PerSecond {
     pub seconds: usize,
 }
 
+/// The longest timeline [`per_second`] draws: a week of seconds. A run lasts minutes; an entry
+/// stamped later comes from a damaged or hand-edited `ledger.jsonl` and is left out, rather than
+/// sizing the chart's arrays by it (`u64::MAX` ns would ask for tens of gigabytes).
+const MAX_SECONDS: usize = 7 * 24 * 3600;
+
 pub(crate) fn per_second(ledger: &[Arc<LedgerEntry>]) -> PerSecond {
+    let second = |e: &LedgerEntry| {
+        usize::try_from(e.mono_ns / 1_000_000_000)
+            .ok()
+            .filter(|s| *s < MAX_SECONDS)
+    };
     let seconds = ledger
         .iter()
-        .map(|e| (e.mono_ns / 1_000_000_000) as usize + 1)
+        .filter_map(|e| second(e))
+        .map(|s| s + 1)
         .max()
         .unwrap_or(0);
     let mut accepted: BTreeMap<&'static str, Vec<u32>> = BTreeMap::new();
     let mut faults = vec![0; seconds];
     for e in sends(ledger) {
-        let s = (e.mono_ns / 1_000_000_000) as usize;
+        let Some(s) = second(e) else { continue };
         if e.outcome == Outcome::Accepted {
             accepted
                 .entry(channel_of(e.provider))

@@ -63,6 +63,7 @@ pub(super) async fn stop_and_judge(
         enqueue_failures: &settled.enqueue.failures,
         quiescence: &settled.quiescence,
         lost_batches: &settled.lost_batches,
+        status_answers: &settled.status_answers,
         stalls: &stalls,
     };
     let checks = check::run_all(&input);

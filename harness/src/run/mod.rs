@@ -34,6 +34,7 @@ use crate::report::{self, Report};
 use crate::scenario::Scenario;
 use crate::supervise::Supervisor;
 
+pub use env::CONTRACT_VARS;
 pub use world::WorkerCommand;
 
 /// Flags of `ting-chaos run` that override the scenario.
@@ -80,8 +81,17 @@ pub async fn run(
     if let Some(w) = opts.workers {
         scenario.stack.workers = w;
     }
-    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
-    let report_dir = opts.report_root.join(format!("{}-{stamp}", scenario.name));
+    let report_dir = match fresh_report_dir(&opts.report_root, &scenario.name) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return Outcome {
+                exit_code: exit::INFRA,
+                report_dir: opts.report_root.clone(),
+                report: None,
+            };
+        }
+    };
     let started = Instant::now();
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let mut res = Resources::default();
@@ -129,6 +139,30 @@ pub async fn run(
         report_dir,
         report,
     }
+}
+
+/// Creates the run's folder, `<root>/<scenario>-<UTC timestamp>`, never one that exists: two
+/// runs of a scenario started in the same second (a sweep's seed that failed fast, two CI jobs
+/// sharing a report folder) get `…-2`, `…-3`, so neither overwrites the other's files.
+pub fn fresh_report_dir(root: &Path, scenario: &str) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(root).with_context(|| format!("create {}", root.display()))?;
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    let base = format!("{scenario}-{stamp}");
+    for n in 1..=1000 {
+        let dir = match n {
+            1 => root.join(&base),
+            n => root.join(format!("{base}-{n}")),
+        };
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("create {}", dir.display())),
+        }
+    }
+    anyhow::bail!(
+        "create a run folder in {}: {base} and 999 numbered ones exist already",
+        root.display()
+    )
 }
 
 /// What must be torn down, filled in as the run starts things.

@@ -18,7 +18,7 @@ use super::drive::Driven;
 use super::provision::Fakes;
 use super::start::{Stack, Workload};
 use super::{infra, not_accepted, progress, settle, status, Resources};
-use crate::check::{EventKind, LostBatch, Quiescence, StatusDelivery};
+use crate::check::{EventKind, LostBatch, Quiescence, StatusAnswers, StatusDelivery};
 use crate::load::{Enqueued, TrickleRun};
 use crate::scenario::{Channel, Scenario};
 
@@ -38,6 +38,8 @@ pub(super) struct Settled {
     pub status: Option<Vec<StatusDelivery>>,
     /// Accepted batches the status API no longer knew.
     pub lost_batches: Vec<LostBatch>,
+    /// How the status API answered (the answers that were not the contract's).
+    pub status_answers: StatusAnswers,
 }
 
 /// Waits until the run is quiescent, gives up at its deadline, or stops because a crash left
@@ -60,6 +62,7 @@ pub(super) async fn wait(
     } = driven;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
         .build()?;
     // Only batches the stack accepted (202/200): a 404 for one of them is a lost batch. The
     // trickle's orders join as they are accepted.
@@ -68,7 +71,7 @@ pub(super) async fn wait(
     let mut tracker = settle::Tracker::new(&work.expected, scenario.expect.max_attempts);
     let mut deadline = Deadline::new(scenario.expect.quiescence);
     let settle_for = scenario.stack.lease + scenario.stack.heartbeat;
-    let mut status_view = status::StatusPoller::new();
+    let mut status_view = status::StatusPoller::new(work.expected.len());
     let mut last_status: Option<Instant> = None;
     let mut last_print = Instant::now();
     let mut calm_since: Option<Instant> = None;
@@ -245,11 +248,13 @@ pub(super) async fn wait(
         }
     }
     let lost_batches = status_view.lost();
+    let status_answers = status_view.answers().clone();
     Ok(Settled {
         quiescence,
         enqueue,
         status: status_view.into_rows(),
         lost_batches,
+        status_answers,
     })
 }
 

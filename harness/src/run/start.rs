@@ -251,13 +251,17 @@ pub(super) async fn wait_healthy(
 ) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
+        .redirect(reqwest::redirect::Policy::none())
         .build()?;
     let deadline = Instant::now() + within;
+    let mut last;
     loop {
-        if let Ok(r) = client.get(format!("{base}/healthz")).send().await {
-            if r.status().is_success() {
-                return Ok(());
-            }
+        match client.get(format!("{base}/healthz")).send().await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) => last = format!("HTTP {}", r.status()),
+            Err(e) if e.is_timeout() => last = "no answer within 2 s".into(),
+            Err(e) if e.is_connect() => last = "connection refused".into(),
+            Err(e) => last = format!("{e}"),
         }
         if !sup.is_alive(pid) {
             let rec = sup.record(pid);
@@ -269,7 +273,7 @@ pub(super) async fn wait_healthy(
         }
         if Instant::now() >= deadline {
             return Err(infra(format!(
-                "stack api never answered GET {base}/healthz within {}s",
+                "stack api never answered GET {base}/healthz with 200 within {}s (last try: {last})",
                 within.as_secs()
             )));
         }

@@ -14,11 +14,18 @@
 //! answer lists the deliveries that changed, merged here by key over the rows already held. Every
 //! [`FULL_EVERY`]th request for a batch, and the last poll of the run, ask for the whole list, so
 //! an incremental answer that missed a change can delay the view, never decide the verdict.
+//!
+//! A 2xx answer that is not the contract's (not JSON, not its shape, longer than
+//! [`answer_cap`]) says the stack has a status API and it is broken: it is kept as a
+//! counterexample ([`StatusAnswers`], `agreement`'s `status_unreadable`) and the batch's rows
+//! stay as they were. A request that got no answer to use (a timeout, a reset, a 5xx) is tried
+//! again at the next poll; one that timed out ends the round, so an API that hangs costs one
+//! timeout per poll, not one per batch.
 
 use std::collections::BTreeMap;
 
-use crate::check::{LostBatch, StatusDelivery};
-use crate::load;
+use crate::check::{LostBatch, StatusAnswers, StatusDelivery, UnreadableStatus};
+use crate::load::{self, StatusAnswer};
 
 /// What the first answer said about the status API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +47,16 @@ pub struct StatusPoller {
     /// the ledger has settled, and among the others.
     turn: usize,
     turn_rest: usize,
+    /// The most bytes an answer may have ([`answer_cap`]).
+    cap: usize,
+    answers: StatusAnswers,
+}
+
+/// The most bytes a status answer may take for a run of `deliveries` expected deliveries: 16 KiB
+/// a row (a delivery with its whole history is well under 2 KiB) over all of them, plus 8 MiB, so
+/// that an answer that never ends cannot fill the harness's memory.
+pub fn answer_cap(deliveries: usize) -> usize {
+    (8usize << 20).saturating_add(deliveries.saturating_mul(16 << 10))
 }
 
 /// Batches the ledger has not settled that one [`StatusPoller::poll_some`] asks for at most.
@@ -57,14 +74,9 @@ fn is_final(rows: &[StatusDelivery]) -> bool {
     !rows.is_empty() && rows.iter().all(|d| d.state.is_terminal())
 }
 
-impl Default for StatusPoller {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl StatusPoller {
-    pub fn new() -> StatusPoller {
+    /// A poller for a run of `deliveries` expected deliveries (which bounds an answer's size).
+    pub fn new(deliveries: usize) -> StatusPoller {
         StatusPoller {
             capability: Capability::Unknown,
             rows: BTreeMap::new(),
@@ -72,6 +84,8 @@ impl StatusPoller {
             cursors: BTreeMap::new(),
             turn: 0,
             turn_rest: 0,
+            cap: answer_cap(deliveries),
+            answers: StatusAnswers::default(),
         }
     }
 
@@ -81,8 +95,9 @@ impl StatusPoller {
     }
 
     /// Asks for every batch once, incrementally where the stack offers it unless `whole`;
-    /// `now_ns` (ledger clock) stamps a batch first found missing. A transport or server error
-    /// leaves the view as it was (the next poll tries again).
+    /// `now_ns` (ledger clock) stamps a batch first found missing. A request with no answer to
+    /// use leaves that batch's view as it was (the next poll tries again) and the others are
+    /// still asked, unless it timed out: then the round ends there. `Err`: the last such failure.
     pub async fn poll(
         &mut self,
         client: &reqwest::Client,
@@ -91,15 +106,30 @@ impl StatusPoller {
         whole: bool,
         now_ns: u64,
     ) -> anyhow::Result<()> {
+        let mut failed = None;
         for id in batch_ids {
             if !self.enabled() {
-                return Ok(());
+                break;
             }
             let since = self.since(id, whole);
-            let page = load::fetch_batch_status(client, api_base, id, since.as_deref()).await?;
-            self.record(id, page, since.is_some(), now_ns);
+            self.answers.requests += 1;
+            let fetched =
+                load::fetch_batch_status(client, api_base, id, since.as_deref(), self.cap).await;
+            match fetched {
+                Ok(answer) => self.record(id, answer, since.is_some(), now_ns),
+                Err(e) => {
+                    self.answers.last_failure = Some(format!("{e:#}"));
+                    let timed_out = e
+                        .downcast_ref::<reqwest::Error>()
+                        .is_some_and(reqwest::Error::is_timeout);
+                    failed = Some(e);
+                    if timed_out {
+                        break;
+                    }
+                }
+            }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// [`StatusPoller::poll`] for the batches quiescence is waiting on and a few of the others.
@@ -169,18 +199,36 @@ impl StatusPoller {
     }
 
     /// Takes one batch's answer: its rows (all of them, or those changed since the cursor when
-    /// `incremental`), or `None` for "not found".
-    fn record(
-        &mut self,
-        batch_id: &str,
-        page: Option<load::StatusPage>,
-        incremental: bool,
-        now_ns: u64,
-    ) {
-        match (page, self.capability) {
+    /// `incremental`), "not found", or an answer that is not the contract's.
+    fn record(&mut self, batch_id: &str, answer: StatusAnswer, incremental: bool, now_ns: u64) {
+        if !matches!(answer, StatusAnswer::Unreadable { .. }) {
+            self.answers.readable += 1;
+        }
+        match (answer, self.capability) {
             // Decided once: a stack without the API stays without it.
             (_, Capability::Absent) => {}
-            (Some(page), _) => {
+            // A 2xx: the stack has the API, and this answer breaks it.
+            (
+                StatusAnswer::Unreadable {
+                    http_status,
+                    error,
+                    body_head,
+                },
+                _,
+            ) => {
+                self.capability = Capability::Present;
+                self.answers.unreadable += 1;
+                if self.answers.examples.len() < StatusAnswers::KEPT {
+                    self.answers.examples.push(UnreadableStatus {
+                        batch_id: batch_id.to_string(),
+                        at_ns: now_ns,
+                        http_status,
+                        error,
+                        body_head,
+                    });
+                }
+            }
+            (StatusAnswer::Page(page), _) => {
                 self.capability = Capability::Present;
                 if self.lost.contains_key(batch_id) {
                     return;
@@ -201,8 +249,8 @@ impl StatusPoller {
                     }
                 }
             }
-            (None, Capability::Unknown) => self.capability = Capability::Absent,
-            (None, _) => {
+            (StatusAnswer::NotFound, Capability::Unknown) => self.capability = Capability::Absent,
+            (StatusAnswer::NotFound, _) => {
                 self.lost.entry(batch_id.to_string()).or_insert(now_ns);
                 self.rows.remove(batch_id);
             }
@@ -220,6 +268,11 @@ impl StatusPoller {
     pub fn into_rows(self) -> Option<Vec<StatusDelivery>> {
         (self.capability == Capability::Present)
             .then(|| self.rows.into_values().flatten().collect())
+    }
+
+    /// How the status API answered: requests made, answers that were not the contract's.
+    pub fn answers(&self) -> &StatusAnswers {
+        &self.answers
     }
 
     /// The accepted batches the status API answered 404 for, with when that was first seen.
@@ -261,23 +314,31 @@ mod tests {
         .unwrap()
     }
 
-    fn rows(n: usize) -> Option<load::StatusPage> {
-        Some(load::StatusPage {
+    fn rows(n: usize) -> StatusAnswer {
+        StatusAnswer::Page(load::StatusPage {
             deliveries: vec![row("k", "delivered"); n],
             cursor: None,
         })
     }
 
-    fn page(rows: &[(&str, &str)], cursor: &str) -> Option<load::StatusPage> {
-        Some(load::StatusPage {
+    fn page(rows: &[(&str, &str)], cursor: &str) -> StatusAnswer {
+        StatusAnswer::Page(load::StatusPage {
             deliveries: rows.iter().map(|(k, s)| row(k, s)).collect(),
             cursor: Some(cursor.into()),
         })
     }
 
+    fn garbage() -> StatusAnswer {
+        StatusAnswer::Unreadable {
+            http_status: 200,
+            error: "not the contract's answer: expected value at line 1 column 1".into(),
+            body_head: "<html>".into(),
+        }
+    }
+
     #[test]
     fn incremental_answers_merge_by_key_and_every_tenth_request_is_whole() {
-        let mut p = StatusPoller::new();
+        let mut p = StatusPoller::new(3);
         p.record(
             "b1",
             page(&[("a", "sending"), ("b", "pending")], "c1"),
@@ -346,14 +407,114 @@ mod tests {
             ),
         ];
         for (i, (answers, on, kept, lost)) in cases.into_iter().enumerate() {
-            let mut p = StatusPoller::new();
+            let mut p = StatusPoller::new(5);
             for (at, (id, page)) in answers.iter().enumerate() {
-                p.record(id, page.and_then(rows), false, at as u64);
+                let answer = page.map_or(StatusAnswer::NotFound, rows);
+                p.record(id, answer, false, at as u64);
             }
             assert_eq!(p.enabled(), on, "case {i}");
             assert_eq!(p.rows().map_or(0, |r| r.len()), kept, "case {i}");
             let got: Vec<String> = p.lost().into_iter().map(|l| l.batch_id).collect();
             assert_eq!(got, lost, "case {i}");
+        }
+    }
+
+    /// A 2xx answer that is not the contract's means the stack has a status API and it is
+    /// broken: kept as a counterexample, never taken for "no status API" — not even when a
+    /// later batch answers 404 (that batch is then lost) — and the rows held stay as they were.
+    #[test]
+    fn an_unreadable_answer_is_a_broken_status_api_not_an_absent_one() {
+        let mut p = StatusPoller::new(2);
+        p.record("b1", garbage(), false, 7);
+        p.record("b2", StatusAnswer::NotFound, false, 8);
+        assert!(p.enabled());
+        assert_eq!(p.rows().map(|r| r.len()), Some(0));
+        let lost: Vec<String> = p.lost().into_iter().map(|l| l.batch_id).collect();
+        assert_eq!(lost, ["b2"]);
+        let a = p.answers();
+        assert_eq!((a.readable, a.unreadable), (1, 1));
+        assert_eq!(a.examples[0].batch_id, "b1");
+        assert_eq!((a.examples[0].at_ns, a.examples[0].http_status), (7, 200));
+        // Rows held from a good answer survive a later garbage one.
+        let mut p = StatusPoller::new(2);
+        p.record("b1", rows(2), false, 1);
+        for at in 2..30 {
+            p.record("b1", garbage(), false, at);
+        }
+        assert_eq!(p.rows().map(|r| r.len()), Some(2));
+        assert_eq!(p.answers().unreadable, 28);
+        assert_eq!(p.answers().examples.len(), StatusAnswers::KEPT);
+    }
+
+    /// `fetch_batch_status` at the boundary, against a server answering each way a stack might:
+    /// the contract's answer, 404, a 2xx that is not JSON or not its shape, `attempts` past a
+    /// u32, an answer that never ends (cut at the cap), a 5xx and a redirect (no answer to use).
+    #[tokio::test]
+    async fn every_answer_of_the_status_api_is_read_or_refused_at_the_boundary() {
+        use axum::body::Body;
+        use axum::http::StatusCode;
+        use axum::response::Response;
+        let app = axum::Router::new().route(
+            "/v1/batches/{id}/deliveries",
+            axum::routing::get(|axum::extract::Path(id): axum::extract::Path<String>| async move {
+                let body = match id.as_str() {
+                    "good" => r#"{"deliveries": [{"key": "k", "recipient": "r1", "channel": "line", "state": "exploded"}], "cursor": "c"}"#.to_string(),
+                    "html" => "<html>\u{0}not json".to_string(),
+                    "shape" => r#"{"deliveries": "all of them"}"#.to_string(),
+                    "absurd" => r#"{"deliveries": [{"key": "k", "recipient": "r1", "channel": "line", "state": "sent", "attempts": 1e30}]}"#.to_string(),
+                    "endless" => {
+                        let chunks = futures::stream::repeat_with(|| {
+                            Ok::<_, std::io::Error>(axum::body::Bytes::from_static(&[b' '; 64 << 10]))
+                        });
+                        return Response::new(Body::from_stream(chunks));
+                    }
+                    "missing" => return Response::builder().status(StatusCode::NOT_FOUND).body(Body::empty()).unwrap(),
+                    "broken" => return Response::builder().status(StatusCode::BAD_GATEWAY).body(Body::from("{}")).unwrap(),
+                    _ => return Response::builder().status(StatusCode::FOUND).header("location", "/v1/batches/good/deliveries").body(Body::empty()).unwrap(),
+                };
+                Response::new(Body::from(body))
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let cap = 1 << 20;
+        // (batch, what the answer must be read as: "page", "not found", an unreadable answer's
+        // error, or a failure's message)
+        let cases = [
+            ("good", "page"),
+            ("missing", "not found"),
+            ("html", "not the contract's answer: expected value at line 1 column 1"),
+            ("shape", "not the contract's answer: invalid type: string \"all of them\", expected a sequence"),
+            ("absurd", "not the contract's answer: invalid type: floating point `1e+30`, expected u32"),
+            ("endless", "the answer is longer than 1048576 bytes"),
+            ("broken", "status API answered HTTP 502 Bad Gateway"),
+            ("moved", "status API answered HTTP 302 Found"),
+        ];
+        for (batch, want) in cases {
+            let got = load::fetch_batch_status(&client, &base, batch, None, cap).await;
+            let seen = match &got {
+                Ok(StatusAnswer::Page(p)) => {
+                    assert_eq!(p.deliveries[0].state.as_str(), "exploded");
+                    "page".to_string()
+                }
+                Ok(StatusAnswer::NotFound) => "not found".to_string(),
+                Ok(StatusAnswer::Unreadable {
+                    http_status,
+                    error,
+                    body_head,
+                }) => {
+                    assert_eq!(*http_status, 200, "{batch}");
+                    assert!(body_head.len() <= 200, "{batch}");
+                    error.clone()
+                }
+                Err(e) => format!("{e:#}"),
+            };
+            assert!(seen.starts_with(want), "{batch}: {seen:?} is not {want:?}");
         }
     }
 }

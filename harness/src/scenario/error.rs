@@ -70,7 +70,7 @@ pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
 /// the key sits in and suggest the nearest valid key.
 pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError {
     let offset = err.span().map(|s| s.start);
-    let msg = err.message().trim().to_string();
+    let msg = toml_words(err.message().trim());
     let Some(keys) = Keys::parse(text) else {
         // Not TOML at all: the parser's message and position, in plain words where we know them.
         let (line, col) = offset.map_or((0, 0), |o| line_col(text, o));
@@ -179,6 +179,22 @@ pub fn from_toml(file: &str, text: &str, err: &toml::de::Error) -> ScenarioError
         key: path.as_deref().map(|p| leaf(p).to_string()),
         suggestion: None,
     }
+}
+
+/// serde's names for what was expected, in TOML's words: `struct RawLoad` (a Rust type a user
+/// never wrote) and `a map` are a table, `a sequence` an array.
+fn toml_words(msg: &str) -> String {
+    let mut out = msg
+        .replace("expected a sequence", "expected an array")
+        .replace("expected a map", "expected a table");
+    while let Some(at) = out.find("expected struct ") {
+        let rest = &out[at + "expected struct ".len()..];
+        let name = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        out.replace_range(at..at + "expected struct ".len() + name, "expected a table");
+    }
+    out
 }
 
 /// The TOML parser's message for the syntax errors people make most, in plain words first (the

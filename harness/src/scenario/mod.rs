@@ -406,13 +406,15 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
 /// Reads and validates a scenario file with command-line `overrides` applied.
 pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Scenario, ScenarioError> {
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| ScenarioError {
-        file: file.clone(),
-        line: 0,
-        col: 0,
-        message: format!("cannot read scenario: {e}"),
-        key: None,
-        suggestion: None,
+    let bytes = crate::files::read_bounded(path, crate::files::CONFIG_LIMIT).map_err(|e| {
+        ScenarioError {
+            file: file.clone(),
+            line: 0,
+            col: 0,
+            message: format!("cannot read scenario: {e}"),
+            key: None,
+            suggestion: None,
+        }
     })?;
     let text =
         String::from_utf8(bytes).map_err(|e| not_utf8(&file, e.as_bytes(), e.utf8_error()))?;
@@ -420,7 +422,7 @@ pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Scenario, Scenari
 }
 
 /// A file that is not UTF-8, placed at its first bad byte (the text before it is valid).
-fn not_utf8(file: &str, bytes: &[u8], e: std::str::Utf8Error) -> ScenarioError {
+pub(crate) fn not_utf8(file: &str, bytes: &[u8], e: std::str::Utf8Error) -> ScenarioError {
     let at = e.valid_up_to();
     let before = std::str::from_utf8(&bytes[..at]).unwrap_or_default();
     let (line, col) = error::line_col(before, at);
@@ -500,3 +502,7 @@ mod ms_opt {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "fuzz_tests.rs"]
+mod fuzz_tests;

@@ -88,7 +88,8 @@ pub(super) fn apply(
                 format!("`{key}` is not a key path such as `load.recipients` or `chaos[0].at`"),
             )
         })?;
-        set(&mut root, &segments, parse_value(value)).map_err(|m| flag_error(flag, m))?;
+        let value = parse_value(value).map_err(|m| flag_error(flag, m))?;
+        set(&mut root, &segments, value).map_err(|m| flag_error(flag, m))?;
         sets.push((key.to_string(), flag.clone()));
     }
     let new_text = toml::to_string(&root).map_err(|e| ScenarioError {
@@ -200,8 +201,10 @@ fn replace_stack(root: &mut toml::Table, path: &Path) -> Result<StackFile, Scena
         key: None,
         suggestion: None,
     };
-    let text = std::fs::read_to_string(path)
+    let bytes = crate::files::read_bounded(path, crate::files::CONFIG_LIMIT)
         .map_err(|e| err((0, 0), format!("cannot read --stack file: {e}")))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| super::not_utf8(&name, e.as_bytes(), e.utf8_error()))?;
     let mut table: toml::Table = toml::from_str(&text).map_err(|e| from_toml(&name, &text, &e))?;
     let keys = Keys::parse(&text).unwrap_or_default();
     let at = |p: &str| keys.offset_of(p).map_or((0, 0), |o| line_col(&text, o));
@@ -298,12 +301,27 @@ fn parse_path(path: &str) -> Option<Vec<Segment>> {
     Some(out)
 }
 
-/// A TOML value (`200`, `false`, `["line"]`, `"x"`), or the text itself as a string.
-fn parse_value(v: &str) -> toml::Value {
-    toml::from_str::<toml::Table>(&format!("v = {v}"))
+/// A TOML value (`200`, `false`, `["line"]`, `"x"`), or the text itself as a string. Text that
+/// reads as a value followed by more TOML (`200\nseed = 5`) is that text, never the value with
+/// the rest dropped: the scenario's rules then refuse it at the flag. A whole number TOML cannot
+/// hold is refused here, not passed on as a string (whose error would say to drop quotes that
+/// were never written).
+fn parse_value(v: &str) -> Result<toml::Value, String> {
+    if let Some(value) = toml::from_str::<toml::Table>(&format!("v = {v}"))
         .ok()
+        .filter(|t| t.len() == 1)
         .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(v.to_string()))
+    {
+        return Ok(value);
+    }
+    let digits = v.strip_prefix(['-', '+']).unwrap_or(v);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
+        return Err(format!(
+            "`{v}` is out of range: whole numbers go up to {} (TOML's integers)",
+            i64::MAX
+        ));
+    }
+    Ok(toml::Value::String(v.to_string()))
 }
 
 /// Writes `value` at `path` under `root`, creating missing tables on the way.

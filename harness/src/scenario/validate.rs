@@ -94,6 +94,18 @@ pub(super) fn validate(
             ),
         ));
     }
+    // It names the run's folder (`<name>-<timestamp>`) and its batches: a file name holds 255
+    // bytes at most.
+    if raw.name.len() > MAX_NAME {
+        return Err(cx.at(
+            "name",
+            format!(
+                "`name` must be at most {MAX_NAME} characters: it names the run's report folder \
+                 (got {})",
+                raw.name.len()
+            ),
+        ));
+    }
 
     if let Some(url) = &raw.database.url {
         validate_database_url(&cx, url)?;
@@ -223,11 +235,55 @@ pub(super) fn validate(
     })
 }
 
+/// `[stack.external] env`: names a process environment can hold (not empty, no `=` or NUL),
+/// values without NUL, and none of the variables the harness sets from the run
+/// ([`crate::run::CONTRACT_VARS`]): a stack given another `TING_MAX_ATTEMPTS` or `TING_API_ADDR`
+/// than the run's would be judged by settings it never had.
+fn external_env(cx: &Ctx, env: &BTreeMap<String, String>) -> Result<(), ScenarioError> {
+    for (k, v) in env {
+        let at = format!("stack.external.env.{k}");
+        if k.is_empty() || k.contains(['=', '\0']) {
+            return Err(cx.at(
+                &at,
+                format!("`env` name {k:?} is not a variable name: it must be non-empty, without `=` or NUL"),
+            ));
+        }
+        if v.contains('\0') {
+            return Err(cx.at(
+                &at,
+                format!("`env` value of `{k}` holds a NUL byte, which no environment can carry"),
+            ));
+        }
+        if crate::run::CONTRACT_VARS.contains(&k.as_str()) {
+            return Err(cx.at(
+                &at,
+                format!(
+                    "`env` may not set `{k}`: the harness sets it from the run (docs/stack-contract.md); \
+                     change the scenario key it comes from instead"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The longest scenario `name`.
+const MAX_NAME: usize = 100;
+
 /// `[database].url` must name a PostgreSQL server; the URL itself is not echoed (it may hold a
 /// password).
 fn validate_database_url(cx: &Ctx, url: &str) -> Result<(), ScenarioError> {
     match url.split_once("://") {
-        Some(("postgres" | "postgresql", rest)) if !rest.is_empty() => Ok(()),
+        // The rule provisioning applies (the URL itself never in the message).
+        Some(("postgres" | "postgresql", rest)) if !rest.is_empty() => {
+            match throwaway_pg::url_with_database(url, "ting_probe") {
+                Err(throwaway_pg::Error::BadUrl { reason, .. }) => Err(cx.at(
+                    "database.url",
+                    format!("`url` is not a URL PostgreSQL can be reached at: {reason}"),
+                )),
+                _ => Ok(()),
+            }
+        }
         Some((scheme, _)) if scheme != "postgres" && scheme != "postgresql" => Err(cx.at(
             "database.url",
             format!(
@@ -337,7 +393,14 @@ fn validate_stack(cx: &Ctx, s: raw::RawStack, path: &Path) -> Result<StackSpec, 
             if !s.flaws.is_empty() {
                 return Err(cx.at("stack.flaws", "`flaws` only applies to the built-in stack"));
             }
+            external_env(cx, &x.env)?;
             let argv = |key: &str, v: &Vec<String>| {
+                if let Some(i) = v.iter().position(|a| a.contains('\0')) {
+                    return Err(cx.at(
+                        &format!("stack.external.{key}[{i}]"),
+                        format!("`{key}[{i}]` holds a NUL byte, which no command line can carry"),
+                    ));
+                }
                 if v.is_empty() || v[0].is_empty() {
                     Err(cx.at(
                         &format!("stack.external.{key}"),

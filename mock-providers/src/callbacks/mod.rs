@@ -128,6 +128,8 @@ impl Dispatcher {
         let client = reqwest::Client::builder()
             .no_proxy()
             .pool_idle_timeout(Duration::from_secs(30))
+            // A report goes to the URL the stack gave; a redirect is its answer, recorded as such.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("reqwest client without TLS always builds");
         Dispatcher {
@@ -340,8 +342,7 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
                     .map(|s| Duration::from_secs(s.min(60)));
-                // Drain the body so the connection goes back to the pool.
-                let _ = resp.bytes().await;
+                drain(resp).await;
                 (Some(code), None, retry_after)
             }
             Err(e) if e.is_timeout() => (None, Some("timeout".to_string()), None),
@@ -382,6 +383,22 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
             return;
         }
         due = answered + backoff(counted).max(retry_after.unwrap_or_default());
+    }
+}
+
+/// Of a receiver's answer body, the bytes read: an answer is a status code, and a stack that
+/// answers megabytes must not fill the fakes' memory (32 reports in flight per provider).
+pub const ANSWER_DRAIN: usize = 64 * 1024;
+
+/// Reads the answer body so a small one lets the connection go back to the pool; past
+/// [`ANSWER_DRAIN`] bytes it stops, and the connection is closed instead.
+async fn drain(mut resp: reqwest::Response) {
+    let mut read = 0;
+    while read <= ANSWER_DRAIN {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(None) | Err(_) => return,
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use axum::extract::{ConnectInfo, State};
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use base64::Engine;
 use bytes::Bytes;
@@ -31,14 +31,30 @@ const MONTHLY_LIMIT: &str = "You have reached your monthly limit.";
 const KEY_ACCEPTED: &str = "The retry key is already accepted";
 const UNAVAILABLE: &str = "Service Unavailable";
 const BAD_KEY: &str = "The value of the X-Line-Retry-Key header is invalid";
+const TOO_LARGE: &str = "The request body is too large";
 
 pub(super) async fn push(
     State(st): State<LineState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Extension(conn): Extension<ConnCut>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    // A body past the server's limit is refused in LINE's JSON shape and recorded, like every
+    // other refusal, not with the HTTP stack's plain-text 413 that never reaches the ledger.
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            let status = rejection.status().as_u16();
+            let mut d = LedgerEntry::draft(Provider::Line, EntryKind::Send, "");
+            d.outcome = Outcome::ProtocolError;
+            d.status = status.to_string();
+            d.error = Some(TOO_LARGE.into());
+            d.peer = Some(peer);
+            st.inner.hub.ledger.record(d);
+            return Reply::json(status, json!({ "message": TOO_LARGE })).into_response();
+        }
+    };
     let cfg = st.inner.hub.line.get();
     // A held request must see its sender hang up, which only a detached task does.
     let inline = crate::http::no_latency(&cfg.latency)

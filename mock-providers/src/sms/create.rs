@@ -41,6 +41,12 @@ pub(super) async fn create(
         Err(rejection) => {
             let status = rejection.status().as_u16();
             let code = if status == 413 { 21617 } else { 21000 };
+            let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, "");
+            d.outcome = Outcome::ProtocolError;
+            d.status = status.to_string();
+            d.error = Some(code.to_string());
+            d.peer = Some(peer);
+            st.inner.hub.ledger.record(d);
             return twilio_error(status, code, "").into_response();
         }
     };
@@ -87,13 +93,27 @@ fn parse_form(raw: &[u8]) -> Result<Form, (u32, Option<String>)> {
     if body.chars().count() > MAX_BODY_CHARS {
         return Err((21617, Some(to)));
     }
+    let status_callback = get("StatusCallback");
+    if status_callback.as_deref().is_some_and(|u| !callback_url(u)) {
+        return Err((21609, Some(to)));
+    }
     Ok(Form {
         to,
         from,
         messaging_service_sid,
         body,
-        status_callback: get("StatusCallback"),
+        status_callback,
     })
+}
+
+/// Twilio's longest `StatusCallback`.
+const MAX_CALLBACK_URL: usize = 4000;
+
+/// Whether `url` is a `StatusCallback` Twilio takes: a whole `http://` or `https://` URL with a
+/// host, at most [`MAX_CALLBACK_URL`] characters (error 21609 otherwise). Reachability is not
+/// judged: a stack under test listens on loopback.
+fn callback_url(url: &str) -> bool {
+    url.len() <= MAX_CALLBACK_URL && crate::validate::webhook_url(url)
 }
 
 enum Decision {

@@ -103,6 +103,7 @@ pub fn error_message(code: u32, to: &str) -> String {
         21602 => "Message body is required.".into(),
         21603 => "A 'From' phone number is required.".into(),
         21604 => "A 'To' phone number is required.".into(),
+        21609 => "Invalid 'StatusCallback'".into(),
         21610 => "Attempt to send to unsubscribed recipient".into(),
         21617 => "The concatenated message body exceeds the 1600 character limit.".into(),
         21408 => format!("Permission to send an SMS has not been enabled for the region indicated by the 'To' number: {to}."),
