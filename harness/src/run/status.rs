@@ -1,7 +1,8 @@
 //! Polling the stack's optional status API (`GET /v1/batches/{id}/deliveries`) while the run
 //! settles, and noticing a batch it loses.
 //!
-//! Whether the stack has the API is decided once, by its answer for the first batch: 404, 405 or
+//! Whether the stack has the API is decided once, by its answer for the first batch enqueued
+//! (asked before any other while undecided, whichever batches a poll is for): 404, 405 or
 //! 501 there means it has none (checkers that need it are then "not checked"). After that, a 404
 //! for a batch the stack accepted (202/200) is not "no API" but a lost batch: it is recorded
 //! (`report.json` `lost_batches`, and a `no_loss` `batch_lost` violation), its rows are dropped
@@ -38,6 +39,8 @@ enum Capability {
 /// The status view of a run: the latest rows of each batch, and the batches the stack lost.
 pub struct StatusPoller {
     capability: Capability,
+    /// The first batch enqueued: its answer decides [`Capability`].
+    probe: Option<String>,
     rows: BTreeMap<String, Vec<StatusDelivery>>,
     lost: BTreeMap<String, u64>,
     /// Per batch, the cursor of its last answer and the incremental requests made since the last
@@ -79,6 +82,7 @@ impl StatusPoller {
     pub fn new(deliveries: usize) -> StatusPoller {
         StatusPoller {
             capability: Capability::Unknown,
+            probe: None,
             rows: BTreeMap::new(),
             lost: BTreeMap::new(),
             cursors: BTreeMap::new(),
@@ -165,6 +169,7 @@ impl StatusPoller {
             );
             *turn = start + take;
         }
+        let now = self.probe_first(batch_ids, now);
         self.poll(client, api_base, &now, false, now_ns).await
     }
 
@@ -178,7 +183,24 @@ impl StatusPoller {
         now_ns: u64,
     ) -> anyhow::Result<()> {
         let due: Vec<String> = self.due(batch_ids).into_iter().cloned().collect();
+        let due = self.probe_first(batch_ids, due);
         self.poll(client, api_base, &due, false, now_ns).await
+    }
+
+    /// `asking`, led by the first batch of `batch_ids` (all accepted, in enqueue order) while the
+    /// capability is undecided: a 404 for a later batch, which the stack may have lost, must not
+    /// be taken for "no status API".
+    fn probe_first(&mut self, batch_ids: &[String], mut asking: Vec<String>) -> Vec<String> {
+        if self.capability != Capability::Unknown {
+            return asking;
+        }
+        let Some(first) = batch_ids.first() else {
+            return asking;
+        };
+        self.probe.get_or_insert_with(|| first.clone());
+        asking.retain(|id| id != first);
+        asking.insert(0, first.clone());
+        asking
     }
 
     /// The batches whose rows may still change: neither lost nor all final.
@@ -249,7 +271,11 @@ impl StatusPoller {
                     }
                 }
             }
-            (StatusAnswer::NotFound, Capability::Unknown) => self.capability = Capability::Absent,
+            (StatusAnswer::NotFound, Capability::Unknown)
+                if self.probe.as_deref().is_none_or(|p| p == batch_id) =>
+            {
+                self.capability = Capability::Absent
+            }
             (StatusAnswer::NotFound, _) => {
                 self.lost.entry(batch_id.to_string()).or_insert(now_ns);
                 self.rows.remove(batch_id);
@@ -277,6 +303,9 @@ impl StatusPoller {
 
     /// The accepted batches the status API answered 404 for, with when that was first seen.
     pub fn lost(&self) -> Vec<LostBatch> {
+        if self.capability != Capability::Present {
+            return Vec::new();
+        }
         self.lost
             .iter()
             .map(|(batch_id, at_ns)| LostBatch {
@@ -417,6 +446,35 @@ mod tests {
             let got: Vec<String> = p.lost().into_iter().map(|l| l.batch_id).collect();
             assert_eq!(got, lost, "case {i}");
         }
+    }
+
+    /// A poll for batches other than the first (those quiescence waits on) still asks the first
+    /// batch first while undecided; a 404 for a later batch, when the first could not be asked,
+    /// is a lost batch once the first answers, never "no status API".
+    #[test]
+    fn only_the_first_batch_decides_that_there_is_no_status_api() {
+        let ids: Vec<String> = ["b1", "b2", "b3"].map(String::from).to_vec();
+        let mut p = StatusPoller::new(5);
+        let asking = p.probe_first(&ids, vec!["b3".into(), "b1".into()]);
+        assert_eq!(asking, ["b1", "b3"]);
+        // The first request failed (no answer to use); the stack lost b3.
+        p.record("b3", StatusAnswer::NotFound, false, 7);
+        assert!(p.enabled(), "a 404 for b3 is not the first batch's answer");
+        p.record("b1", rows(2), false, 9);
+        let lost: Vec<String> = p.lost().into_iter().map(|l| l.batch_id).collect();
+        assert_eq!(lost, ["b3"]);
+        assert_eq!(
+            p.probe_first(&ids, vec!["b2".into()]),
+            ["b2"],
+            "decided: as asked"
+        );
+        // A stack with no API: the first batch's 404 decides, and nothing is lost.
+        let mut none = StatusPoller::new(5);
+        none.probe_first(&ids, vec!["b2".into()]);
+        none.record("b2", StatusAnswer::NotFound, false, 1);
+        none.record("b1", StatusAnswer::NotFound, false, 2);
+        assert!(!none.enabled());
+        assert!(none.lost().is_empty());
     }
 
     /// A 2xx answer that is not the contract's means the stack has a status API and it is
