@@ -863,3 +863,30 @@ bytes_per_s = 20000
         "proxies on the database links leave attribution exact"
     );
 }
+
+/// A correct stack slower than the scenario assumed — still settling deliveries when the wait
+/// ends at its hard deadline (three times `expect.quiescence`) — is inconclusive (exit 4), never
+/// a failure: `quiescence` and `no_loss` say what is still open is unjudged, nothing is violated.
+#[test]
+fn a_slow_stack_still_settling_at_the_hard_deadline_is_inconclusive_not_failed() {
+    let toml = SMALL
+        .replace("recipients = 20", "recipients = 400")
+        .replace("quiescence = \"30s\"", "quiescence = \"2s\"")
+        + "\n[providers.line]\nlatency = { kind = \"fixed\", value = \"1s\" }\n";
+    let case = Case::new("e2e-small", &toml);
+    let out = case.run(&[]);
+    assert_eq!(code(&out), 4, "{}", text(&out));
+    let report = case.report();
+    assert_eq!(report["verdict"], "inconclusive");
+    let q = verdict(&report, "quiescence");
+    assert_eq!(q["status"], "insufficient", "{q}");
+    assert_eq!(q["figures"]["still_settling"], true, "{q}");
+    assert_eq!(verdict(&report, "no_loss")["status"], "insufficient");
+    let violated: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["status"] == "violated")
+        .collect();
+    assert!(violated.is_empty(), "{violated:#?}\n{}", text(&out));
+}

@@ -160,6 +160,11 @@ pub struct Quiescence {
     /// on while deliveries keep settling (at most twice the deadline more).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub past_deadline_ms: Option<u64>,
+    /// Not reached, and deliveries were still settling when the wait ended at its hard deadline
+    /// (three times `expect.quiescence`): a slow stack the run did not see finish, not a stuck
+    /// one. What is still open is then unjudged (`insufficient`), not lost.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub still_settling: bool,
     /// Callbacks the providers still had due.
     pub callbacks_pending: usize,
     /// Why the harness stopped waiting before the deadline (a crash left nothing that could make

@@ -11,7 +11,9 @@
 //! explains is **unexplained_unknown**, a violation whatever `max_unknown` says: the customer got
 //! nothing and no fault of the run's making can account for it. Anything else is **lost**: no attempt at all, or fewer
 //! failures than allowed and then silence. When the run did not reach quiescence, such deliveries
-//! are reported as **open** instead (they were still owed at the deadline), still a violation.
+//! are reported as **open** instead (they were still owed at the deadline), still a violation —
+//! unless the wait ended at its hard deadline with the stack still settling (`quiescence`
+//! `still_settling`): then they are unjudged and the verdict `insufficient` (slow, not lost).
 //! Must never count the stack's own word as delivery: only the `unknown` state is taken from it.
 //! Rule **batch_lost**: the stack accepted a batch (202/200) and its status API, which answered
 //! for the first batch, later answered 404 for it (`run/status.rs` notices it while polling).
@@ -109,6 +111,9 @@ pub fn check(input: &Input) -> Verdict {
     let status = input.status.map(status_index).unwrap_or_default();
     let max = input.scenario.expect.max_attempts;
     let quiescent = input.quiescence.reached;
+    // Open when the wait ended with the stack still settling: not seen to finish, so unjudged.
+    let settling = !quiescent && input.quiescence.still_settling;
+    let mut still_settling = 0u64;
     let mut counts = PerChannel::default();
     let mut findings = Findings::default();
     // Counterexamples of explained unknowns (reported past `max_unknown`).
@@ -203,6 +208,7 @@ pub fn check(input: &Input) -> Verdict {
         }
         match end {
             End::Unknown if excuse.is_some() => explained.push(Value::Object(c)),
+            End::Open if settling => still_settling += 1,
             _ => findings.push(Value::Object(c)),
         }
     }
@@ -259,6 +265,15 @@ pub fn check(input: &Input) -> Verdict {
         "quiescent": quiescent,
     }));
     findings.judged("lost", input.expected.len() as u64);
+    if settling {
+        findings.unjudged(
+            "lost",
+            input.expected.len() as u64,
+            still_settling,
+            0.0,
+            "deliveries still open when the wait ended with the stack still settling them",
+        );
+    }
     for b in input.lost_batches {
         let deliveries = input
             .expected
@@ -537,6 +552,11 @@ mod tests {
             v.summary
         );
         assert_eq!(v.figures["lost"], 0);
+        // The same delivery when the stack was still settling at the hard deadline: unjudged.
+        w.quiescence.still_settling = true;
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert!(v.summary.contains("still settling"), "{}", v.summary);
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //! Past the deadline the harness waits on while deliveries keep settling (a slow stack is not a
 //! stuck one), at most twice the deadline more: settling then holds, and says how late.
 //!
+//! A run still settling when the wait ends at its hard deadline (some delivery settled within the
+//! last 10 s) is a slow stack the run did not see finish, not a stuck one: `insufficient`, with
+//! how many were still open — never `holds`, never `violated` (a correct stack that is slower
+//! than the scenario assumed must not fail it). A stack that stops settling is still a stall.
+//!
 //! A row open at the deadline only because it is `submitted` and waits for a delivery report the
 //! fakes no longer had to send (the stack answered every try with an error or not at all, and
 //! they gave up) is not a stuck stack: it never learned the outcome. Those rows are unjudged
@@ -36,6 +41,7 @@ pub fn check(input: &Input) -> Verdict {
         "past_deadline_ms": q.past_deadline_ms,
         "deadline_ms": deadline_ms,
         "stopped_early": q.stopped_early,
+        "still_settling": q.still_settling,
     }));
     if let Some(why) = &q.stopped_early {
         let summary = format!(
@@ -57,6 +63,16 @@ pub fn check(input: &Input) -> Verdict {
             ms(q.at_ns)
         );
         return findings.verdict(NAME, summary, figs);
+    }
+    if q.still_settling && q.callbacks_pending == 0 {
+        let summary = format!(
+            "not judged: still settling when the wait ended {} ms past the {deadline_ms} ms \
+             deadline ({} deliveries open, the last settled within 10 s): slow, not stuck; \
+             raise expect.quiescence to see it finish",
+            q.past_deadline_ms.unwrap_or(0),
+            q.open.len()
+        );
+        return findings.verdict_with(NAME, Status::Insufficient, summary, figs);
     }
     let awaiting: std::collections::HashSet<&String> = q.awaiting_report.iter().collect();
     for d in q.open.iter().filter(|d| !awaiting.contains(d)) {
@@ -161,6 +177,24 @@ mod tests {
         assert_eq!(v.status, Status::Holds);
         assert!(v.summary.contains("4200 ms past the"), "{}", v.summary);
         assert_eq!(v.figures["past_deadline_ms"], 4_200);
+    }
+
+    /// A slow stack still settling at the hard deadline is inconclusive; one that stopped
+    /// settling (or owes callbacks the fakes still had due) is violated.
+    #[test]
+    fn still_settling_at_the_hard_deadline_is_insufficient_not_violated() {
+        let mut w = World::new();
+        w.expect("r1", crate::scenario::Channel::Line);
+        w.quiescence.reached = false;
+        w.quiescence.open = vec!["r1/line".into()];
+        w.quiescence.past_deadline_ms = Some(120_000);
+        w.quiescence.still_settling = true;
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert!(v.summary.contains("slow, not stuck"), "{}", v.summary);
+        assert_eq!(v.figures["still_settling"], true);
+        w.quiescence.still_settling = false;
+        assert_eq!(check(&w.input()).status, Status::Violated);
     }
 
     #[test]

@@ -97,6 +97,7 @@ pub(super) async fn wait(
                 open: tracker.open(&work.expected, None, &reporting),
                 awaiting_report: Vec::new(),
                 past_deadline_ms: None,
+                still_settling: false,
                 callbacks_pending: 0,
                 stopped_early: stopped_early.clone(),
             };
@@ -181,6 +182,7 @@ pub(super) async fn wait(
                 open,
                 awaiting_report: Vec::new(),
                 past_deadline_ms: deadline.past_ms(),
+                still_settling: false,
                 callbacks_pending: pending,
                 stopped_early: None,
             };
@@ -200,12 +202,14 @@ pub(super) async fn wait(
             } else {
                 Vec::new()
             };
+            let still_settling = !open.is_empty() && deadline.progressing();
             break Quiescence {
                 reached: false,
                 at_ns: world.now_ns(),
                 open,
                 awaiting_report,
                 past_deadline_ms: deadline.past_ms(),
+                still_settling,
                 callbacks_pending: pending,
                 stopped_early: None,
             };
@@ -356,8 +360,12 @@ impl Deadline {
     /// the most progress there can be, so only the hard deadline ends it.
     fn given_up(&self, calm: bool) -> bool {
         let now = Instant::now();
-        let progressing = calm || self.last_progress.elapsed() < QUIESCENCE_PROGRESS;
-        now >= self.soft && (!progressing || now >= self.hard)
+        now >= self.soft && (!(calm || self.progressing()) || now >= self.hard)
+    }
+
+    /// Whether some delivery settled within [`QUIESCENCE_PROGRESS`].
+    fn progressing(&self) -> bool {
+        self.last_progress.elapsed() < QUIESCENCE_PROGRESS
     }
 
     /// How long past the soft deadline it is now, if it is.
@@ -436,8 +444,11 @@ mod tests {
         assert!(!d.given_up(true));
         // Open work and no progress for 11 s past the deadline: a stall.
         assert!(d.given_up(false));
-        // At the hard deadline even a calm run stops.
+        // At the hard deadline even a calm run stops, and one still settling.
         assert!(past(20, -1, 11).given_up(true));
+        let settling = past(20, -1, 2);
+        assert!(settling.given_up(false) && settling.progressing());
+        assert!(!d.progressing());
         // Before the soft deadline nothing gives up.
         let early = Deadline::new(Duration::from_secs(60));
         assert!(!early.given_up(false));
