@@ -166,6 +166,16 @@ fn correct_stack_passes_and_report_matches_schema() {
         dir.join("logs").read_dir().unwrap().count() >= 4,
         "one log per process"
     );
+    // Where the wall time went: every phase timed, together within the run's duration.
+    let phases = report["phases"].as_object().expect("phases");
+    let total: f64 = phases.values().map(|s| s.as_f64().unwrap()).sum();
+    assert_eq!(phases.len(), 7, "{phases:?}");
+    assert!(phases["load_s"].as_f64().unwrap() > 0.0, "{phases:?}");
+    assert!(
+        total * 1e3 <= report["duration_ms"].as_f64().unwrap() + 1.0,
+        "{phases:?}"
+    );
+    assert!(text(&out).contains("phases: provision "), "{}", text(&out));
 }
 
 #[test]

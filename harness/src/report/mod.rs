@@ -19,6 +19,7 @@ pub mod html;
 mod html_parts;
 pub mod junit;
 pub mod markdown;
+pub mod phases;
 mod read;
 mod render;
 pub(crate) mod stats;
@@ -105,6 +106,10 @@ pub struct Report {
     /// before its verdict or `/proc` was unreadable; absent in reports written before it existed.
     #[serde(default)]
     pub harness: Option<crate::cpu::HarnessUsage>,
+    /// Wall seconds of each phase of the run (`report::phases`). Null when the run stopped before
+    /// its verdict; absent in reports written before it existed.
+    #[serde(default)]
+    pub phases: Option<phases::Phases>,
     /// Performance figures the regression gate compares (`report::metrics`). All zero in reports
     /// written before it existed.
     #[serde(default)]
@@ -323,6 +328,9 @@ pub fn summary_text(r: &Report) -> String {
     }
     if let Some(line) = stack_memory(&r.processes) {
         out.push_str(&format!("  stack: {line}\n"));
+    }
+    if let Some(p) = &r.phases {
+        out.push_str(&format!("  phases: {}\n", p.line()));
     }
     out
 }

@@ -12,6 +12,7 @@ use super::quiesce::Settled;
 use super::start::{Stack, Workload};
 use super::Resources;
 use crate::check::{self, ProcessRecord, TimelineEvent, Verdict};
+use crate::report::phases::PhaseClock;
 use crate::scenario::Scenario;
 use crate::stalls::{Stall, StallProbe};
 
@@ -36,12 +37,14 @@ pub(super) async fn stop_and_judge(
     work: &Workload,
     settled: &Settled,
     res: &mut Resources,
+    clock: &mut PhaseClock,
 ) -> Judged {
     stack
         .supervisor
         .shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1)))
         .await;
     res.supervisor = None;
+    clock.lap(|p| &mut p.stop_s);
     let world = &stack.world;
     world.resolve_pending();
     let entries = ledger.snapshot_shared();
@@ -67,6 +70,7 @@ pub(super) async fn stop_and_judge(
         stalls: &stalls,
     };
     let checks = check::run_all(&input);
+    clock.lap(|p| &mut p.judge_s);
     Judged {
         entries,
         pids,

@@ -238,6 +238,7 @@ async fn execute(
     // The ledger's clock is the run's clock: every timeline event and progress line uses it.
     let ledger = Ledger::new();
     let t0 = Instant::now();
+    let mut clock = report::phases::PhaseClock::start();
     let probe = {
         let ledger = ledger.clone();
         crate::stalls::StallProbe::start(move || ledger.now_ns())
@@ -249,6 +250,7 @@ async fn execute(
     let db = provision::database(scenario, opts, res).await?;
     say(&progress, format!("database ready ({})", db.kind()));
     let fakes = provision::providers(scenario, &db.url, &ledger, res).await?;
+    clock.lap(|p| &mut p.provision_s);
 
     let mut work = start::Workload::of(scenario);
     let stack = start::stack(
@@ -262,6 +264,7 @@ async fn execute(
         res,
     )
     .await?;
+    clock.lap(|p| &mut p.start_s);
     say(
         &progress,
         format!(
@@ -271,6 +274,7 @@ async fn execute(
     );
 
     let driven = drive::load_and_chaos(scenario, &ledger, &stack, &mut work).await?;
+    clock.lap(|p| &mut p.load_s);
     let settled = quiesce::wait(
         scenario,
         (&ledger, &fakes, res),
@@ -281,12 +285,21 @@ async fn execute(
         t0,
     )
     .await?;
+    clock.lap(|p| &mut p.settle_s);
     progress.finish();
     *stack.world.printer.lock().unwrap() = None;
     stack.chaos.stop();
 
-    let judged =
-        judge::stop_and_judge(scenario, (&ledger, probe), &stack, &work, &settled, res).await;
+    let judged = judge::stop_and_judge(
+        scenario,
+        (&ledger, probe),
+        &stack,
+        &work,
+        &settled,
+        res,
+        &mut clock,
+    )
+    .await;
     output::report(
         (scenario, opts, report_dir),
         (&ledger, &db),
@@ -295,6 +308,7 @@ async fn execute(
         settled,
         judged,
         (started, cpu_mark),
+        clock,
     )
     .await
 }

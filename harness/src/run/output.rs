@@ -58,6 +58,7 @@ pub(super) fn skeleton(s: &Scenario, database_kind: &str) -> Report {
         sends_sender_gone: None,
         machine: None,
         harness: None,
+        phases: None,
         metrics: Default::default(),
         latency: None,
         uncertain: None,
@@ -75,6 +76,7 @@ pub(super) async fn report(
     settled: Settled,
     judged: Judged,
     ((started, started_at), cpu_mark): ((Instant, &str), Option<crate::cpu::Mark>),
+    mut clock: report::phases::PhaseClock,
 ) -> anyhow::Result<Report> {
     let mut report = skeleton(scenario, db.kind());
     report::atomic::write_atomic(&report_dir.join("ledger.jsonl"), |w| ledger.write_jsonl(w))?;
@@ -135,6 +137,8 @@ pub(super) async fn report(
     ));
     report.metrics = report::metrics(&report, &entries);
     report.started_at = started_at.to_string();
+    clock.lap(|p| &mut p.write_s);
+    report.phases = Some(clock.phases);
     report.duration_ms = started.elapsed().as_millis() as u64;
     judge_gates_and_verdict(&mut report, scenario, opts);
     render_outputs(
