@@ -136,6 +136,7 @@ fn bench_e2e_runs_the_whole_stack_at_each_size() {
         assert!(row["deliveries_per_s"].as_f64().unwrap() > 0.0, "{row}");
         // The cost curve: the harness's CPU per 1,000 deliveries and every process's peak.
         assert!(row["harness_cpu_s_per_1k"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["judge_seconds"].as_f64().unwrap() > 0.0, "{row}");
         for peak in [
             "harness_peak_rss_mib",
             "api_peak_rss_mib",

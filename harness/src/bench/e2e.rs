@@ -55,6 +55,9 @@ pub struct E2eRow {
     pub e2e_p50_ms: f64,
     pub e2e_p99_ms: f64,
     pub run_seconds: f64,
+    /// Wall seconds the harness spent judging the frozen record and writing its files
+    /// (`phases` judge + write): the part of a run that grows with the campaign, not the stack.
+    pub judge_seconds: Option<f64>,
     /// The harness process's CPU seconds per 1,000 deliveries: what judging a campaign costs.
     pub harness_cpu_s_per_1k: Option<f64>,
     /// Peak resident memory of the harness during this run, of the API, and of the largest
@@ -92,6 +95,7 @@ impl E2eRow {
             e2e_p50_ms: report.metrics.e2e_p50_ms.unwrap_or_default(),
             e2e_p99_ms: report.metrics.e2e_p99_ms.unwrap_or_default(),
             run_seconds: report.duration_ms as f64 / 1000.0,
+            judge_seconds: report.phases.as_ref().map(|p| p.judge_s + p.write_s),
             harness_cpu_s_per_1k: harness
                 .filter(|_| deliveries > 0)
                 .map(|h| h.cpu_s * 1000.0 / deliveries as f64),
@@ -107,7 +111,7 @@ impl E2eRow {
     fn line(&self) -> String {
         let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
         format!(
-            "{:<8} {:>6}ms {:>7} {:>10} {:>10} {:>13.0} {:>9.1} {:>9.1} {:>8.1} {:>9} {:>7} {:>6} {:>7}  {}",
+            "{:<8} {:>6}ms {:>7} {:>10} {:>10} {:>13.0} {:>9.1} {:>9.1} {:>8.1} {:>8} {:>9} {:>7} {:>6} {:>7}  {}",
             self.channels,
             self.latency_ms,
             self.workers,
@@ -117,6 +121,8 @@ impl E2eRow {
             self.e2e_p50_ms,
             self.e2e_p99_ms,
             self.run_seconds,
+            self.judge_seconds
+                .map_or("-".to_string(), |v| format!("{v:.1}")),
             self.harness_cpu_s_per_1k
                 .map_or("-".to_string(), |v| format!("{v:.3}")),
             opt(self.harness_peak_rss_mib),
@@ -128,8 +134,9 @@ impl E2eRow {
 }
 
 /// The table's header: per row the configuration, throughput and latency, wall time, the
-/// harness's CPU seconds per 1,000 deliveries and each process's peak RSS in MiB.
-const HEADER: [&str; 14] = [
+/// harness's judging and writing time, its CPU seconds per 1,000 deliveries and each process's
+/// peak RSS in MiB.
+const HEADER: [&str; 15] = [
     "channels",
     "latency",
     "workers",
@@ -139,6 +146,7 @@ const HEADER: [&str; 14] = [
     "p50 ms",
     "p99 ms",
     "run s",
+    "judge s",
     "h.cpu/1k",
     "h.MiB",
     "api",
@@ -237,8 +245,9 @@ pub async fn e2e(mut args: E2eArgs, self_exe: &Path) -> i32 {
     let mut code = exit::OK;
     let h = HEADER;
     println!(
-        "{:<8} {:>8} {:>7} {:>10} {:>10} {:>13} {:>9} {:>9} {:>8} {:>9} {:>7} {:>6} {:>7}  {}",
-        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13]
+        "{:<8} {:>8} {:>7} {:>10} {:>10} {:>13} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7} {:>6} {:>7}  {}",
+        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13],
+        h[14]
     );
     let mut configs = Vec::new();
     for set in &sets {
