@@ -170,7 +170,7 @@ fn correct_stack_passes_and_report_matches_schema() {
     let phases = report["phases"].as_object().expect("phases");
     let total: f64 = phases.values().map(|s| s.as_f64().unwrap()).sum();
     assert_eq!(phases.len(), 7, "{phases:?}");
-    assert!(phases["load_s"].as_f64().unwrap() > 0.0, "{phases:?}");
+    assert!(phases["enqueue_s"].as_f64().unwrap() > 0.0, "{phases:?}");
     assert!(
         total * 1e3 <= report["duration_ms"].as_f64().unwrap() + 1.0,
         "{phases:?}"

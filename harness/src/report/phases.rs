@@ -1,5 +1,5 @@
 //! How long each phase of a run took (`report.json` `phases`, the summary's `phases:` line): where
-//! a run's wall time goes — the stack's work (load and chaos, settling) or the harness's own
+//! a run's wall time goes — the stack's work (enqueue, send and settle) or the harness's own
 //! (provisioning, stopping the stack, judging, writing the files).
 
 use std::time::{Duration, Instant};
@@ -14,9 +14,10 @@ pub struct Phases {
     pub provision_s: f64,
     /// The stack migrated, its API healthy and its workers started.
     pub start_s: f64,
-    /// The load enqueued while the chaos schedule ran.
-    pub load_s: f64,
-    /// From the load's end to quiescence (or the deadline).
+    /// The load's batches enqueued (the chaos schedule runs beside the load and after it).
+    pub enqueue_s: f64,
+    /// From the load's end to quiescence (or the deadline): the stack's sending, the chaos, the
+    /// delivery reports, the trickle's orders.
     pub settle_s: f64,
     /// Every stack process stopped.
     pub stop_s: f64,
@@ -53,14 +54,14 @@ fn round_ms(d: Duration) -> f64 {
 }
 
 impl Phases {
-    /// "provision 1.6 s · start 0.3 s · load and chaos 13.1 s · settle 8.0 s · stop 1.2 s ·
+    /// "provision 1.6 s · start 0.3 s · enqueue 0.4 s · send and settle 8.0 s · stop 1.2 s ·
     /// judge 1.1 s · write 0.9 s".
     pub fn line(&self) -> String {
         [
             ("provision", self.provision_s),
             ("start", self.start_s),
-            ("load and chaos", self.load_s),
-            ("settle", self.settle_s),
+            ("enqueue", self.enqueue_s),
+            ("send and settle", self.settle_s),
             ("stop", self.stop_s),
             ("judge", self.judge_s),
             ("write", self.write_s),
@@ -84,14 +85,14 @@ mod tests {
         clock.lap(|p| &mut p.start_s);
         let (p, total) = (&clock.phases, begun.elapsed().as_secs_f64() + 0.001);
         assert!(p.provision_s + p.start_s <= total, "{p:?}");
-        assert_eq!(p.load_s, 0.0, "a phase not lapped stays zero");
+        assert_eq!(p.enqueue_s, 0.0, "a phase not lapped stays zero");
         let p = Phases {
-            load_s: 13.14,
+            enqueue_s: 13.14,
             judge_s: 1.06,
             ..Phases::default()
         };
         let line = p.line();
-        assert!(line.starts_with("provision 0.0 s · start 0.0 s · load and chaos 13.1 s"));
+        assert!(line.starts_with("provision 0.0 s · start 0.0 s · enqueue 13.1 s"));
         assert!(line.ends_with("judge 1.1 s · write 0.0 s"), "{line}");
     }
 }

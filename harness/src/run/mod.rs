@@ -274,7 +274,7 @@ async fn execute(
     );
 
     let driven = drive::load_and_chaos(scenario, &ledger, &stack, &mut work).await?;
-    clock.lap(|p| &mut p.load_s);
+    clock.lap(|p| &mut p.enqueue_s);
     let settled = quiesce::wait(
         scenario,
         (&ledger, &fakes, res),
