@@ -47,8 +47,7 @@ fn is_html_special(name: &str) -> bool {
 /// The e-mails whose HTML part this checker reads: those to the run's recipients (batches and
 /// orders) with an HTML-special name. A run keeps only these in memory ([`super::Entry`]).
 pub fn html_kept(scenario: &crate::scenario::Scenario) -> super::Keep {
-    let addresses = crate::load::recipients::of_run(scenario)
-        .into_iter()
+    let addresses = crate::load::recipients::of_run_each(scenario)
         .filter(|r| r.tricky && is_html_special(&r.name))
         .map(|r| r.email.to_ascii_lowercase())
         .collect();
