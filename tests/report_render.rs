@@ -3,10 +3,10 @@
 //! HTML, JUnit, Markdown, the files written beside the report, and the metrics.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use mock_providers::ledger::LedgerEntry;
 use serde_json::json;
+use ting_chaos_harness::check::{Entry, Interner, Keep};
 use ting_chaos_harness::check::{EventKind, Status, TimelineEvent};
 use ting_chaos_harness::report::{
     self, gate, html::render_html, junit::render_junit, markdown::render_markdown, Bucket, Latency,
@@ -31,7 +31,7 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report-sample")
 }
 
-fn fixture() -> (Report, Vec<Arc<LedgerEntry>>) {
+fn fixture() -> (Report, Vec<Entry>) {
     let data = std::fs::read(fixture_dir().join("report.json")).unwrap();
     let report: Report = serde_json::from_slice(&data).unwrap();
     let (ledger, skipped) = report::read_ledger(&fixture_dir().join("ledger.jsonl")).unwrap();
@@ -40,7 +40,7 @@ fn fixture() -> (Report, Vec<Arc<LedgerEntry>>) {
 }
 
 /// The fixture with HTML where people put text: the scenario name and a counterexample.
-fn hostile() -> (Report, Vec<Arc<LedgerEntry>>) {
+fn hostile() -> (Report, Vec<Entry>) {
     let (mut r, ledger) = fixture();
     r.scenario_name = format!("restart-midway {EVIL}");
     let no_loss = r
@@ -604,7 +604,7 @@ fn extreme_numbers_in_a_saved_report_never_panic_the_renderers() {
         serde_json::from_slice(&std::fs::read(fixture_dir().join("report.json")).unwrap()).unwrap();
     let (_, ledger) = fixture();
     let extremes = [json!(0), json!(1e300), json!(u64::MAX)];
-    let render = |r: &serde_json::Value, ledger: &[Arc<LedgerEntry>]| {
+    let render = |r: &serde_json::Value, ledger: &[Entry]| {
         let Ok(r) = serde_json::from_value::<Report>(r.clone()) else {
             return;
         };
@@ -620,7 +620,14 @@ fn extreme_numbers_in_a_saved_report_never_panic_the_renderers() {
             every_number(&mut r[key], to);
             render(&r, &ledger);
         }
-        let fields = serde_json::to_value(&*ledger[0]).unwrap();
+        // The ledger as written: each line mutated, then read as `report DIR` reads it.
+        let raw: Vec<serde_json::Value> =
+            std::fs::read_to_string(fixture_dir().join("ledger.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+        let fields = raw[0].clone();
         // Every entry's field, then one entry's (a chart sized by one absurd time once asked
         // for tens of gigabytes).
         for (field, all) in fields
@@ -629,15 +636,17 @@ fn extreme_numbers_in_a_saved_report_never_panic_the_renderers() {
             .keys()
             .flat_map(|f| [(f, true), (f, false)])
         {
-            let mutated: Vec<Arc<LedgerEntry>> = ledger
+            let mut names = Interner::default();
+            let mutated: Vec<Entry> = raw
                 .iter()
                 .enumerate()
-                .filter_map(|(i, e)| {
-                    let mut v = serde_json::to_value(&**e).unwrap();
+                .filter_map(|(i, v)| {
+                    let mut v = v.clone();
                     if v[field].is_number() && (all || i == 0) {
                         v[field] = to.clone();
                     }
-                    serde_json::from_value(v).ok().map(Arc::new)
+                    let e: LedgerEntry = serde_json::from_value(v).ok()?;
+                    Some(Entry::of(&e, &mut names, &Keep::NoHtml))
                 })
                 .collect();
             render(&report, &mutated);

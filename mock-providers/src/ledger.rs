@@ -321,13 +321,25 @@ pub trait Hook: Send + Sync {
     }
 }
 
-/// The retained entries and the `seq` of the first of them (entries before it were reset).
+/// Where a ledger's entries go instead of its memory, while set ([`Ledger::spool`]): a run
+/// writes each entry to disk as it is recorded and keeps only what its checkers read.
+pub trait Spool: Send {
+    /// Takes one stamped entry. Called in `seq` order under the ledger's lock: keep it short
+    /// (a buffered write, a push), never block on the network.
+    fn take(&mut self, entry: &LedgerEntry);
+}
+
+/// The retained entries and the `seq` of the first of them (entries before it were reset or
+/// spooled).
 #[derive(Default)]
 struct Entries {
     base: u64,
     list: Vec<Arc<LedgerEntry>>,
     /// Per (provider, answer) of protocol errors about no recipient: how many were seen.
     protocol_errors: std::collections::BTreeMap<(Provider, String), u64>,
+    /// While set, entries go here and are not retained; `spooled` counts them.
+    spool: Option<Box<dyn Spool>>,
+    spooled: u64,
 }
 
 /// Protocol errors about no recipient (an SMTP command out of sequence or unknown, a malformed
@@ -350,7 +362,14 @@ pub struct ProtocolErrorCount {
 
 impl Entries {
     fn next_seq(&self) -> u64 {
-        self.base + self.list.len() as u64
+        self.base + self.spooled + self.list.len() as u64
+    }
+
+    /// Forgets the retained entries (and the spooled count): the next one keeps its number ([`Entries::next_seq`]).
+    fn rebase(&mut self) {
+        self.base = self.next_seq();
+        self.spooled = 0;
+        self.list = Vec::new();
     }
 }
 
@@ -461,7 +480,13 @@ impl Ledger {
             }
             draft.wall = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
             let stored = Arc::new(draft);
-            entries.list.push(stored.clone());
+            match &mut entries.spool {
+                Some(spool) => {
+                    spool.take(&stored);
+                    entries.spooled += 1;
+                }
+                None => entries.list.push(stored.clone()),
+            }
             stored
         };
         let hooks = self.hooks();
@@ -533,6 +558,27 @@ impl Ledger {
         let n = m.entry((provider, recipient.to_string())).or_insert(0);
         *n += 1;
         *n
+    }
+
+    /// Sends every entry to `spool` from now on, in `seq` order, instead of retaining it: first
+    /// the entries retained so far (which the ledger then forgets), then each one as it is
+    /// recorded. Readers of the ledger ([`Ledger::snapshot_shared`], the control API) see no
+    /// spooled entry; the spool's owner keeps what it needs.
+    pub fn spool(&self, mut spool: Box<dyn Spool>) {
+        let mut entries = self.inner.entries.lock().expect("ledger poisoned");
+        for e in &entries.list {
+            spool.take(e);
+        }
+        entries.rebase();
+        entries.spool = Some(spool);
+    }
+
+    /// Stops spooling and gives the spool back; entries are retained again from the next one on.
+    pub fn unspool(&self) -> Option<Box<dyn Spool>> {
+        let mut entries = self.inner.entries.lock().expect("ledger poisoned");
+        let spool = entries.spool.take();
+        entries.rebase();
+        spool
     }
 
     /// The retained entries, in order, shared: only the pointers are copied under the lock.
@@ -616,12 +662,8 @@ impl Ledger {
     pub fn clear(&self) {
         {
             let mut entries = self.inner.entries.lock().expect("ledger poisoned");
-            let base = entries.next_seq();
-            *entries = Entries {
-                base,
-                list: Vec::new(),
-                protocol_errors: Default::default(),
-            };
+            entries.rebase();
+            entries.protocol_errors = Default::default();
         }
         self.inner.attempts.lock().expect("ledger poisoned").clear();
     }
@@ -692,6 +734,34 @@ mod tests {
         let back: LedgerEntry = serde_json::from_slice(out.strip_suffix(b"\n").unwrap()).unwrap();
         assert_eq!(back.body, a[0].body);
         assert!(back.email.is_none());
+    }
+
+    #[test]
+    fn a_spool_takes_every_entry_in_order_and_the_ledger_retains_none() {
+        struct Collect(Arc<std::sync::Mutex<Vec<u64>>>);
+        impl Spool for Collect {
+            fn take(&mut self, entry: &LedgerEntry) {
+                self.0.lock().unwrap().push(entry.seq);
+            }
+        }
+        let l = Ledger::new();
+        l.record(entry("a"));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        l.spool(Box::new(Collect(seen.clone())));
+        assert!(
+            l.is_empty(),
+            "the entries retained so far went to the spool"
+        );
+        assert_eq!(l.record(entry("b")).seq, 1);
+        assert_eq!(l.record(entry("c")).seq, 2);
+        assert!(l.snapshot_shared().is_empty());
+        assert_eq!(l.next_seq(), 3);
+        assert!(l.unspool().is_some());
+        assert_eq!(*seen.lock().unwrap(), [0, 1, 2]);
+        let e = l.record(entry("d"));
+        assert_eq!(e.seq, 3, "numbers go on after the spool");
+        assert_eq!(l.since(3).len(), 1);
+        assert_eq!(l.since(0).len(), 1);
     }
 
     #[test]

@@ -47,9 +47,8 @@
 
 use std::collections::HashMap;
 
-use std::sync::Arc;
-
-use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
+use super::Entry;
+use mock_providers::ledger::{CallbackVariant, EntryKind, Outcome, Provider};
 use serde_json::{json, Value};
 
 use super::common::{
@@ -172,7 +171,7 @@ impl Disturbances {
 }
 
 /// The provider answered an accept to a sender that heard it (before any disturbance check).
-fn answered_accept(s: &LedgerEntry, input: &Input) -> Option<u32> {
+fn answered_accept(s: &Entry, input: &Input) -> Option<u32> {
     let accept = matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat);
     if !accept || s.fault.is_some() || s.client_hung_up {
         return None;
@@ -181,7 +180,7 @@ fn answered_accept(s: &LedgerEntry, input: &Input) -> Option<u32> {
 }
 
 /// A failure the stack may have learned from a report or a poll, per (provider, address).
-fn failure_reports(ledger: &[Arc<LedgerEntry>]) -> HashMap<(Provider, &str), u64> {
+fn failure_reports(ledger: &[Entry]) -> HashMap<(Provider, &str), u64> {
     let mut out: HashMap<(Provider, &str), u64> = HashMap::new();
     for e in ledger {
         let status = match e.kind {
@@ -407,23 +406,22 @@ fn declare_judged(
 fn resends(
     input: &Input,
     e: &super::Expected,
-    attempts: &[&LedgerEntry],
+    attempts: &[&Entry],
     dist: &Disturbances,
     lease: u64,
     counts: &mut PerChannel,
     findings: &mut Findings,
 ) {
-    let is_accept =
-        |s: &LedgerEntry| matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat);
+    let is_accept = |s: &Entry| matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat);
     let Some(first) = attempts.iter().position(|s| is_accept(s)) else {
         return;
     };
-    let mut unexcused: Vec<(&LedgerEntry, &LedgerEntry)> = Vec::new();
+    let mut unexcused: Vec<(&Entry, &Entry)> = Vec::new();
     for (i, r) in attempts.iter().enumerate().skip(first + 1) {
         // A resend from a process woken or stopped meanwhile (a zombie's request written before
         // its freeze) is chaos's doing, not the stack's.
-        let from = |a: &LedgerEntry| a.received_ns.saturating_sub(lease);
-        let resender_disturbed = |a: &LedgerEntry| {
+        let from = |a: &Entry| a.received_ns.saturating_sub(lease);
+        let resender_disturbed = |a: &Entry| {
             input
                 .pids
                 .get(&r.seq)

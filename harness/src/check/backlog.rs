@@ -38,8 +38,11 @@ impl Queue {
         if to <= from {
             return true;
         }
-        let arrivals = self
+        // Work that arrived more than `max_gap` before `from` changes nothing below: start after it.
+        let start = self
             .0
+            .partition_point(|(at, _)| *at < from.saturating_sub(max_gap));
+        let arrivals = self.0[start..]
             .iter()
             .filter(|(_, due)| *due <= due_by)
             .map(|(at, _)| *at)

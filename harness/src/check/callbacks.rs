@@ -43,7 +43,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Provider};
+use super::Entry;
+use mock_providers::ledger::{CallbackVariant, EntryKind, Provider};
 use serde_json::{json, Value};
 
 use super::common::{channel_of, figures, ms, not_checked, Findings};
@@ -76,17 +77,16 @@ fn agrees(report: &str, state: &State) -> bool {
 struct Truth<'a> {
     status: &'a str,
     acked: bool,
-    first: &'a LedgerEntry,
+    first: &'a Entry,
 }
 
 pub fn check(input: &Input) -> Verdict {
     let Some(rows) = input.status else {
         return not_checked(NAME, "stack exposes no status API");
     };
-    let cbs: Vec<&LedgerEntry> = input
+    let cbs: Vec<&Entry> = input
         .ledger
         .iter()
-        .map(std::sync::Arc::as_ref)
         .filter(|e| e.kind == EntryKind::Callback)
         .collect();
     if cbs.is_empty() {
@@ -295,15 +295,21 @@ pub fn check(input: &Input) -> Verdict {
 /// many of those began late on the fakes' side, the fakes' lateness (p99, max), the wait for a
 /// connection slot while the stack answered earlier reports (p99, max) and the stack's answer
 /// time (p99) over the answered tries.
-fn delivery_timing(cbs: &[&LedgerEntry]) -> Value {
-    let unanswered = |cb: &&&LedgerEntry| cb.callback_response.is_none();
-    let begun_late = |cb: &&&LedgerEntry| cb.callback_late_ms.unwrap_or(0) > HARNESS_LATE_MS;
-    let mut late: Vec<u64> = cbs.iter().filter_map(|c| c.callback_late_ms).collect();
-    let mut queued: Vec<u64> = cbs.iter().filter_map(|c| c.callback_queued_ms).collect();
+fn delivery_timing(cbs: &[&Entry]) -> Value {
+    let unanswered = |cb: &&&Entry| cb.callback_response.is_none();
+    let begun_late = |cb: &&&Entry| u64::from(cb.callback_late_ms.unwrap_or(0)) > HARNESS_LATE_MS;
+    let mut late: Vec<u64> = cbs
+        .iter()
+        .filter_map(|c| c.callback_late_ms.map(u64::from))
+        .collect();
+    let mut queued: Vec<u64> = cbs
+        .iter()
+        .filter_map(|c| c.callback_queued_ms.map(u64::from))
+        .collect();
     let mut took: Vec<u64> = cbs
         .iter()
         .filter(|c| c.callback_response.is_some())
-        .filter_map(|c| c.callback_took_ms)
+        .filter_map(|c| c.callback_took_ms.map(u64::from))
         .collect();
     json!({
         "tries": cbs.len(),
@@ -327,10 +333,8 @@ fn p99(v: &mut [u64]) -> Option<u64> {
 /// Genuine non-final reports (SMS `sent`; e-mail `processed`, `deferred`, `complained`) the stack
 /// acknowledged after it had acknowledged the genuine final report about the same message, per
 /// (provider, message id): (status, when acknowledged).
-fn late_non_final<'a>(
-    cbs: &[&'a LedgerEntry],
-) -> HashMap<(Provider, &'a str), Vec<(&'a str, u64)>> {
-    let acked = |cb: &&&LedgerEntry| {
+fn late_non_final<'a>(cbs: &[&'a Entry]) -> HashMap<(Provider, &'a str), Vec<(&'a str, u64)>> {
+    let acked = |cb: &&&Entry| {
         cb.callback_response
             .is_some_and(|c| (200..300).contains(&c))
             && cb

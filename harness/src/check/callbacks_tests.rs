@@ -246,7 +246,7 @@ fn a_report_shed_with_503_and_acknowledged_on_a_retry_holds() {
         .iter()
         .position(|e| e.callback_status.as_deref() == Some("delivered"))
         .unwrap();
-    let mut retry = LedgerEntry::clone(&w.ledger[i]);
+    let mut retry = mock_providers::ledger::LedgerEntry::clone(&w.ledger[i]);
     w.entry_mut(i).callback_response = Some(503);
     retry.seq = w.ledger.len() as u64;
     retry.mono_ns += 1_000_000_000;

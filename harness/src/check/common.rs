@@ -6,9 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use std::sync::Arc;
-
-use mock_providers::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+use super::Entry;
+use mock_providers::ledger::{EntryKind, Outcome, Provider};
 use serde_json::{json, Map, Value};
 
 use super::{Expected, Input, Population, Status, StatusDelivery, Unjudged, Verdict};
@@ -214,13 +213,13 @@ pub fn figures(v: Value) -> Map<String, Value> {
 
 /// Send attempts grouped by (provider, address), each group in arrival order.
 pub struct Sends<'a> {
-    by_key: HashMap<Provider, HashMap<&'a str, Vec<&'a LedgerEntry>>>,
+    by_key: HashMap<Provider, HashMap<&'a str, Vec<&'a Entry>>>,
 }
 
 impl<'a> Sends<'a> {
     /// Indexes the `Send` entries of `ledger`. Polls and callbacks are not send attempts.
-    pub fn new(ledger: &'a [Arc<LedgerEntry>]) -> Sends<'a> {
-        let mut by_key: HashMap<Provider, HashMap<&'a str, Vec<&'a LedgerEntry>>> = HashMap::new();
+    pub fn new(ledger: &'a [Entry]) -> Sends<'a> {
+        let mut by_key: HashMap<Provider, HashMap<&'a str, Vec<&'a Entry>>> = HashMap::new();
         for e in ledger.iter().filter(|e| e.kind == EntryKind::Send) {
             by_key
                 .entry(e.provider)
@@ -237,11 +236,11 @@ impl<'a> Sends<'a> {
     }
 
     /// The attempts of the delivery on `channel` to `address`, in arrival order.
-    pub fn of(&self, channel: Channel, address: &str) -> &[&'a LedgerEntry] {
+    pub fn of(&self, channel: Channel, address: &str) -> &[&'a Entry] {
         self.by_key(channel.provider(), address)
     }
 
-    pub fn of_expected(&self, e: &Expected) -> &[&'a LedgerEntry] {
+    pub fn of_expected(&self, e: &Expected) -> &[&'a Entry] {
         self.of(e.channel, &e.address)
     }
 
@@ -252,7 +251,7 @@ impl<'a> Sends<'a> {
             .flat_map(|(p, m)| m.keys().map(move |a| (*p, *a)))
     }
 
-    pub fn by_key(&self, provider: Provider, address: &str) -> &[&'a LedgerEntry] {
+    pub fn by_key(&self, provider: Provider, address: &str) -> &[&'a Entry] {
         self.by_key
             .get(&provider)
             .and_then(|m| m.get(address))
@@ -295,7 +294,7 @@ pub fn outcome_str(o: Outcome) -> &'static str {
 
 /// One send attempt as counterexample JSON: ledger seq, arrival and answer times, sender pid,
 /// provider-side attempt number, outcome and payload hash.
-pub fn attempt_json(e: &LedgerEntry, input: &Input) -> Value {
+pub fn attempt_json(e: &Entry, input: &Input) -> Value {
     json!({
         "seq": e.seq,
         "attempt": e.attempt,

@@ -118,7 +118,7 @@ pub fn check(input: &Input) -> Verdict {
     findings.verdict(NAME, summary, figs)
 }
 
-fn sends_json(sends: &[&&mock_providers::ledger::LedgerEntry], input: &Input) -> Value {
+fn sends_json(sends: &[&&super::Entry], input: &Input) -> Value {
     Value::Array(sends.iter().map(|s| attempt_json(s, input)).collect())
 }
 

@@ -29,7 +29,8 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use mock_providers::ledger::{EntryKind, LedgerEntry};
+use super::Entry;
+use mock_providers::ledger::EntryKind;
 use serde_json::{json, Value};
 
 use super::common::{attempt_json, figures, gap_ms, ms, not_checked, Findings};
@@ -101,7 +102,7 @@ pub fn check(input: &Input) -> Verdict {
         let limit = crate::stalls::extended(input.stalls, term, term + allowance.as_nanos() as u64);
         let alive = p.started_ns..=p.exited_ns.unwrap_or(u64::MAX);
         // A send began when its request (SMTP: its transaction) reached the provider.
-        let began = |e: &LedgerEntry| e.started_ns.unwrap_or(e.received_ns);
+        let began = |e: &Entry| e.started_ns.unwrap_or(e.received_ns);
         for e in input.ledger.iter().filter(|e| {
             e.kind == EntryKind::Send && began(e) > limit && alive.contains(&e.received_ns)
         }) {
@@ -135,7 +136,7 @@ pub fn check(input: &Input) -> Verdict {
                 }),
             ));
         }
-        let sent_by_p = |e: &LedgerEntry| match input.pids.get(&e.seq) {
+        let sent_by_p = |e: &Entry| match input.pids.get(&e.seq) {
             Some(pid) => *pid == p.pid,
             None => e.peer.and_then(|peer| by_peer.get(&peer)).is_some_and(|v| {
                 v.iter()

@@ -28,7 +28,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use mock_providers::ledger::{EntryKind, HeaderField, LedgerEntry, Outcome, Provider};
+use super::Entry;
+use mock_providers::ledger::{EntryKind, HeaderField, Outcome, Provider};
 use serde_json::{json, Value};
 
 use super::common::{figures, not_checked, Findings, MAX_UNJUDGED_SHARE};
@@ -81,7 +82,7 @@ pub fn check(input: &Input) -> Verdict {
     for e in sends {
         match e.provider {
             Provider::Smtp if e.outcome == Outcome::Accepted => {
-                let Some(detail) = e.email.as_deref() else {
+                let Some(detail) = e.email() else {
                     continue;
                 };
                 emails += 1;
@@ -96,7 +97,7 @@ pub fn check(input: &Input) -> Verdict {
                 let rendered = person.and_then(|p| Rendered::new(subject_template, p));
                 if let Some(want) = rendered {
                     subjects += 1;
-                    let got = e.subject.as_deref().unwrap_or_default();
+                    let got = e.subject().unwrap_or_default();
                     if !want.matches(got) {
                         findings.push(finding(
                             e,
@@ -108,7 +109,7 @@ pub fn check(input: &Input) -> Verdict {
             }
             Provider::Sms => {
                 sms += 1;
-                let chars = e.body.as_deref().map_or(0, |b| b.chars().count());
+                let chars = e.body_chars as usize;
                 if chars > SMS_MAX_CHARS {
                     findings.push(finding(
                         e,
@@ -159,7 +160,7 @@ pub fn check(input: &Input) -> Verdict {
     findings.verdict(NAME, summary, figs)
 }
 
-fn finding(e: &LedgerEntry, rule: &str, what: Value) -> Value {
+fn finding(e: &Entry, rule: &str, what: Value) -> Value {
     let mut c = json!({
         "rule": rule,
         "address": e.recipient,
@@ -171,6 +172,20 @@ fn finding(e: &LedgerEntry, rule: &str, what: Value) -> Value {
     }
     c
 }
+
+/// Whether a header rule of this file can flag `h` whatever the run: a field RFC 5322 allows
+/// once, an address list, the injected header, or a value with a control character. The ledger
+/// keeps only these in memory ([`super::Entry`]); [`header_findings`] finds nothing in the rest.
+pub(crate) fn judged_field(h: &HeaderField) -> bool {
+    let name = h.name.to_ascii_lowercase();
+    ONCE.contains(&name.as_str())
+        || ADDRESS_LISTS.contains(&name.as_str())
+        || name == INJECTED_HEADER.to_ascii_lowercase()
+        || h.value.chars().any(|c| c.is_control() && c != '\t')
+}
+
+/// Fields whose addresses must be recipients of the run.
+const ADDRESS_LISTS: [&str; 3] = ["to", "cc", "bcc"];
 
 /// The header rules of one accepted message: (rule, details).
 fn header_findings(
@@ -208,7 +223,7 @@ fn header_findings(
     }
     let header_addresses = headers
         .iter()
-        .filter(|h| ["to", "cc", "bcc"].contains(&h.name.to_ascii_lowercase().as_str()))
+        .filter(|h| ADDRESS_LISTS.contains(&h.name.to_ascii_lowercase().as_str()))
         .flat_map(|h| {
             addresses(&h.value)
                 .into_iter()

@@ -44,6 +44,16 @@ fn is_html_special(name: &str) -> bool {
     name.contains(['<', '>', '&', '"'])
 }
 
+/// The e-mails whose HTML part this checker reads: those to the run's recipients (batches and
+/// orders) with an HTML-special name. A run keeps only these in memory ([`super::Entry`]).
+pub fn html_kept(scenario: &crate::scenario::Scenario) -> super::Keep {
+    let addresses = crate::load::recipients::of_run_each(scenario)
+        .filter(|r| r.tricky && is_html_special(&r.name))
+        .map(|r| r.email.to_ascii_lowercase())
+        .collect();
+    super::Keep::HtmlOf(std::sync::Arc::new(addresses))
+}
+
 /// Whether a Mustache template has a `{{name}}`-like tag (escaped or not).
 fn mentions_name(template: &str) -> bool {
     template.split("{{").skip(1).any(|rest| {
@@ -98,7 +108,7 @@ pub fn check(input: &Input) -> Verdict {
         }
         for s in attempts.iter().filter(|s| s.outcome == Outcome::Accepted) {
             html_due += 1;
-            let Some(html) = s.html.as_deref() else {
+            let Some(html) = s.html() else {
                 continue;
             };
             html_checked += 1;

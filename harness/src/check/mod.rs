@@ -16,6 +16,7 @@ mod backlog;
 pub mod callbacks;
 pub(crate) mod common;
 pub mod crashes;
+mod entry;
 mod event;
 pub mod exactly_once;
 pub mod fairness;
@@ -36,9 +37,6 @@ mod unknowns;
 
 use std::collections::{BTreeMap, HashMap};
 
-use std::sync::Arc;
-
-use mock_providers::ledger::LedgerEntry;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -94,6 +92,7 @@ pub struct StatusTransition {
     pub detail: Option<String>,
 }
 
+pub use entry::{Content, EmailHeaders, Entry, Interner, Keep, Name};
 pub use event::{EventKind, Role};
 pub use state::{Source, State};
 
@@ -177,7 +176,8 @@ pub struct Quiescence {
 pub struct Input<'a> {
     pub scenario: &'a Scenario,
     pub expected: &'a [Expected],
-    pub ledger: &'a [Arc<LedgerEntry>],
+    /// The ledger as the checkers read it ([`Entry`]), in `seq` order.
+    pub ledger: &'a [Entry],
     /// Ledger `seq` → pid of the process that sent the request (from /proc socket ownership).
     pub pids: &'a HashMap<u64, u32>,
     /// `None` when the stack does not expose a status API.

@@ -28,7 +28,8 @@
 //! that left it for a final state on a delivery event (`unknown → delivered / permanent_failure`
 //! by a callback), i.e. how reconciliation by provider report worked; informational, no rule.
 
-use mock_providers::ledger::{LedgerEntry, Outcome};
+use super::Entry;
+use mock_providers::ledger::Outcome;
 use serde_json::{json, Value};
 
 use super::common::{
@@ -68,7 +69,7 @@ impl End {
 /// Classifies one delivery from its send attempts (arrival order) and status API state (`None`
 /// without a status API, or when it has no row for the delivery).
 pub fn classify(
-    sends: &[&LedgerEntry],
+    sends: &[&Entry],
     state: Option<&State>,
     max_attempts: u32,
     quiescent: bool,
@@ -95,7 +96,7 @@ pub fn classify(
 fn state_of<'a>(
     input: &Input,
     row: Option<&'a StatusDelivery>,
-    attempts: &[&LedgerEntry],
+    attempts: &[&Entry],
 ) -> Option<&'a State> {
     if input.status.is_some() {
         return row.map(|r| &r.state);

@@ -16,13 +16,14 @@
 //! counted.
 //! Deciding nothing on its own.
 
-use mock_providers::ledger::{EntryKind, LedgerEntry, Provider};
+use super::Entry;
+use mock_providers::ledger::{EntryKind, Provider};
 use mock_providers::outage::OutageMode;
 
 use super::{EventKind, Input};
 
 /// Whether `e` is a send an outage answered or held.
-pub fn answered_by_outage(e: &LedgerEntry) -> bool {
+pub fn answered_by_outage(e: &Entry) -> bool {
     e.kind == EntryKind::Send && e.fault.as_deref().and_then(OutageMode::of_label).is_some()
 }
 
@@ -117,40 +118,73 @@ fn spans(
     out
 }
 
-/// Nanoseconds of `[from, to)` in which a retry to `provider` could be held up by an outage: an
-/// outage of `provider` itself ([`windows`]), or any time some provider held a request it would
-/// never answer (`outage_hang`): a worker's slots are shared by its channels (the contract's
-/// per-channel limit defaults to the worker's), so requests a hung provider holds can keep a
-/// worker from starting any send until its own timeout frees them. Each moment counted once.
-pub fn out_ns(input: &Input, provider: Provider, from: u64, to: u64) -> u64 {
-    if to <= from {
-        return 0;
+/// Every span in which a retry to each provider could be held up by an outage, computed once
+/// per check from the timeline and the ledger ([`Outages::out_ns`] is asked once per retry).
+pub struct Outages {
+    /// Per provider ([`Provider`] order: LINE, SMTP, SMS): its spans, unsorted.
+    spans: [Vec<(u64, u64)>; 3],
+}
+
+fn slot(p: Provider) -> usize {
+    match p {
+        Provider::Line => 0,
+        Provider::Smtp => 1,
+        Provider::Sms => 2,
     }
-    let hang = OutageMode::Hang.label();
-    let mut spans = windows(input, provider);
-    spans.extend(link_windows(input));
-    spans.extend(
-        input
-            .ledger
-            .iter()
-            .filter(|e| e.kind == EntryKind::Send && e.fault.as_deref() == Some(hang))
-            .map(|e| (e.received_ns, e.mono_ns)),
-    );
-    let mut clipped: Vec<(u64, u64)> = spans
-        .into_iter()
-        .map(|(s, e)| (s.max(from), e.min(to)))
-        .filter(|(s, e)| s < e)
-        .collect();
-    clipped.sort_unstable();
-    let (mut total, mut reach) = (0u64, from);
-    for (s, e) in clipped {
-        let s = s.max(reach);
-        if e > s {
-            total += e - s;
-            reach = e;
+}
+
+impl Outages {
+    /// An outage of the provider itself ([`windows`]), any provider-link fault
+    /// ([`link_windows`]), or any time some provider held a request it would never answer
+    /// (`outage_hang`): a worker's slots are shared by its channels (the contract's per-channel
+    /// limit defaults to the worker's), so requests a hung provider holds can keep a worker from
+    /// starting any send until its own timeout frees them.
+    pub fn of(input: &Input) -> Outages {
+        let hang = OutageMode::Hang.label();
+        let mut shared = link_windows(input);
+        shared.extend(
+            input
+                .ledger
+                .iter()
+                .filter(|e| e.kind == EntryKind::Send && e.fault.as_deref() == Some(hang))
+                .map(|e| (e.received_ns, e.mono_ns)),
+        );
+        let spans = [Provider::Line, Provider::Smtp, Provider::Sms].map(|p| {
+            let mut v = windows(input, p);
+            v.extend(shared.iter().copied());
+            v
+        });
+        Outages { spans }
+    }
+
+    /// Nanoseconds of `[from, to)` in which a retry to `provider` could be held up by an
+    /// outage ([`Outages::of`]). Each moment counted once.
+    pub fn out_ns(&self, provider: Provider, from: u64, to: u64) -> u64 {
+        if to <= from {
+            return 0;
         }
+        let mut clipped: Vec<(u64, u64)> = self.spans[slot(provider)]
+            .iter()
+            .map(|(s, e)| ((*s).max(from), (*e).min(to)))
+            .filter(|(s, e)| s < e)
+            .collect();
+        clipped.sort_unstable();
+        let (mut total, mut reach) = (0u64, from);
+        for (s, e) in clipped {
+            let s = s.max(reach);
+            if e > s {
+                total += e - s;
+                reach = e;
+            }
+        }
+        total
     }
-    total
+}
+
+/// [`Outages::out_ns`] of a run judged once.
+#[cfg(test)]
+fn out_ns(input: &Input, provider: Provider, from: u64, to: u64) -> u64 {
+    Outages::of(input).out_ns(provider, from, to)
 }
 
 #[cfg(test)]

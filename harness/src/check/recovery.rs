@@ -67,9 +67,7 @@ const CLOCK_TOLERANCE_NS: u64 = 2_000_000;
 /// Ledger-clock nanoseconds → wall-clock milliseconds offset, from any ledger entry.
 fn wall_offset_ms(input: &Input) -> Option<i64> {
     let e = input.ledger.first()?;
-    let wall = chrono::DateTime::parse_from_rfc3339(&e.wall)
-        .ok()?
-        .timestamp_millis();
+    let wall = e.wall_ms?;
     Some(wall - (e.mono_ns / 1_000_000) as i64)
 }
 

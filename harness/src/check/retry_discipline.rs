@@ -68,7 +68,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use mock_providers::ledger::{LedgerEntry, Outcome};
+use super::Entry;
+use mock_providers::ledger::Outcome;
 use serde_json::{json, Value};
 
 use super::availability::blocked_ns;
@@ -77,6 +78,7 @@ use super::common::{
     attempt_json, delivery_json, figures, gap_ms, is_failure, ms, Findings, Sends,
     ANSWER_RECORD_WINDOW_NS,
 };
+use super::outages::Outages;
 use super::{Expected, Input, Source, Verdict};
 
 pub const NAME: &str = "retry_discipline";
@@ -105,7 +107,7 @@ pub fn due_within(input: &Input, retry_after_ms: Option<u64>) -> Duration {
 
 /// Whether the answer `s` may never have reached the stack's records: its sender was killed or
 /// frozen within one lease after it, or the stack rescued the delivery.
-fn answer_lost(input: &Input, e: &Expected, s: &LedgerEntry) -> bool {
+fn answer_lost(input: &Input, e: &Expected, s: &Entry) -> bool {
     let lease = input.scenario.stack.lease.as_nanos() as u64;
     let rescued = input.status.is_some_and(|rows| {
         rows.iter()
@@ -117,13 +119,13 @@ fn answer_lost(input: &Input, e: &Expected, s: &LedgerEntry) -> bool {
 
 /// Whether the answer to `s` may never have reached the stack: its sender hung up before it, or
 /// was SIGKILLed or SIGSTOPped while it was in flight or just after (before it could record it).
-fn answer_unheard(input: &Input, s: &LedgerEntry) -> bool {
+fn answer_unheard(input: &Input, s: &Entry) -> bool {
     s.client_hung_up || sender_hit(input, s, s.received_ns, s.mono_ns + ANSWER_RECORD_WINDOW_NS)
 }
 
 /// Whether the sender of `s` was SIGKILLed or SIGSTOPped, or cut off its database (a link
 /// partition or reset), within `[from, to]`.
-fn sender_hit(input: &Input, s: &LedgerEntry, from: u64, to: u64) -> bool {
+fn sender_hit(input: &Input, s: &Entry, from: u64, to: u64) -> bool {
     input.pids.get(&s.seq).is_some_and(|pid| {
         input.timeline.iter().any(|ev| {
             (ev.kind.disables_worker() || ev.kind.cuts_database_link())
@@ -155,8 +157,8 @@ struct Tally {
 /// A retry after a transient failure, for the cap rule (judged in arrival order).
 struct Retry<'a> {
     delivery: usize,
-    prev: &'a LedgerEntry,
-    next: &'a LedgerEntry,
+    prev: &'a Entry,
+    next: &'a Entry,
 }
 
 pub fn check(input: &Input) -> Verdict {
@@ -248,9 +250,10 @@ pub fn check(input: &Input) -> Verdict {
     // may excuse a later one.
     retries.sort_by_key(|r| (r.next.received_ns, r.next.seq));
     let mut queue = Queue::first_attempts(&sends);
+    let outages = Outages::of(input);
     for r in &retries {
         let e = &input.expected[r.delivery];
-        if let Some(c) = above_cap(input, &mut queue, e, r.prev, r.next, &mut n) {
+        if let Some(c) = above_cap((input, &outages), &mut queue, e, r.prev, r.next, &mut n) {
             findings.push(c);
             violating.insert(r.delivery);
         }
@@ -297,12 +300,12 @@ pub fn check(input: &Input) -> Verdict {
 fn attempts_beyond_limit(
     input: &Input,
     e: &Expected,
-    chain: &[&LedgerEntry],
+    chain: &[&Entry],
     max: usize,
     n: &mut Tally,
     findings: &mut Findings,
 ) {
-    let counted: Vec<&LedgerEntry> = chain
+    let counted: Vec<&Entry> = chain
         .iter()
         .copied()
         .filter(|s| s.status != "429")
@@ -331,11 +334,11 @@ fn attempts_beyond_limit(
 
 /// Rule `gap_above_cap` on the retry `next` after the transient failure `prev`.
 fn above_cap(
-    input: &Input,
+    (input, outages): (&Input, &Outages),
     queue: &mut Queue,
     e: &Expected,
-    prev: &LedgerEntry,
-    next: &LedgerEntry,
+    prev: &Entry,
+    next: &Entry,
     n: &mut Tally,
 ) -> Option<Value> {
     let gap = next.received_ns.saturating_sub(prev.mono_ns);
@@ -356,7 +359,7 @@ fn above_cap(
     let stalled = crate::stalls::stalled_ns(input.stalls, prev.mono_ns, next.received_ns);
     // And time a provider outage held it up (`check::outages`; may overlap the rest, which only
     // widens the allowance inside chaos the scenario asked for).
-    let out = super::outages::out_ns(input, prev.provider, prev.mono_ns, next.received_ns);
+    let out = outages.out_ns(prev.provider, prev.mono_ns, next.received_ns);
     let blocked = blocked_ns(input, prev.mono_ns, next.received_ns) + stalled + out;
     let late = gap.saturating_sub(blocked);
     if late <= due + slack {
@@ -375,13 +378,7 @@ fn above_cap(
 }
 
 /// A counterexample about two attempts of one delivery.
-fn pair(
-    e: &Expected,
-    rule: &str,
-    earlier: &LedgerEntry,
-    later: &LedgerEntry,
-    input: &Input,
-) -> Value {
+fn pair(e: &Expected, rule: &str, earlier: &Entry, later: &Entry, input: &Input) -> Value {
     let mut c = delivery_json(e);
     c.insert("rule".into(), json!(rule));
     c.insert("earlier".into(), attempt_json(earlier, input));

@@ -335,11 +335,24 @@ impl World {
         Arc::make_mut(&mut self.ledger[i])
     }
 
+    /// The ledger as a run's checkers get it: each entry as [`Entry::of`] keeps it, every HTML
+    /// part kept. Leaked: a test's input lives as long as the test.
+    pub fn entries(&self) -> &'static [Entry] {
+        let mut names = crate::check::Interner::default();
+        let keep = crate::check::Keep::AllHtml;
+        let entries: Vec<Entry> = self
+            .ledger
+            .iter()
+            .map(|e| Entry::of(e, &mut names, &keep))
+            .collect();
+        Box::leak(entries.into_boxed_slice())
+    }
+
     pub fn input(&self) -> Input<'_> {
         Input {
             scenario: &self.scenario,
             expected: &self.expected,
-            ledger: &self.ledger,
+            ledger: self.entries(),
             pids: &self.pids,
             status: self.status.as_deref(),
             timeline: &self.timeline,

@@ -26,7 +26,7 @@
 //! a worker or the database after the last recorded attempt arrived excuses it, named as such. An
 //! `unknown` with no chaos and no cut answer after its last recorded attempt is unexplained.
 
-use mock_providers::ledger::LedgerEntry;
+use super::Entry;
 use serde_json::{json, Value};
 
 use super::common::ms;
@@ -116,7 +116,7 @@ fn event_words(ev: &TimelineEvent) -> String {
 
 /// Why the delivery whose send attempts are `attempts` (arrival order) may be `unknown`, or
 /// `None` when nothing explains it.
-pub fn excuse(input: &Input, attempts: &[&LedgerEntry]) -> Option<Excuse> {
+pub fn excuse(input: &Input, attempts: &[&Entry]) -> Option<Excuse> {
     let lease = input.scenario.stack.lease.as_nanos() as u64;
     let heartbeat = input.scenario.stack.heartbeat.as_nanos() as u64;
     // Latest attempt first: the one in flight last is the one the stack could not settle.
@@ -366,7 +366,7 @@ mod tests {
             w.expect("r1", Email);
             w.expect("r1", Sms);
             build(&mut w);
-            let attempts: Vec<&LedgerEntry> = w.ledger.iter().map(std::sync::Arc::as_ref).collect();
+            let attempts: Vec<&Entry> = w.entries().iter().collect();
             let got = excuse(&w.input(), &attempts);
             assert_eq!(
                 got.as_ref().map(|e| e.kind.as_str()),

@@ -96,10 +96,15 @@ const ITEMS: &[&str] = &[
 /// (as many as it can send before the quiescence deadline), from one seeded sequence. The run and
 /// the checkers that need a recipient's data (the subject a template renders) read the same list.
 pub fn of_run(scenario: &crate::scenario::Scenario) -> Vec<Recipient> {
+    of_run_each(scenario).collect()
+}
+
+/// [`of_run`] one recipient at a time, for a reader that keeps a little of each.
+pub fn of_run_each(scenario: &crate::scenario::Scenario) -> impl Iterator<Item = Recipient> {
     let trickle = scenario.load.trickle.as_ref().map_or(0, |t| {
         t.max_orders(scenario.expect.quiescence) * t.recipients
     });
-    generate(
+    each(
         scenario.seed,
         scenario.load.recipients + trickle,
         scenario.load.tricky_names,
@@ -108,45 +113,48 @@ pub fn of_run(scenario: &crate::scenario::Scenario) -> Vec<Recipient> {
 
 /// Builds `n` recipients from `seed`: the same seed gives the same people.
 pub fn generate(seed: u64, n: u32, tricky_share: f64) -> Vec<Recipient> {
+    each(seed, n, tricky_share).collect()
+}
+
+/// [`generate`] one recipient at a time.
+fn each(seed: u64, n: u32, tricky_share: f64) -> impl Iterator<Item = Recipient> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x7469_6e67_6c6f_6164);
     let (names, items) = (hostile_names(), hostile_items());
-    (0..n)
-        .map(|i| {
-            let id = format!("r{:06}", i + 1);
-            let tricky = rng.gen_bool(tricky_share.clamp(0.0, 1.0));
-            // Half the tricky recipients carry markup, half header and control-character tricks.
-            let hostile = tricky && rng.gen_bool(0.5);
-            let name = if hostile {
-                names.choose(&mut rng).unwrap().clone()
-            } else if tricky {
-                TRICKY.choose(&mut rng).unwrap().to_string()
-            } else {
-                NAMES.choose(&mut rng).unwrap().to_string()
-            };
-            let digest = Sha256::digest(format!("{seed}:{id}"));
-            let mut vars = serde_json::Map::new();
-            vars.insert("order_id".into(), format!("A-{}", 100_000 + i).into());
-            let item = if hostile {
-                items.choose(&mut rng).unwrap().clone()
-            } else {
-                ITEMS.choose(&mut rng).unwrap().to_string()
-            };
-            vars.insert("item".into(), item.into());
-            vars.insert(
-                "total".into(),
-                format!("¥{}", rng.gen_range(500..50_000)).into(),
-            );
-            Recipient {
-                line_user_id: format!("U{}", &hex::encode(digest)[..32]),
-                email: email_address(&id, digest[0]),
-                phone: format!("+1555{:07}", i + 1),
-                id,
-                name,
-                vars,
-                tricky,
-            }
-        })
-        .collect()
+    (0..n).map(move |i| {
+        let id = format!("r{:06}", i + 1);
+        let tricky = rng.gen_bool(tricky_share.clamp(0.0, 1.0));
+        // Half the tricky recipients carry markup, half header and control-character tricks.
+        let hostile = tricky && rng.gen_bool(0.5);
+        let name = if hostile {
+            names.choose(&mut rng).unwrap().clone()
+        } else if tricky {
+            TRICKY.choose(&mut rng).unwrap().to_string()
+        } else {
+            NAMES.choose(&mut rng).unwrap().to_string()
+        };
+        let digest = Sha256::digest(format!("{seed}:{id}"));
+        let mut vars = serde_json::Map::new();
+        vars.insert("order_id".into(), format!("A-{}", 100_000 + i).into());
+        let item = if hostile {
+            items.choose(&mut rng).unwrap().clone()
+        } else {
+            ITEMS.choose(&mut rng).unwrap().to_string()
+        };
+        vars.insert("item".into(), item.into());
+        vars.insert(
+            "total".into(),
+            format!("¥{}", rng.gen_range(500..50_000)).into(),
+        );
+        Recipient {
+            line_user_id: format!("U{}", &hex::encode(digest)[..32]),
+            email: email_address(&id, digest[0]),
+            phone: format!("+1555{:07}", i + 1),
+            id,
+            name,
+            vars,
+            tricky,
+        }
+    })
 }
 
 /// The e-mail address of recipient `id`: most plain, some with a plus-tag (`r000007+orders@…`),

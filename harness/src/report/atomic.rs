@@ -12,25 +12,61 @@ pub fn write_atomic(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    let result = (|| -> anyhow::Result<()> {
+    let mut file = AtomicFile::create(path)?;
+    let written = write(file.writer());
+    match written {
+        Ok(()) => file.commit(),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("write {}", file.tmp.display()))),
+    }
+}
+
+/// A file being written atomically over time (`ledger.jsonl` as the run records it): its
+/// temporary file exists from [`AtomicFile::create`], `path` only from [`AtomicFile::commit`].
+/// Dropped uncommitted, the temporary file is removed.
+pub struct AtomicFile {
+    tmp: std::path::PathBuf,
+    path: std::path::PathBuf,
+    w: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl AtomicFile {
+    pub fn create(path: &Path) -> anyhow::Result<AtomicFile> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+        let tmp = path.with_file_name(format!(".{name}.tmp"));
         let file =
             std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-        let mut w = std::io::BufWriter::new(file);
-        write(&mut w).with_context(|| format!("write {}", tmp.display()))?;
+        Ok(AtomicFile {
+            tmp,
+            path: path.to_path_buf(),
+            w: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+        })
+    }
+
+    /// Where to write; buffered.
+    pub fn writer(&mut self) -> &mut dyn Write {
+        self.w.as_mut().expect("an uncommitted file has its writer")
+    }
+
+    /// Flushes, syncs and renames the file over `path`.
+    pub fn commit(mut self) -> anyhow::Result<()> {
+        let w = self.w.take().expect("committed once");
+        let tmp = self.tmp.clone();
         let file = w
             .into_inner()
             .map_err(|e| e.into_error())
             .with_context(|| format!("flush {}", tmp.display()))?;
         file.sync_all()
             .with_context(|| format!("sync {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        std::fs::rename(&tmp, &self.path)
+            .with_context(|| format!("rename to {}", self.path.display()))
     }
-    result
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        // After a commit the temporary file is gone already.
+        let _ = std::fs::remove_file(&self.tmp);
+    }
 }
 
 #[cfg(test)]

@@ -10,9 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use std::sync::Arc;
-
-use mock_providers::ledger::LedgerEntry;
+use crate::check::Entry;
 use serde_json::Value;
 
 use super::charts::{self, Marker};
@@ -27,7 +25,7 @@ const CSS: &str = include_str!("report.css");
 const QUIET_EVENTS: [EventKind; 3] = [EventKind::Spawn, EventKind::ApiReady, EventKind::Exit];
 
 /// Renders the whole page. `ledger` may be empty (the charts then say so).
-pub fn render_html(report: &Report, ledger: &[Arc<LedgerEntry>]) -> String {
+pub fn render_html(report: &Report, ledger: &[Entry]) -> String {
     let metrics = if ledger.is_empty() {
         report.metrics.clone()
     } else {
@@ -190,7 +188,7 @@ fn ms(v: f64) -> String {
     }
 }
 
-fn cards(page: &mut String, r: &Report, m: &Metrics, ledger: &[Arc<LedgerEntry>]) {
+fn cards(page: &mut String, r: &Report, m: &Metrics, ledger: &[Entry]) {
     if let Some(e) = &r.error {
         let _ = write!(page, "<section><div class=\"error-box\"><b>The run could not complete:</b> {}</div></section>", esc(e));
     }
@@ -292,7 +290,7 @@ fn secs(ns: u64) -> String {
     format!("{:.3}", ns as f64 / 1e9)
 }
 
-fn timeline(page: &mut String, r: &Report, ledger: &[Arc<LedgerEntry>]) {
+fn timeline(page: &mut String, r: &Report, ledger: &[Entry]) {
     page.push_str("<section id=\"timeline\"><h2>Timeline</h2>");
     let workers: BTreeMap<u32, &str> = r
         .processes
@@ -372,7 +370,7 @@ fn histogram_bars(buckets: &[stats::Bucket]) -> Vec<(String, u64)> {
         .collect()
 }
 
-fn latency(page: &mut String, r: &Report, ledger: &[Arc<LedgerEntry>]) {
+fn latency(page: &mut String, r: &Report, ledger: &[Entry]) {
     page.push_str("<section id=\"latency\"><h2>Latency</h2>");
     let mut rows = vec![pct_row(
         "enqueue (POST /v1/batches)",
@@ -427,7 +425,7 @@ fn latency(page: &mut String, r: &Report, ledger: &[Arc<LedgerEntry>]) {
     page.push_str("</div></div></section>");
 }
 
-fn outcomes(page: &mut String, r: &Report, ledger: &[Arc<LedgerEntry>]) {
+fn outcomes(page: &mut String, r: &Report, ledger: &[Entry]) {
     page.push_str("<section id=\"outcomes\"><h2>Outcomes</h2><div class=\"row\"><div>");
     page.push_str("<h3>Deliveries per channel (no_loss)</h3>");
     let by_channel = r

@@ -10,26 +10,27 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use std::sync::Arc;
 
-use mock_providers::ledger::LedgerEntry;
+use crate::check::Entry;
 
 use super::{html, junit, markdown, stats, Report};
 
 /// Reads `ledger.jsonl`. A line that does not parse (a run killed mid-write leaves a torn last
 /// line, a damaged disk leaves bytes that are not UTF-8) is skipped and counted rather than
-/// failing the whole rendering.
-pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<Arc<LedgerEntry>>, usize)> {
+/// failing the whole rendering. Each entry is kept as the checkers' [`Entry`], one at a time, so
+/// a ledger of hundreds of megabytes is never in memory whole.
+pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<Entry>, usize)> {
     let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
     let mut entries = Vec::new();
     let mut skipped = 0;
+    let mut names = crate::check::Interner::default();
     for line in std::io::BufReader::new(file).split(b'\n') {
         let line = line.with_context(|| format!("read {}", path.display()))?;
         if line.trim_ascii().is_empty() {
             continue;
         }
         match serde_json::from_slice(&line) {
-            Ok(e) => entries.push(Arc::new(e)),
+            Ok(e) => entries.push(Entry::of(&e, &mut names, &crate::check::Keep::NoHtml)),
             Err(_) => skipped += 1,
         }
     }
@@ -45,7 +46,7 @@ fn write_atomic(path: &Path, data: &[u8]) -> anyhow::Result<()> {
 pub fn write_rendered(
     dir: &Path,
     report: &Report,
-    ledger: &[Arc<LedgerEntry>],
+    ledger: &[Entry],
     step_summary: Option<&Path>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let metrics = if report.metrics.is_empty() && !ledger.is_empty() {
@@ -96,7 +97,7 @@ pub fn write_all(dir: &Path, report: &Report, step_summary: bool) -> anyhow::Res
 
 /// `dir/ledger.jsonl`'s entries (none when there is no such file), its unreadable lines skipped
 /// with a warning.
-fn saved_ledger(dir: &Path) -> anyhow::Result<Vec<Arc<LedgerEntry>>> {
+fn saved_ledger(dir: &Path) -> anyhow::Result<Vec<Entry>> {
     let path = dir.join("ledger.jsonl");
     if !path.exists() {
         return Ok(Vec::new());

@@ -7,9 +7,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use std::sync::Arc;
+use mock_providers::ledger::{EntryKind, Outcome, Provider};
 
-use mock_providers::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
+use crate::check::Entry;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -95,16 +95,13 @@ pub(crate) fn load_start_ns(report: &Report) -> Option<u64> {
         .map(|e| e.mono_ns)
 }
 
-fn sends(ledger: &[Arc<LedgerEntry>]) -> impl Iterator<Item = &LedgerEntry> {
-    ledger
-        .iter()
-        .map(Arc::as_ref)
-        .filter(|e| e.kind == EntryKind::Send)
+fn sends(ledger: &[Entry]) -> impl Iterator<Item = &Entry> {
+    ledger.iter().filter(|e| e.kind == EntryKind::Send)
 }
 
 /// First acceptance of every delivery (provider, address): (provider, address, time), in ledger
 /// order.
-fn first_acceptances(ledger: &[Arc<LedgerEntry>]) -> Vec<(Provider, &str, u64)> {
+fn first_acceptances(ledger: &[Entry]) -> Vec<(Provider, &str, u64)> {
     let mut seen = std::collections::HashSet::new();
     sends(ledger)
         .filter(|e| e.outcome == Outcome::Accepted)
@@ -138,7 +135,7 @@ pub fn enqueue_times(
 /// End-to-end latencies in milliseconds, sorted, per channel: each delivery from its own enqueue
 /// (`enqueued_at`) to its first acceptance. Deliveries with no enqueue time are left out.
 pub(crate) fn e2e_ms(
-    ledger: &[Arc<LedgerEntry>],
+    ledger: &[Entry],
     enqueued_at: impl Fn(Provider, &str) -> Option<u64>,
 ) -> BTreeMap<&'static str, Vec<f64>> {
     let mut out: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
@@ -213,7 +210,7 @@ pub(crate) fn histogram(values: &[(f64, u64)]) -> Vec<Bucket> {
 /// The run's latency distributions: `enqueue_us` is the load's histogram of enqueue request
 /// latencies (µs), `enqueued` when each delivery's batch was posted.
 pub fn latency(
-    ledger: &[Arc<LedgerEntry>],
+    ledger: &[Entry],
     enqueue_us: &hdrhistogram::Histogram<u64>,
     enqueued: &EnqueueTimes,
 ) -> Latency {
@@ -247,7 +244,7 @@ fn e2e_latency(by_channel: &BTreeMap<&'static str, Vec<f64>>, from: &str) -> Lat
 /// possible: a multi-batch report of that age has no per-delivery enqueue times.
 pub(crate) fn latency_of<'a>(
     report: &'a Report,
-    ledger: &[Arc<LedgerEntry>],
+    ledger: &[Entry],
 ) -> Option<std::borrow::Cow<'a, Latency>> {
     if let Some(l) = &report.latency {
         return Some(std::borrow::Cow::Borrowed(l));
@@ -268,7 +265,7 @@ pub(crate) fn latency_of<'a>(
 ///
 /// Throughput ends at the last acceptance rather than at quiescence: quiescence adds the
 /// harness's own settle window (lease + heartbeat), which would make short runs look slow.
-pub fn metrics(report: &Report, ledger: &[Arc<LedgerEntry>]) -> Metrics {
+pub fn metrics(report: &Report, ledger: &[Entry]) -> Metrics {
     let accepted = first_acceptances(ledger);
     let deliveries_per_s = match (load_start_ns(report), accepted.iter().map(|a| a.2).max()) {
         (Some(t0), Some(t1)) if t1 > t0 => {
@@ -332,7 +329,7 @@ impl Uncertain {
 }
 
 /// [`Uncertain`] for a finished run: its ledger and its checkers' verdicts.
-pub fn uncertain(ledger: &[Arc<LedgerEntry>], checks: &[crate::check::Verdict]) -> Uncertain {
+pub fn uncertain(ledger: &[Entry], checks: &[crate::check::Verdict]) -> Uncertain {
     use std::collections::HashSet;
     let line_retry_key = sends(ledger)
         .filter(|e| e.provider == Provider::Line && e.outcome == Outcome::IdempotentRepeat)
@@ -389,7 +386,7 @@ pub fn uncertain(ledger: &[Arc<LedgerEntry>], checks: &[crate::check::Verdict]) 
 /// Send attempts per process: ledger `seq` → pid (the attribution map the checkers get) folded
 /// into pid → count. Sends the attribution could not place are left out. The run stores it as
 /// `report.sends_by_pid`.
-pub fn sends_by_pid(ledger: &[Arc<LedgerEntry>], pids: &HashMap<u64, u32>) -> BTreeMap<u32, u64> {
+pub fn sends_by_pid(ledger: &[Entry], pids: &HashMap<u64, u32>) -> BTreeMap<u32, u64> {
     let mut out = BTreeMap::new();
     for e in sends(ledger) {
         if let Some(pid) = pids.get(&e.seq) {
@@ -400,7 +397,7 @@ pub fn sends_by_pid(ledger: &[Arc<LedgerEntry>], pids: &HashMap<u64, u32>) -> BT
 }
 
 /// Send attempts with no sender in the attribution map: `report.sends_unattributed`.
-pub fn sends_unattributed(ledger: &[Arc<LedgerEntry>], pids: &HashMap<u64, u32>) -> u64 {
+pub fn sends_unattributed(ledger: &[Entry], pids: &HashMap<u64, u32>) -> u64 {
     sends(ledger).filter(|e| !pids.contains_key(&e.seq)).count() as u64
 }
 
@@ -417,15 +414,15 @@ pub(crate) struct PerSecond {
 /// sizing the chart's arrays by it (`u64::MAX` ns would ask for tens of gigabytes).
 const MAX_SECONDS: usize = 7 * 24 * 3600;
 
-pub(crate) fn per_second(ledger: &[Arc<LedgerEntry>]) -> PerSecond {
-    let second = |e: &LedgerEntry| {
+pub(crate) fn per_second(ledger: &[Entry]) -> PerSecond {
+    let second = |e: &Entry| {
         usize::try_from(e.mono_ns / 1_000_000_000)
             .ok()
             .filter(|s| *s < MAX_SECONDS)
     };
     let seconds = ledger
         .iter()
-        .filter_map(|e| second(e))
+        .filter_map(&second)
         .map(|s| s + 1)
         .max()
         .unwrap_or(0);
@@ -450,7 +447,7 @@ pub(crate) fn per_second(ledger: &[Arc<LedgerEntry>]) -> PerSecond {
 }
 
 /// How many deliveries took 1, 2, 3… send attempts (deliveries the providers saw at least once).
-pub(crate) fn attempts_per_delivery(ledger: &[Arc<LedgerEntry>]) -> BTreeMap<u32, u64> {
+pub(crate) fn attempts_per_delivery(ledger: &[Entry]) -> BTreeMap<u32, u64> {
     let mut per: HashMap<(Provider, &str), u32> = HashMap::new();
     for e in sends(ledger) {
         *per.entry((e.provider, e.recipient.as_str())).or_default() += 1;

@@ -1,19 +1,14 @@
 //! Tests of the report's figures (`stats.rs`), kept apart so the code reads in one sitting.
 
 use super::*;
+use mock_providers::ledger::LedgerEntry;
 
-pub(crate) fn entry(
-    seq: u64,
-    p: Provider,
-    to: &str,
-    outcome: Outcome,
-    ms: u64,
-) -> Arc<LedgerEntry> {
+pub(crate) fn entry(seq: u64, p: Provider, to: &str, outcome: Outcome, ms: u64) -> Entry {
     let mut e = LedgerEntry::draft(p, EntryKind::Send, to);
     e.seq = seq;
     e.mono_ns = ms * 1_000_000;
     e.outcome = outcome;
-    Arc::new(e)
+    Entry::alone(&e)
 }
 
 fn expected(
@@ -107,7 +102,7 @@ fn uncertain_sends_are_counted_by_how_they_were_settled() {
         e.seq = seq;
         e.status = "200".into();
         e.message_id = sid.map(String::from);
-        Arc::new(e)
+        Entry::alone(&e)
     };
     let ledger = [
         // LINE: accepted, the sender died, the resend got 409 (twice: one delivery).

@@ -90,6 +90,9 @@ pub(super) async fn load_and_chaos(
         }
         Err(why) => (Enqueued::new(), Some(why)),
     };
+    // The batches are sent: their recipients' data is not needed again (the checkers that read
+    // it generate their own), and at 100,000 recipients it is a hundred megabytes.
+    work.people = Vec::new();
     // A batch the stack never accepted within the retry window is judged by `responsiveness`;
     // its deliveries were never the stack's to send.
     let never = &enqueue.failures.not_accepted;

@@ -3,23 +3,20 @@
 //! frozen record (`check::run_all`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
-
-use mock_providers::ledger::{Ledger, LedgerEntry};
 
 use super::quiesce::Settled;
 use super::start::{Stack, Workload};
 use super::Resources;
-use crate::check::{self, ProcessRecord, TimelineEvent, Verdict};
+use crate::check::{self, Entry, ProcessRecord, TimelineEvent, Verdict};
 use crate::report::phases::PhaseClock;
 use crate::scenario::Scenario;
 use crate::stalls::{Stall, StallProbe};
 
 /// The frozen record of the run and what the checkers made of it.
 pub(super) struct Judged {
-    /// The ledger's entries when the stack had stopped, shared with it (not copied).
-    pub entries: Vec<Arc<LedgerEntry>>,
+    /// The ledger's entries when the stack had stopped, as the checkers read them.
+    pub entries: Vec<Entry>,
     /// Ledger `seq` → pid of the sender.
     pub pids: HashMap<u64, u32>,
     pub timeline: Vec<TimelineEvent>,
@@ -32,7 +29,7 @@ pub(super) struct Judged {
 /// every checker over it.
 pub(super) async fn stop_and_judge(
     scenario: &Scenario,
-    (ledger, probe): (&Ledger, StallProbe),
+    probe: StallProbe,
     stack: &Stack,
     work: &Workload,
     settled: &Settled,
@@ -47,7 +44,7 @@ pub(super) async fn stop_and_judge(
     clock.lap(|p| &mut p.stop_s);
     let world = &stack.world;
     world.resolve_pending();
-    let entries = ledger.snapshot_shared();
+    let entries = world.journal.freeze();
     let pids = world.pids();
     let timeline = world.timeline();
     let processes = stack.supervisor.records();

@@ -9,6 +9,7 @@ mod chaos;
 mod db_links;
 mod drive;
 mod env;
+mod journal;
 mod judge;
 mod not_accepted;
 mod output;
@@ -212,7 +213,7 @@ impl Resources {
         let mut r = output::skeleton(s, kind);
         r.error = Some(error.into());
         if let Some(w) = &self.world {
-            r.ledger_summary = output::ledger_summary(&w.ledger.snapshot_shared());
+            r.ledger_summary = w.journal.since(0, output::ledger_summary);
             r.timeline = w.timeline();
             r.processes = w.supervisor.records();
         }
@@ -277,7 +278,7 @@ async fn execute(
     clock.lap(|p| &mut p.enqueue_s);
     let settled = quiesce::wait(
         scenario,
-        (&ledger, &fakes, res),
+        (&fakes, res),
         &stack,
         &mut work,
         driven,
@@ -290,16 +291,8 @@ async fn execute(
     *stack.world.printer.lock().unwrap() = None;
     stack.chaos.stop();
 
-    let judged = judge::stop_and_judge(
-        scenario,
-        (&ledger, probe),
-        &stack,
-        &work,
-        &settled,
-        res,
-        &mut clock,
-    )
-    .await;
+    let judged =
+        judge::stop_and_judge(scenario, probe, &stack, &work, &settled, res, &mut clock).await;
     output::report(
         (scenario, opts, report_dir),
         (&ledger, &db),

@@ -3,8 +3,6 @@
 //! deliveries as lost or open. `responsiveness` judges the batch itself
 //! (`enqueue_not_accepted`). Must never drop a batch that any attempt got accepted.
 
-use mock_providers::ledger::Ledger;
-
 use super::settle::Tracker;
 use crate::check::Expected;
 
@@ -27,11 +25,11 @@ pub fn forget_tracked(
     ids: &[String],
     tracker: &mut Tracker,
     max_attempts: u32,
-    ledger: &Ledger,
+    journal: &super::journal::Journal,
 ) {
     if forget(expected, ids.iter().map(String::as_str)) > 0 {
         *tracker = Tracker::new(expected, max_attempts);
-        tracker.feed(&ledger.since_shared(0));
+        journal.since(0, |all| tracker.feed(all));
     }
 }
 

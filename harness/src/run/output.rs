@@ -7,15 +7,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-use std::sync::Arc;
-
-use mock_providers::ledger::{EntryKind, Ledger, LedgerEntry};
+use mock_providers::ledger::{EntryKind, Ledger};
 
 use super::judge::Judged;
 use super::provision::Database;
 use super::quiesce::Settled;
 use super::start::{Stack, Workload};
 use super::RunOptions;
+use crate::check::Entry;
 use crate::exit;
 use crate::report::{self, Report};
 use crate::scenario::Scenario;
@@ -79,7 +78,7 @@ pub(super) async fn report(
     mut clock: report::phases::PhaseClock,
 ) -> anyhow::Result<Report> {
     let mut report = skeleton(scenario, db.kind());
-    report::atomic::write_atomic(&report_dir.join("ledger.jsonl"), |w| ledger.write_jsonl(w))?;
+    stack.world.journal.commit(ledger)?;
     report.files.insert("ledger".into(), "ledger.jsonl".into());
     report.files.insert("logs".into(), "logs/".into());
     if let Some(rows) = &settled.status {
@@ -174,9 +173,7 @@ fn judge_gates_and_verdict(report: &mut Report, scenario: &Scenario, opts: &RunO
 }
 
 /// Counts of send attempts by provider and outcome.
-pub(super) fn ledger_summary(
-    entries: &[Arc<LedgerEntry>],
-) -> BTreeMap<String, BTreeMap<String, u64>> {
+pub(super) fn ledger_summary(entries: &[Entry]) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut m: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for e in entries.iter().filter(|e| e.kind == EntryKind::Send) {
         let outcome = serde_json::to_value(e.outcome)
@@ -199,7 +196,7 @@ pub(super) fn ledger_summary(
 pub(super) fn render_outputs(
     dir: &Path,
     report: &mut Report,
-    entries: &[Arc<LedgerEntry>],
+    entries: &[Entry],
     step_summary: Option<&Path>,
 ) {
     match report::write_rendered(dir, report, entries, step_summary) {

@@ -12,8 +12,6 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use mock_providers::ledger::Ledger;
-
 use super::drive::Driven;
 use super::provision::Fakes;
 use super::start::{Stack, Workload};
@@ -46,7 +44,7 @@ pub(super) struct Settled {
 /// nothing able to make progress; then finishes the trickle and reads the status API whole.
 pub(super) async fn wait(
     scenario: &Scenario,
-    (ledger, fakes, res): (&Ledger, &Fakes, &Resources),
+    (fakes, res): (&Fakes, &Resources),
     stack: &Stack,
     work: &mut Workload,
     driven: Driven,
@@ -83,9 +81,11 @@ pub(super) async fn wait(
         take_trickle(trickle.as_ref(), &mut tracker, work, &mut batch_ids);
         if let Some(t) = &trickle {
             let (ids, max) = (t.take_not_accepted(), scenario.expect.max_attempts);
-            not_accepted::forget_tracked(&mut work.expected, &ids, &mut tracker, max, ledger);
+            let journal = &stack.world.journal;
+            not_accepted::forget_tracked(&mut work.expected, &ids, &mut tracker, max, journal);
         }
-        tracker.feed(&ledger.since_shared(tracker.next_seq()));
+        let journal = &stack.world.journal;
+        journal.since(tracker.next_seq(), |new| tracker.feed(new));
         if stopped_early.is_none() {
             stopped_early = watch.poll();
         }
@@ -194,7 +194,10 @@ pub(super) async fn wait(
             // it never got. A row no report was ever sent for stays open.
             let awaiting_report = if pending == 0 {
                 let without = tracker.open(&work.expected, status.as_deref(), &[]);
-                let reported = settle::reported(&ledger.snapshot_shared(), &work.expected);
+                let reported = stack
+                    .world
+                    .journal
+                    .since(0, |all| settle::reported(all, &work.expected));
                 open.iter()
                     .filter(|d| !without.contains(d) && reported.contains(d.as_str()))
                     .cloned()

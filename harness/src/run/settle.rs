@@ -9,12 +9,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use std::sync::Arc;
-
-use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Provider};
+use mock_providers::ledger::{CallbackVariant, EntryKind, Provider};
 
 use crate::check::common::{is_failure, is_final};
-use crate::check::{Expected, State, StatusDelivery};
+use crate::check::{Entry, Expected, State, StatusDelivery};
 use crate::scenario::Channel;
 
 /// What the ledger showed of one delivery, classified as `no_loss` classifies it
@@ -59,13 +57,13 @@ impl Tracker {
     }
 
     /// Folds in new ledger entries (`since` order).
-    pub fn feed(&mut self, entries: &[Arc<LedgerEntry>]) {
+    pub fn feed(&mut self, entries: &[Entry]) {
         for e in entries {
             self.next_seq = self.next_seq.max(e.seq + 1);
             if e.kind != EntryKind::Send {
                 continue;
             }
-            let Some(&i) = self.index.get(&(e.provider, e.recipient.clone())) else {
+            let Some(&i) = self.index.get(&(e.provider, e.recipient.to_string())) else {
                 continue;
             };
             let s = &mut self.seen[i];
@@ -158,10 +156,7 @@ impl Tracker {
 
 /// The deliveries (`recipient/channel`, as [`Tracker::open`] names them) that a genuine delivery
 /// report was sent for: a genuine `Callback` entry to their address.
-pub fn reported(
-    ledger: &[Arc<LedgerEntry>],
-    expected: &[Expected],
-) -> std::collections::HashSet<String> {
+pub fn reported(ledger: &[Entry], expected: &[Expected]) -> std::collections::HashSet<String> {
     let to: std::collections::HashSet<(Provider, &str)> = ledger
         .iter()
         .filter(|e| {
@@ -194,11 +189,11 @@ mod tests {
         }
     }
 
-    fn send(seq: u64, r: &str, outcome: Outcome) -> Arc<LedgerEntry> {
+    fn send(seq: u64, r: &str, outcome: Outcome) -> Entry {
         let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Send, format!("+1{r}"));
         e.seq = seq;
         e.outcome = outcome;
-        Arc::new(e)
+        Entry::alone(&e)
     }
 
     fn row(r: &str, state: &str) -> StatusDelivery {
@@ -276,7 +271,7 @@ mod tests {
         let cb = |r: &str, v: CallbackVariant| {
             let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Callback, format!("+1{r}"));
             e.callback_variant = Some(v);
-            Arc::new(e)
+            Entry::alone(&e)
         };
         let ledger = [
             cb("a", CallbackVariant::Genuine),

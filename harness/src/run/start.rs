@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use mock_providers::ledger::Ledger;
 
 use super::provision::{Database, Fakes};
-use super::{chaos, db_links, env, infra, progress, world, Resources, RunOptions, WorkerCommand};
+use super::{
+    chaos, db_links, env, infra, journal, progress, world, Resources, RunOptions, WorkerCommand,
+};
 use crate::check::{EventKind, Expected, Role};
 use crate::load::{recipients, Plan, Recipient};
 use crate::netchaos::LinkOwner;
@@ -98,9 +100,12 @@ pub(super) async fn stack(
     res.supervisor = Some(supervisor.clone());
     let env = env::contract_env(scenario, &fakes.config, &fakes.endpoints);
     let commands = Commands::of(scenario, opts);
+    // From here on the ledger goes to ledger.jsonl as it is recorded.
+    let keep = crate::check::immutable_payload::html_kept(scenario);
+    let journal = journal::Journal::start(ledger, report_dir, keep)?;
     let world = world::World::new(
         scenario.clone(),
-        ledger.clone(),
+        (ledger.clone(), journal),
         supervisor.clone(),
         fakes.attributor.clone(),
         WorkerCommand {

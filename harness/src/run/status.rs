@@ -255,10 +255,11 @@ impl StatusPoller {
                 if self.lost.contains_key(batch_id) {
                     return;
                 }
-                let rows = match self.rows.remove(batch_id) {
+                let mut rows = match self.rows.remove(batch_id) {
                     Some(held) if incremental => merge(held, page.deliveries),
                     _ => page.deliveries,
                 };
+                compact(&mut rows);
                 self.rows.insert(batch_id.to_string(), rows);
                 match page.cursor {
                     Some(c) => {
@@ -317,6 +318,15 @@ impl StatusPoller {
 }
 
 /// `held` with each row of `changed` in place of the held row with its key (appended if new).
+/// Drops the spare capacity a parsed answer leaves in its lists: the view of a big run holds
+/// hundreds of thousands of rows for the whole run.
+fn compact(rows: &mut Vec<StatusDelivery>) {
+    rows.shrink_to_fit();
+    for r in rows.iter_mut() {
+        r.transitions.shrink_to_fit();
+    }
+}
+
 fn merge(mut held: Vec<StatusDelivery>, changed: Vec<StatusDelivery>) -> Vec<StatusDelivery> {
     let at: std::collections::HashMap<String, usize> = held
         .iter()

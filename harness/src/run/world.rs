@@ -28,6 +28,8 @@ pub struct WorkerCommand {
 pub struct World {
     pub scenario: Scenario,
     pub ledger: Ledger,
+    /// The ledger as it is recorded: `ledger.jsonl` and the checkers' entries.
+    pub journal: super::journal::Journal,
     pub supervisor: Supervisor,
     pub attributor: Attributor,
     pub worker: WorkerCommand,
@@ -65,7 +67,7 @@ fn idx(p: Provider) -> usize {
 impl World {
     pub fn new(
         scenario: Scenario,
-        ledger: Ledger,
+        (ledger, journal): (Ledger, super::journal::Journal),
         supervisor: Supervisor,
         attributor: Attributor,
         worker: WorkerCommand,
@@ -73,6 +75,7 @@ impl World {
         Arc::new(World {
             scenario,
             ledger,
+            journal,
             supervisor,
             attributor,
             worker,

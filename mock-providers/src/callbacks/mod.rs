@@ -277,6 +277,9 @@ impl Dispatcher {
         let inner = self.inner.clone();
         let mut epoch = inner.epoch.subscribe();
         let due = Instant::now() + job.planned.at;
+        // Boxed, like every big state of `deliver`: a flood keeps a hundred thousand reports
+        // waiting at once, each a task that holds little more than its job.
+        let job = Box::new(job);
         handle.spawn(async move {
             let _guard = guard;
             tokio::select! {
@@ -289,7 +292,7 @@ impl Dispatcher {
 
 /// Sends one report at `due`, retrying on 5xx / timeout / connection errors, after a backoff or
 /// the answer's `Retry-After` (whole seconds) when that is longer, as a webhook sender does.
-async fn deliver(inner: &Inner, job: Job, due: Instant) {
+async fn deliver(inner: &Inner, job: Box<Job>, due: Instant) {
     let tries = if job.retry_on_error {
         1 + job.max_retries
     } else {
@@ -308,70 +311,29 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
     loop {
         n += 1;
         counted += 1;
-        tokio::time::sleep_until(due).await;
+        Box::pin(tokio::time::sleep_until(due)).await;
         let awake = Instant::now();
         let late = awake.saturating_duration_since(due);
-        let Ok(_slot) = slots.acquire().await else {
+        let Ok(_slot) = Box::pin(slots.acquire()).await else {
             return;
         };
         let started = Instant::now();
         let queued = started.saturating_duration_since(awake);
-        let result = inner
-            .client
-            .post(&job.url)
-            .timeout(job.timeout)
-            .header("content-type", job.content_type)
-            .header("user-agent", "ting-chaos-mock-providers")
-            .headers(
-                job.headers
-                    .iter()
-                    .filter_map(|(k, v)| {
-                        Some((reqwest::header::HeaderName::from_static(k), v.parse().ok()?))
-                    })
-                    .collect(),
-            )
-            .body(job.body.clone())
-            .send()
-            .await;
-        let mut refused = false;
-        let (code, err, retry_after) = match result {
-            Ok(resp) => {
-                let code = resp.status().as_u16();
-                let retry_after = resp
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-                    .map(|s| Duration::from_secs(s.min(60)));
-                drain(resp).await;
-                (Some(code), None, retry_after)
-            }
-            Err(e) if e.is_timeout() => (None, Some("timeout".to_string()), None),
-            Err(e) => {
-                refused = e.is_connect();
-                (None, Some(format!("connection error: {e}")), None)
-            }
-        };
+        // Boxed: a report waiting for its turn holds only its job, not room for a request in
+        // flight (a flood keeps a hundred thousand reports waiting at once).
+        let Answer {
+            code,
+            err,
+            retry_after,
+            refused,
+        } = Box::pin(send_once(&inner.client, &job)).await;
         let answered = Instant::now();
-        let mut d = LedgerEntry::draft(job.provider, EntryKind::Callback, job.recipient.clone());
-        d.attempt = job.attempt;
-        d.outcome = Outcome::Info;
-        d.status = code
-            .map(|c| c.to_string())
-            .unwrap_or_else(|| "no answer".into());
-        d.error = err;
-        d.fault = (job.planned.variant != CallbackVariant::Genuine)
-            .then(|| format!("callback {:?}", job.planned.variant).to_lowercase());
-        d.idempotency_key = Some(job.planned.token.clone());
-        d.message_id = Some(job.planned.message_id.clone());
-        d.callback_status = Some(job.planned.status.to_string());
-        d.callback_variant = Some(job.planned.variant);
-        d.callback_url = Some(job.url.clone());
-        d.callback_response = code;
-        d.callback_try = Some(n);
-        d.callback_late_ms = Some(late.as_millis() as u64);
-        d.callback_queued_ms = Some(queued.as_millis() as u64);
-        d.callback_took_ms = Some(answered.duration_since(started).as_millis() as u64);
-        inner.ledger.record(d);
+        let times = Times {
+            late,
+            queued,
+            took: answered.duration_since(started),
+        };
+        record_try(&inner.ledger, &job, n, (code, err), times);
         let retryable = code.is_none_or(|c| c >= 500);
         if refused && job.retry_on_error && first.elapsed() < RECEIVER_DOWN_PATIENCE {
             // Nobody was listening (the stack's API restarting): not a try the stack failed.
@@ -383,6 +345,98 @@ async fn deliver(inner: &Inner, job: Job, due: Instant) {
             return;
         }
         due = answered + backoff(counted).max(retry_after.unwrap_or_default());
+    }
+}
+
+/// How late a try began, how long it waited for a slot, how long the answer took.
+struct Times {
+    late: Duration,
+    queued: Duration,
+    took: Duration,
+}
+
+/// Records try `n` of `job` and how it was answered. Apart from [`deliver`] so that a waiting
+/// report's future keeps no room for the entry.
+fn record_try(
+    ledger: &Ledger,
+    job: &Job,
+    n: u32,
+    (code, err): (Option<u16>, Option<String>),
+    times: Times,
+) {
+    let mut d = LedgerEntry::draft(job.provider, EntryKind::Callback, job.recipient.clone());
+    d.attempt = job.attempt;
+    d.outcome = Outcome::Info;
+    d.status = code
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| "no answer".into());
+    d.error = err;
+    d.fault = (job.planned.variant != CallbackVariant::Genuine)
+        .then(|| format!("callback {:?}", job.planned.variant).to_lowercase());
+    d.idempotency_key = Some(job.planned.token.clone());
+    d.message_id = Some(job.planned.message_id.clone());
+    d.callback_status = Some(job.planned.status.to_string());
+    d.callback_variant = Some(job.planned.variant);
+    d.callback_url = Some(job.url.clone());
+    d.callback_response = code;
+    d.callback_try = Some(n);
+    d.callback_late_ms = Some(times.late.as_millis() as u64);
+    d.callback_queued_ms = Some(times.queued.as_millis() as u64);
+    d.callback_took_ms = Some(times.took.as_millis() as u64);
+    ledger.record(d);
+}
+
+/// What one try of a report came to.
+struct Answer {
+    code: Option<u16>,
+    err: Option<String>,
+    retry_after: Option<Duration>,
+    /// Nobody was listening: the connection was refused.
+    refused: bool,
+}
+
+/// One try of `job`: the request, and the answer's status and `Retry-After`.
+async fn send_once(client: &reqwest::Client, job: &Job) -> Answer {
+    let result = client
+        .post(&job.url)
+        .timeout(job.timeout)
+        .header("content-type", job.content_type)
+        .header("user-agent", "ting-chaos-mock-providers")
+        .headers(
+            job.headers
+                .iter()
+                .filter_map(|(k, v)| {
+                    Some((reqwest::header::HeaderName::from_static(k), v.parse().ok()?))
+                })
+                .collect(),
+        )
+        .body(job.body.clone())
+        .send()
+        .await;
+    let answer = |code, err, retry_after, refused| Answer {
+        code,
+        err,
+        retry_after,
+        refused,
+    };
+    match result {
+        Ok(resp) => {
+            let code = resp.status().as_u16();
+            let retry_after = resp
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                .map(|s| Duration::from_secs(s.min(60)));
+            drain(resp).await;
+            answer(Some(code), None, retry_after, false)
+        }
+        Err(e) if e.is_timeout() => answer(None, Some("timeout".to_string()), None, false),
+        Err(e) => answer(
+            None,
+            Some(format!("connection error: {e}")),
+            None,
+            e.is_connect(),
+        ),
     }
 }
 
@@ -424,5 +478,38 @@ fn signing_key(variant: CallbackVariant, key: &str) -> Option<String> {
         CallbackVariant::Unsigned => None,
         CallbackVariant::ForgedSignature => Some(format!("{key}-forged")),
         _ => Some(key.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod waiting_size {
+    use super::*;
+
+    /// A report waiting for its turn is a task holding `deliver`'s future: a flood keeps a
+    /// hundred thousand of them at once, so its big states (the job, the request in flight, the
+    /// ledger entry) live behind pointers.
+    #[test]
+    fn a_waiting_report_holds_little_more_than_a_pointer_to_its_job() {
+        let d = Dispatcher::new(1, Ledger::new());
+        let planned = plan::email(1, "a@b.test", 1, "m", &Default::default())
+            .into_iter()
+            .next()
+            .expect("an accepted e-mail has a delivery event");
+        let job = Box::new(Job {
+            provider: Provider::Smtp,
+            recipient: "a@b.test".into(),
+            attempt: 1,
+            url: "http://127.0.0.1:1/".into(),
+            planned,
+            content_type: "application/json",
+            body: Vec::new(),
+            headers: Vec::new(),
+            retry_on_error: false,
+            max_retries: 0,
+            timeout: Duration::from_secs(1),
+        });
+        let waiting = deliver(&d.inner, job, Instant::now());
+        let size = std::mem::size_of_val(&waiting);
+        assert!(size <= 320, "deliver's future grew to {size} bytes");
     }
 }
