@@ -20,11 +20,12 @@ async fn seed(pool: &PgPool, batch: &str, n: i64) {
         .await
         .unwrap();
     sqlx::query(
-        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
-         payload_sha256, correlation_id) \
+        "WITH items AS (INSERT INTO delivery_items (batch_id, key, recipient, channel, address, \
+         template_version, payload, payload_sha256, correlation_id) \
          SELECT $1, $1 || ':r' || g || ':line', 'r' || g, 'line', 'U' || g, 1, \
          jsonb_build_object('text', 'hello ' || g), md5(g::text), $1 || '-' || g \
-         FROM generate_series(1, $2) g",
+         FROM generate_series(1, $2) g RETURNING id) \
+         INSERT INTO delivery_state (id) SELECT id FROM items",
     )
     .bind(batch)
     .bind(n)
@@ -41,7 +42,7 @@ const LEASE: Duration = Duration::from_secs(60);
 /// Ends every running lease now, as the passing of its time would (on the database's clock).
 async fn expire_leases(pool: &PgPool) {
     sqlx::query(
-        "UPDATE deliveries SET lease_expires_at = now() - interval '1 millisecond' \
+        "UPDATE delivery_state SET lease_expires_at = now() - interval '1 millisecond' \
          WHERE state = 'sending'",
     )
     .execute(pool)
@@ -103,7 +104,7 @@ async fn racy_claim_hands_out_a_row_twice() {
         .await
         .unwrap();
     // A second claimer that read the same ready rows before the first one wrote: replay its read.
-    sqlx::query("UPDATE deliveries SET state = 'pending'")
+    sqlx::query("UPDATE delivery_state SET state = 'pending'")
         .execute(&pool)
         .await
         .unwrap();
@@ -174,7 +175,7 @@ async fn lost_lease_blocks_the_attempt_start() {
     // A stale token is refused even with time left.
     let mut stale = rows[1].clone();
     stale.lease_token -= 1;
-    sqlx::query("UPDATE deliveries SET lease_expires_at = now() + interval '1 minute'")
+    sqlx::query("UPDATE delivery_state SET lease_expires_at = now() + interval '1 minute'")
         .execute(&pool)
         .await
         .unwrap();
@@ -225,7 +226,7 @@ async fn real_hashes(pool: &PgPool) -> Vec<(i64, String)> {
     for (id, payload) in rows {
         let p: stack::render::Payload = serde_json::from_value(payload).unwrap();
         let sha = p.sha256();
-        sqlx::query("UPDATE deliveries SET payload_sha256 = $2 WHERE id = $1")
+        sqlx::query("UPDATE delivery_items SET payload_sha256 = $2 WHERE id = $1")
             .bind(id)
             .bind(&sha)
             .execute(pool)
@@ -622,7 +623,7 @@ async fn the_claim_never_takes_a_row_out_of_any_other_state() {
         .unwrap();
     for ((id,), st) in ids.iter().zip(State::ALL) {
         sqlx::query(
-            "UPDATE deliveries SET state = $2, next_attempt_at = now() - interval '1 hour' \
+            "UPDATE delivery_state SET state = $2, next_attempt_at = now() - interval '1 hour' \
              WHERE id = $1",
         )
         .bind(id)
@@ -664,10 +665,11 @@ async fn the_claim_never_takes_a_row_out_of_any_other_state() {
 async fn seed_recipients(pool: &PgPool, n: i64) {
     seed(pool, "b", 0).await;
     sqlx::query(
-        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
-         payload_sha256, correlation_id) \
+        "WITH items AS (INSERT INTO delivery_items (batch_id, key, recipient, channel, address, \
+         template_version, payload, payload_sha256, correlation_id) \
          SELECT 'b', 'b:r' || g || ':' || c, 'r' || g, c, 'a' || g, 1, '{\"text\": \"hi\"}'::jsonb, 'h', \
-         c || g FROM generate_series(1, $1) g, unnest(ARRAY['line', 'email', 'sms']) c",
+         c || g FROM generate_series(1, $1) g, unnest(ARRAY['line', 'email', 'sms']) c RETURNING id) \
+         INSERT INTO delivery_state (id) SELECT id FROM items",
     )
     .bind(n)
     .execute(pool)
@@ -690,19 +692,25 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
     // r1: past the age cap (one attempt made); r2: past the attempt cap (a reconciling attempt
     // beyond it lost too); r3: neither; r4: its last allowed attempt lost.
     sqlx::query(
-        "UPDATE deliveries SET created_at = now() - interval '2 hours' WHERE recipient = 'r1'",
+        "UPDATE delivery_items SET created_at = now() - interval '2 hours' WHERE recipient = 'r1'",
     )
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query("UPDATE deliveries SET attempts = 2, state = 'retryable' WHERE recipient = 'r2'")
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE deliveries SET attempts = 1, state = 'retryable' WHERE recipient = 'r4'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE delivery_state SET attempts = 2, state = 'retryable' \
+         WHERE id IN (SELECT id FROM deliveries WHERE recipient = 'r2')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE delivery_state SET attempts = 1, state = 'retryable' \
+         WHERE id IN (SELECT id FROM deliveries WHERE recipient = 'r4')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let mut conn = pool.acquire().await.unwrap();
     let rows = claim::claim(&mut conn, "dead", 20, LEASE).await.unwrap();
     assert_eq!(rows.len(), 12);
@@ -831,7 +839,8 @@ async fn sms_past_the_poll_horizon_becomes_unknown_with_an_event() {
     }
     // r1's SMS was accepted long ago and never heard of again; r2's just now.
     sqlx::query(
-        "UPDATE deliveries SET submitted_at = now() - interval '11 minutes' WHERE key = 'b:r1:sms'",
+        "UPDATE delivery_state SET submitted_at = now() - interval '11 minutes' \
+         WHERE id = (SELECT id FROM deliveries WHERE key = 'b:r1:sms')",
     )
     .execute(&pool)
     .await
@@ -929,8 +938,9 @@ async fn a_poll_under_way_at_the_horizon_still_records_its_answer() {
         .is_some());
     // Due for a poll, one second inside the horizon.
     sqlx::query(
-        "UPDATE deliveries SET next_poll_at = now(), \
-         submitted_at = now() - interval '599 seconds' WHERE key = 'b:r1:sms'",
+        "UPDATE delivery_state SET next_poll_at = now(), \
+         submitted_at = now() - interval '599 seconds' \
+         WHERE id = (SELECT id FROM deliveries WHERE key = 'b:r1:sms')",
     )
     .execute(&pool)
     .await
@@ -946,10 +956,13 @@ async fn a_poll_under_way_at_the_horizon_still_records_its_answer() {
     )
     .await;
     // Meanwhile the horizon passes and the row is settled as unknown.
-    sqlx::query("UPDATE deliveries SET submitted_at = now() - interval '601 seconds' WHERE key = 'b:r1:sms'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE delivery_state SET submitted_at = now() - interval '601 seconds' \
+         WHERE id = (SELECT id FROM deliveries WHERE key = 'b:r1:sms')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     assert_eq!(
         stack::rescuer::settle_unconfirmed_sms(&pool, &cfg)
             .await
