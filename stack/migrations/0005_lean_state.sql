@@ -16,16 +16,14 @@
 --                   scans). Writes go to the tables; the view is not updatable.
 --
 -- Column order matters: when an update's new version lands on the same page, PostgreSQL logs only
--- the bytes between the first and the last changed byte, so the columns a claim and a completion
--- change (lease, updated_at, state, owner) are last.
+-- the bytes between the first and the last changed byte, so the columns the attempt start changes
+-- (attempts, its start, its lease token, updated_at) sit together, followed by those the claim and
+-- a completion change (updated_at, the lease, state, owner).
 
 CREATE TABLE delivery_state (
     id                  bigint PRIMARY KEY REFERENCES deliveries (id),
     priority            smallint NOT NULL DEFAULT 1,
-    attempts            integer NOT NULL DEFAULT 0,
     next_attempt_at     timestamptz NOT NULL DEFAULT now(),
-    attempt_started_at  timestamptz,
-    attempt_lease_token bigint,
     body_lease_token    bigint,
     submitted_at        timestamptz,
     next_poll_at        timestamptz,
@@ -33,19 +31,23 @@ CREATE TABLE delivery_state (
     provider_message_id text,
     last_error_class    text,
     last_error          text,
-    lease_token         bigint NOT NULL DEFAULT 0,
+    attempts            integer NOT NULL DEFAULT 0,
+    attempt_started_at  timestamptz,
+    attempt_lease_token bigint,
     updated_at          timestamptz NOT NULL DEFAULT now(),
+    lease_token         bigint NOT NULL DEFAULT 0,
     lease_expires_at    timestamptz,
     state               text NOT NULL DEFAULT 'pending' CHECK (state IN
                           ('pending', 'sending', 'retryable', 'submitted', 'delivered',
                            'permanent_failure', 'failed', 'unknown')),
     lease_owner         text
-) WITH (fillfactor = 80);
+) WITH (fillfactor = 60);
 
 INSERT INTO delivery_state
-SELECT id, priority, attempts, next_attempt_at, attempt_started_at, attempt_lease_token,
-       body_lease_token, submitted_at, next_poll_at, uncertain_since, provider_message_id,
-       last_error_class, last_error, lease_token, updated_at, lease_expires_at, state, lease_owner
+SELECT id, priority, next_attempt_at, body_lease_token, submitted_at, next_poll_at,
+       uncertain_since, provider_message_id, last_error_class, last_error, attempts,
+       attempt_started_at, attempt_lease_token, updated_at, lease_token, lease_expires_at, state,
+       lease_owner
 FROM deliveries;
 
 DROP INDEX deliveries_ready, deliveries_leased, deliveries_submitted, deliveries_unknown,
