@@ -610,6 +610,108 @@ async fn an_unstarted_give_back_loses_to_a_start() {
     pool.close().await;
 }
 
+/// The compare-and-set from one state takes no row lock first: when it has to wait for a row
+/// another session is changing, PostgreSQL re-checks its whole `WHERE` on the row as committed.
+/// A worker's outcome that waited behind a rescue loses (no change, no event); one that waited
+/// behind a lease renewal (state and fence untouched) wins, and its event leaves `sending`.
+#[tokio::test]
+async fn a_single_state_transition_that_waited_is_judged_on_the_committed_row() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 2).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 2, Duration::from_secs(60))
+        .await
+        .unwrap();
+    for (d, rescued) in [(&rows[0], true), (&rows[1], false)] {
+        let mut other = pool.begin().await.unwrap();
+        let change = if rescued {
+            "UPDATE delivery_state SET state = 'retryable', lease_owner = NULL WHERE id = $1"
+        } else {
+            "UPDATE delivery_state SET lease_expires_at = now() + interval '2 minutes' WHERE id = $1"
+        };
+        sqlx::query(change)
+            .bind(d.id)
+            .execute(&mut *other)
+            .await
+            .unwrap();
+        let waiting = {
+            let pool = pool.clone();
+            let t = fenced(d, State::Delivered, Updates::default());
+            tokio::spawn(async move {
+                let mut c = pool.acquire().await.unwrap();
+                transition(&mut c, &t).await.unwrap()
+            })
+        };
+        common::wait_for(
+            "the transition waiting for the row",
+            Duration::from_secs(20),
+            || async {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE '%UPDATE delivery_state d SET%'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                n == 1
+            },
+        )
+        .await;
+        other.commit().await.unwrap();
+        let got = waiting.await.unwrap();
+        let (events,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM delivery_events WHERE delivery_id = $1 AND to_state = 'delivered'",
+        )
+        .bind(d.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if rescued {
+            assert_eq!(got, None, "a rescued row is not the worker's to finish");
+            assert_eq!(state_of(&pool, d.id).await.0, "retryable");
+            assert_eq!(events, 0);
+        } else {
+            assert_eq!(got, Some(State::Sending));
+            assert_eq!(state_of(&pool, d.id).await.0, "delivered");
+            assert_eq!(events, 1);
+        }
+    }
+    drop(conn);
+    pool.close().await;
+}
+
+/// The attempt start changes no indexed column of the narrow `delivery_state` row and its page
+/// has room (fillfactor), so PostgreSQL updates it in place: no index entry, a small WAL record.
+#[tokio::test]
+async fn the_attempt_start_is_a_hot_update() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 20).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 20, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for d in &rows {
+        assert!(claim::start_attempt(&mut *tx, d, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_some());
+    }
+    let (updated, hot): (i64, i64) = sqlx::query_as(
+        "SELECT pg_stat_get_xact_tuples_updated('delivery_state'::regclass), \
+         pg_stat_get_xact_tuples_hot_updated('delivery_state'::regclass)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((updated, hot), (20, 20), "every attempt start is HOT");
+    drop(conn);
+    pool.close().await;
+}
+
 /// The claim is the one state change outside `transition`; it must still never take a row that
 /// is not `pending` or `retryable`, terminal rows above all, however due they look.
 #[tokio::test]
