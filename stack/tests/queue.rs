@@ -610,26 +610,44 @@ async fn an_unstarted_give_back_loses_to_a_start() {
     pool.close().await;
 }
 
-/// The compare-and-set from one state takes no row lock first: when it has to wait for a row
-/// another session is changing, PostgreSQL re-checks its whole `WHERE` on the row as committed.
-/// A worker's outcome that waited behind a rescue loses (no change, no event); one that waited
-/// behind a lease renewal (state and fence untouched) wins, and its event leaves `sending`.
+/// A transition that has to wait for a row another session is changing is judged on the row as
+/// that session committed it. From one state (no row lock first: PostgreSQL re-checks the
+/// update's `WHERE`): a worker's outcome that waited behind a rescue loses, one that waited behind
+/// a lease renewal wins. From several states (row locked first): a report that waited behind the
+/// worker's own `sending → submitted` applies, and its event says it left `submitted`.
 #[tokio::test]
-async fn a_single_state_transition_that_waited_is_judged_on_the_committed_row() {
+async fn a_transition_that_waited_is_judged_on_the_committed_row() {
     let db = common::fresh_db().await;
     let pool = common::pool(&db.url).await;
-    seed(&pool, "b", 2).await;
+    seed(&pool, "b", 3).await;
     let mut conn = pool.acquire().await.unwrap();
-    let rows = claim::claim(&mut conn, "w1", 2, Duration::from_secs(60))
+    let rows = claim::claim(&mut conn, "w1", 3, Duration::from_secs(60))
         .await
         .unwrap();
-    for (d, rescued) in [(&rows[0], true), (&rows[1], false)] {
+    const REPORT_FROM: &[State] = &[State::Sending, State::Submitted, State::Unknown];
+    // (concurrent change, the transition's from states, what it returns, the state after)
+    let cases: [(&str, &'static [State], Option<State>, &str); 3] = [
+        (
+            "UPDATE delivery_state SET state = 'retryable', lease_owner = NULL WHERE id = $1",
+            &[State::Sending],
+            None,
+            "retryable",
+        ),
+        (
+            "UPDATE delivery_state SET lease_expires_at = now() + interval '2 minutes' WHERE id = $1",
+            &[State::Sending],
+            Some(State::Sending),
+            "delivered",
+        ),
+        (
+            "UPDATE delivery_state SET state = 'submitted' WHERE id = $1",
+            REPORT_FROM,
+            Some(State::Submitted),
+            "delivered",
+        ),
+    ];
+    for (d, (change, from, want, after)) in rows.iter().zip(cases) {
         let mut other = pool.begin().await.unwrap();
-        let change = if rescued {
-            "UPDATE delivery_state SET state = 'retryable', lease_owner = NULL WHERE id = $1"
-        } else {
-            "UPDATE delivery_state SET lease_expires_at = now() + interval '2 minutes' WHERE id = $1"
-        };
         sqlx::query(change)
             .bind(d.id)
             .execute(&mut *other)
@@ -637,7 +655,15 @@ async fn a_single_state_transition_that_waited_is_judged_on_the_committed_row() 
             .unwrap();
         let waiting = {
             let pool = pool.clone();
-            let t = fenced(d, State::Delivered, Updates::default());
+            let mut t = fenced(d, State::Delivered, Updates::default());
+            if from.len() > 1 {
+                t = Transition {
+                    from,
+                    source: Source::Callback,
+                    fence: Fence::None,
+                    ..t
+                };
+            }
             tokio::spawn(async move {
                 let mut c = pool.acquire().await.unwrap();
                 transition(&mut c, &t).await.unwrap()
@@ -659,23 +685,17 @@ async fn a_single_state_transition_that_waited_is_judged_on_the_committed_row() 
         )
         .await;
         other.commit().await.unwrap();
-        let got = waiting.await.unwrap();
-        let (events,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM delivery_events WHERE delivery_id = $1 AND to_state = 'delivered'",
+        assert_eq!(waiting.await.unwrap(), want, "{change}");
+        assert_eq!(state_of(&pool, d.id).await.0, after, "{change}");
+        let left: Vec<(String,)> = sqlx::query_as(
+            "SELECT from_state FROM delivery_events WHERE delivery_id = $1 AND to_state = 'delivered'",
         )
         .bind(d.id)
-        .fetch_one(&pool)
+        .fetch_all(&pool)
         .await
         .unwrap();
-        if rescued {
-            assert_eq!(got, None, "a rescued row is not the worker's to finish");
-            assert_eq!(state_of(&pool, d.id).await.0, "retryable");
-            assert_eq!(events, 0);
-        } else {
-            assert_eq!(got, Some(State::Sending));
-            assert_eq!(state_of(&pool, d.id).await.0, "delivered");
-            assert_eq!(events, 1);
-        }
+        let want_left: Vec<(String,)> = want.iter().map(|s| (s.to_string(),)).collect();
+        assert_eq!(left, want_left, "{change}");
     }
     drop(conn);
     pool.close().await;
