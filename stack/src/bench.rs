@@ -34,7 +34,7 @@ pub use pgbench::script as pgbench_script;
 /// statement per row would measure round trips, not the queue.)
 pub const COMPLETE_SQL: &str = r#"
 WITH done AS (
-    UPDATE deliveries d
+    UPDATE delivery_state d
     SET state = 'delivered', updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
     WHERE d.state = 'sending' AND d.lease_owner = $1
     RETURNING d.id
@@ -424,24 +424,27 @@ pub fn chart_series(rows: &[BenchRow]) -> Vec<(String, Vec<(f64, f64)>)> {
 }
 
 async fn seed(pool: &PgPool, rows: u64) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE delivery_events, deliveries, batches, callback_receipts")
-        .execute(pool)
-        .await
-        .context("truncating")?;
+    sqlx::query(
+        "TRUNCATE delivery_events, delivery_state, delivery_items, batches, callback_receipts",
+    )
+    .execute(pool)
+    .await
+    .context("truncating")?;
     sqlx::query("INSERT INTO batches (id, template_id, template_version, deliveries) VALUES ('bench', 't', 1, 0)")
         .execute(pool)
         .await?;
     sqlx::query(
-        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
-         payload_sha256, correlation_id) \
+        "WITH items AS (INSERT INTO delivery_items (batch_id, key, recipient, channel, address, \
+         template_version, payload, payload_sha256, correlation_id) \
          SELECT 'bench', 'bench:r' || g || ':line', 'r' || g, 'line', 'U' || g, 1, \
-         '{\"text\": \"bench\"}'::jsonb, md5(g::text), 'bench-' || g FROM generate_series(1, $1) g",
+         '{\"text\": \"bench\"}'::jsonb, md5(g::text), 'bench-' || g FROM generate_series(1, $1) g \
+         RETURNING id) INSERT INTO delivery_state (id) SELECT id FROM items",
     )
     .bind(rows as i64)
     .execute(pool)
     .await
     .context("seeding")?;
-    sqlx::query("VACUUM ANALYZE deliveries")
+    sqlx::query("VACUUM ANALYZE delivery_items, delivery_state")
         .execute(pool)
         .await?;
     Ok(())

@@ -72,12 +72,13 @@ const COLUMNS: [&str; 14] = [
     "attempt_started_at",
 ];
 
-/// The columns every claim statement returns after `from_state`, in [`COLUMNS`] order.
+/// The columns every claim statement returns after `from_state`, in [`COLUMNS`] order: `i` is the
+/// claimed row's `delivery_items` row, `s` its `delivery_state` row as the claim left it.
 macro_rules! returning {
     () => {
-        "d.id, d.key, d.channel, d.address, d.payload, d.payload_sha256, d.correlation_id, \
-         d.attempts, d.lease_owner, d.lease_token, d.created_at, d.last_error_class, \
-         d.attempt_started_at"
+        "i.id, i.key, i.channel, i.address, i.payload, i.payload_sha256, i.correlation_id, \
+         s.attempts, s.lease_owner, s.lease_token, i.created_at, s.last_error_class, \
+         s.attempt_started_at"
     };
 }
 
@@ -164,27 +165,31 @@ macro_rules! claim_sql {
         concat!(
             r#"
 WITH picked AS MATERIALIZED (
-    SELECT id, state FROM deliveries
+    SELECT id, state FROM delivery_state
     WHERE state IN ('pending', 'retryable') AND next_attempt_at <= now()
     ORDER BY "#,
             $order,
             r#"
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE deliveries d
-    SET state = 'sending', lease_owner = $1, lease_token = d.lease_token + 1,
-        lease_expires_at = now() + $3 * interval '1 millisecond', updated_at = now()
+), s AS (
+    UPDATE delivery_state d
+    SET lease_owner = $1, lease_token = d.lease_token + 1,
+        lease_expires_at = now() + $3 * interval '1 millisecond', updated_at = now(),
+        state = 'sending'
     FROM picked
     WHERE d.id = picked.id AND d.id = ANY (ARRAY(SELECT id FROM picked))
-    RETURNING picked.state AS from_state, "#,
-            returning!(),
-            r#"
+    RETURNING picked.state AS from_state, d.id, d.attempts, d.lease_owner, d.lease_token,
+              d.last_error_class, d.attempt_started_at
 ), ev AS (
     INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail)
-    SELECT id, from_state, 'sending', 'worker', $1 FROM upd
+    SELECT id, from_state, 'sending', 'worker', $1 FROM s
 )
-SELECT * FROM upd
+SELECT s.from_state, "#,
+            returning!(),
+            r#"
+FROM s JOIN delivery_items i ON i.id = s.id
+WHERE i.id = ANY (ARRAY(SELECT id FROM s))
 "#
         )
     };
@@ -193,14 +198,16 @@ SELECT * FROM upd
 /// The claim: `$1` worker id, `$2` batch size, `$3` lease in milliseconds. Ready rows of small
 /// batches first (`priority` 0, set at enqueue: see `api/batches.rs`), each class in due order, so
 /// a transactional order never waits for a campaign to drain. The partial index
-/// `deliveries_ready` on `(priority, next_attempt_at)` makes `picked` an index scan over ready
+/// `delivery_state_ready` on `(priority, next_attempt_at)` makes `picked` an index scan over ready
 /// rows only, already in this order.
 ///
 /// `picked` is materialised and the update also matches `id = ANY(ARRAY(…))` so that the plan is
 /// the same whatever the planner guesses for `LIMIT $2`: a prepared statement's generic plan
 /// does not know the batch size, and with a plain join it hash-joined `picked` against a
 /// sequential scan of the whole table (2.9 ms against 0.17 ms per claim on 12 000 rows; it grows
-/// with the table). The array turns the update side into a primary-key index scan.
+/// with the table). The array turns the update side into a primary-key index scan; the same
+/// holds for the join to `delivery_items`, which only reads (the claim rewrites the narrow
+/// `delivery_state` row alone: see `migrations/0005_lean_state.sql`).
 pub const CLAIM_SQL: &str = claim_sql!("priority, next_attempt_at");
 
 /// The `fifo-by-batch` flaw: the claim in due order alone, so every row of a batch enqueued
@@ -279,7 +286,7 @@ pub async fn claim_racy(
     lease: Duration,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let ids: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT id, state FROM deliveries WHERE state IN ('pending','retryable') \
+        "SELECT id, state FROM delivery_state WHERE state IN ('pending','retryable') \
          AND next_attempt_at <= now() ORDER BY next_attempt_at LIMIT $1",
     )
     .bind(batch)
@@ -287,12 +294,13 @@ pub async fn claim_racy(
     .await?;
     let (ids, states): (Vec<i64>, Vec<String>) = ids.into_iter().unzip();
     let sql = format!(
-        "WITH upd AS (UPDATE deliveries d SET state = 'sending', lease_owner = $1, \
+        "WITH s AS (UPDATE delivery_state d SET state = 'sending', lease_owner = $1, \
          lease_token = d.lease_token + 1, lease_expires_at = now() + $3 * interval '1 millisecond' \
          FROM UNNEST($2::bigint[], $4::text[]) AS picked(id, state) WHERE d.id = picked.id \
-         RETURNING picked.state AS from_state, {}), \
+         RETURNING picked.state AS from_state, d.*), \
          ev AS (INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
-         SELECT id, from_state, 'sending', 'worker', $1 FROM upd) SELECT * FROM upd",
+         SELECT id, from_state, 'sending', 'worker', $1 FROM s) \
+         SELECT s.from_state, {} FROM s JOIN delivery_items i ON i.id = s.id",
         returning!()
     );
     let rows = sqlx::query(&sql)
@@ -320,7 +328,7 @@ pub async fn start_attempt<'e>(
     margin: Duration,
 ) -> Result<Option<i32>, sqlx::Error> {
     let row: Option<(i32,)> = sqlx::query_as(
-        "UPDATE deliveries SET attempts = attempts + 1, attempt_started_at = now(), \
+        "UPDATE delivery_state SET attempts = attempts + 1, attempt_started_at = now(), \
          attempt_lease_token = lease_token, updated_at = now() \
          WHERE id = $1 AND state = 'sending' AND lease_owner = $2 AND lease_token = $3 \
          AND lease_expires_at > clock_timestamp() + $4 * interval '1 millisecond' RETURNING attempts",
@@ -339,7 +347,7 @@ pub async fn start_attempt<'e>(
 /// start is no longer ours, and the caller must not send the body.
 pub async fn mark_body<'e>(ex: impl PgExecutor<'e>, d: &Claimed) -> Result<bool, sqlx::Error> {
     let r = sqlx::query(
-        "UPDATE deliveries SET body_lease_token = lease_token \
+        "UPDATE delivery_state SET body_lease_token = lease_token \
          WHERE id = $1 AND state = 'sending' AND lease_owner = $2 AND lease_token = $3 \
          AND attempt_lease_token = lease_token AND lease_expires_at > clock_timestamp()",
     )
@@ -356,7 +364,7 @@ pub async fn mark_body<'e>(ex: impl PgExecutor<'e>, d: &Claimed) -> Result<bool,
 /// longer reads as started under this lease, so a rescuer releases it instead of reconciling.
 pub async fn undo_start<'e>(ex: impl PgExecutor<'e>, d: &Claimed) -> Result<bool, sqlx::Error> {
     let r = sqlx::query(
-        "UPDATE deliveries SET attempts = attempts - 1, attempt_lease_token = NULL \
+        "UPDATE delivery_state SET attempts = attempts - 1, attempt_lease_token = NULL \
          WHERE id = $1 AND state = 'sending' AND lease_owner = $2 AND lease_token = $3 \
          AND attempt_lease_token = lease_token",
     )
@@ -438,7 +446,7 @@ pub async fn renew(
     // connection) must lapse and be rescued, not be kept alive by a healthy heartbeat forever.
     let (ids, tokens): (Vec<i64>, Vec<i64>) = held.iter().copied().unzip();
     let renewed: Vec<(i64, i64)> = sqlx::query_as(
-        "UPDATE deliveries d SET lease_expires_at = now() + $2 * interval '1 millisecond' \
+        "UPDATE delivery_state d SET lease_expires_at = now() + $2 * interval '1 millisecond' \
          FROM UNNEST($3::bigint[], $4::bigint[]) AS held(id, token) \
          WHERE d.id = held.id AND d.lease_token = held.token AND d.state = 'sending' \
          AND d.lease_owner = $1 AND d.lease_expires_at > clock_timestamp() \
@@ -509,7 +517,8 @@ mod tests {
             .chain(
                 returning!()
                     .split(',')
-                    .map(|c| c.trim().trim_start_matches("d.")),
+                    .map(|c| c.trim())
+                    .map(|c| c.split_once('.').map_or(c, |(_, name)| name)),
             )
             .collect();
         assert_eq!(returned, COLUMNS);

@@ -286,11 +286,12 @@ pub async fn poll_sms_once(
     client: &sms::SmsClient,
 ) -> anyhow::Result<usize> {
     let due: Vec<(i64, String)> = sqlx::query_as(
-        "UPDATE deliveries d SET next_poll_at = now() + $1 * (0.5 + random()) * interval '1 millisecond' \
-         FROM (SELECT id FROM deliveries WHERE state = 'submitted' AND channel = 'sms' \
-               AND next_poll_at <= now() AND provider_message_id IS NOT NULL \
-               AND submitted_at > now() - $2 * interval '1 millisecond' \
-               ORDER BY next_poll_at LIMIT 50 FOR UPDATE SKIP LOCKED) due \
+        "UPDATE delivery_state d SET next_poll_at = now() + $1 * (0.5 + random()) * interval '1 millisecond' \
+         FROM (SELECT s.id FROM delivery_state s JOIN delivery_items i ON i.id = s.id \
+               WHERE s.state = 'submitted' AND i.channel = 'sms' \
+               AND s.next_poll_at <= now() AND s.provider_message_id IS NOT NULL \
+               AND s.submitted_at > now() - $2 * interval '1 millisecond' \
+               ORDER BY s.next_poll_at LIMIT 50 FOR UPDATE OF s SKIP LOCKED) due \
          WHERE d.id = due.id RETURNING d.id, d.provider_message_id",
     )
     .bind(cfg.sms_poll_after.as_millis() as f64)

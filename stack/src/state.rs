@@ -185,11 +185,16 @@ pub enum TransitionError {
     Db(#[from] sqlx::Error),
 }
 
-const CAS_SQL: &str = r#"
-WITH old AS (
-    SELECT id, state FROM deliveries WHERE id = $1 AND state = ANY($2) FOR UPDATE
-), upd AS (
-    UPDATE deliveries d SET
+/// The compare-and-set with its `old` row and the check of the row's state that goes with it (one
+/// text for both forms: see [`CAS_SQL`] and [`CAS_ONE_SQL`]).
+macro_rules! cas_sql {
+    ($old:literal, $state_check:literal) => {
+        concat!(
+            r#"
+WITH old AS ("#,
+            $old,
+            r#"), upd AS (
+    UPDATE delivery_state d SET
         state = $3,
         updated_at = now(),
         next_attempt_at = COALESCE(now() + $4 * interval '1 millisecond', d.next_attempt_at),
@@ -207,20 +212,46 @@ WITH old AS (
         lease_owner = CASE WHEN $3 = 'sending' THEN d.lease_owner ELSE NULL END,
         lease_expires_at = CASE WHEN $3 = 'sending' THEN d.lease_expires_at ELSE NULL END
     FROM old
-    WHERE d.id = old.id
+    WHERE d.id = old.id"#,
+            $state_check,
+            r#"
       AND ($9::text IS NULL OR (d.lease_owner = $9 AND d.lease_token = $10
            AND (NOT $13 OR d.attempt_lease_token IS DISTINCT FROM d.lease_token)
            AND (NOT $15 OR d.body_lease_token IS DISTINCT FROM d.lease_token)))
-    RETURNING old.state AS from_state, d.channel
+    RETURNING old.state AS from_state
 ), ev AS (
     INSERT INTO delivery_events
         (delivery_id, from_state, to_state, source, detail, channel, outcome_class)
-    SELECT $1, from_state, $3, $11, $12, channel,
+    SELECT $1, from_state, $3, $11, $12, (SELECT channel FROM delivery_items WHERE id = $1),
            CASE WHEN from_state = 'sending' THEN $14::text END
     FROM upd
 )
 SELECT from_state FROM upd
-"#;
+"#
+        )
+    };
+}
+
+/// The compare-and-set from one of several states: the row is locked first, so `old.state` is the
+/// state the update really left (`UPDATE … RETURNING` sees only the new row), however the row
+/// changed while this statement waited for it. The lock already checked the state on the latest
+/// row; the update must not compare `d.state` with `old.state` again, because the update's scan of
+/// `d` may read the version before the one the lock waited for (a join condition, judged before
+/// PostgreSQL re-reads the row) and would drop a row that is in an expected state.
+const CAS_SQL: &str = cas_sql!(
+    "SELECT id, state FROM delivery_state WHERE id = $1 AND state = ANY($2) FOR UPDATE",
+    ""
+);
+
+/// The compare-and-set from exactly one state (`$2` has one element; a worker's own outcome, a
+/// release): the state it leaves is that one, so no row lock is taken first (one WAL record less
+/// per transition). `old` is a constant, so `d.state = old.state` is the plain `WHERE state = …` of
+/// an `UPDATE`: PostgreSQL re-checks it and the fence on the row's latest version when it had to
+/// wait for that row, so the compare-and-set is the same.
+const CAS_ONE_SQL: &str = cas_sql!(
+    "SELECT $1::bigint AS id, ($2::text[])[1] AS state",
+    " AND d.state = old.state"
+);
 
 /// Applies `t` if the row is in one of `t.from` (and the fence holds); appends the event in the
 /// same statement. Returns the state it left, or `None` when the compare-and-set lost (the row
@@ -249,7 +280,12 @@ pub async fn transition(
         Some((c, e)) => (Some(c.as_str()), Some(e.as_str())),
         None => (None, None),
     };
-    let row: Option<(String,)> = sqlx::query_as(CAS_SQL)
+    let sql = if from.len() == 1 {
+        CAS_ONE_SQL
+    } else {
+        CAS_SQL
+    };
+    let row: Option<(String,)> = sqlx::query_as(sql)
         .bind(t.delivery_id)
         .bind(&from)
         .bind(t.to.as_str())

@@ -248,13 +248,13 @@ async fn batch_is_enqueued_once_rendered_and_visible() {
     assert_eq!(v["deliveries"].as_array().unwrap().len(), 6000);
     // The incremental form: `?since=` the answer's cursor lists only rows changed after it.
     let cursor = v["cursor"].as_str().expect("a cursor").to_string();
-    sqlx::query("UPDATE deliveries SET updated_at = now() - interval '1 hour'")
+    sqlx::query("UPDATE delivery_state SET updated_at = now() - interval '1 hour'")
         .execute(&pool)
         .await
         .unwrap();
     sqlx::query(
-        "UPDATE deliveries SET state = 'delivered', updated_at = now() \
-         WHERE key = 'big-1:r000007:sms'",
+        "UPDATE delivery_state SET state = 'delivered', updated_at = now() \
+         WHERE id = (SELECT id FROM deliveries WHERE key = 'big-1:r000007:sms')",
     )
     .execute(&pool)
     .await

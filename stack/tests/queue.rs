@@ -20,11 +20,12 @@ async fn seed(pool: &PgPool, batch: &str, n: i64) {
         .await
         .unwrap();
     sqlx::query(
-        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
-         payload_sha256, correlation_id) \
+        "WITH items AS (INSERT INTO delivery_items (batch_id, key, recipient, channel, address, \
+         template_version, payload, payload_sha256, correlation_id) \
          SELECT $1, $1 || ':r' || g || ':line', 'r' || g, 'line', 'U' || g, 1, \
          jsonb_build_object('text', 'hello ' || g), md5(g::text), $1 || '-' || g \
-         FROM generate_series(1, $2) g",
+         FROM generate_series(1, $2) g RETURNING id) \
+         INSERT INTO delivery_state (id) SELECT id FROM items",
     )
     .bind(batch)
     .bind(n)
@@ -41,7 +42,7 @@ const LEASE: Duration = Duration::from_secs(60);
 /// Ends every running lease now, as the passing of its time would (on the database's clock).
 async fn expire_leases(pool: &PgPool) {
     sqlx::query(
-        "UPDATE deliveries SET lease_expires_at = now() - interval '1 millisecond' \
+        "UPDATE delivery_state SET lease_expires_at = now() - interval '1 millisecond' \
          WHERE state = 'sending'",
     )
     .execute(pool)
@@ -103,7 +104,7 @@ async fn racy_claim_hands_out_a_row_twice() {
         .await
         .unwrap();
     // A second claimer that read the same ready rows before the first one wrote: replay its read.
-    sqlx::query("UPDATE deliveries SET state = 'pending'")
+    sqlx::query("UPDATE delivery_state SET state = 'pending'")
         .execute(&pool)
         .await
         .unwrap();
@@ -174,7 +175,7 @@ async fn lost_lease_blocks_the_attempt_start() {
     // A stale token is refused even with time left.
     let mut stale = rows[1].clone();
     stale.lease_token -= 1;
-    sqlx::query("UPDATE deliveries SET lease_expires_at = now() + interval '1 minute'")
+    sqlx::query("UPDATE delivery_state SET lease_expires_at = now() + interval '1 minute'")
         .execute(&pool)
         .await
         .unwrap();
@@ -225,7 +226,7 @@ async fn real_hashes(pool: &PgPool) -> Vec<(i64, String)> {
     for (id, payload) in rows {
         let p: stack::render::Payload = serde_json::from_value(payload).unwrap();
         let sha = p.sha256();
-        sqlx::query("UPDATE deliveries SET payload_sha256 = $2 WHERE id = $1")
+        sqlx::query("UPDATE delivery_items SET payload_sha256 = $2 WHERE id = $1")
             .bind(id)
             .bind(&sha)
             .execute(pool)
@@ -609,6 +610,128 @@ async fn an_unstarted_give_back_loses_to_a_start() {
     pool.close().await;
 }
 
+/// A transition that has to wait for a row another session is changing is judged on the row as
+/// that session committed it. From one state (no row lock first: PostgreSQL re-checks the
+/// update's `WHERE`): a worker's outcome that waited behind a rescue loses, one that waited behind
+/// a lease renewal wins. From several states (row locked first): a report that waited behind the
+/// worker's own `sending → submitted` applies, and its event says it left `submitted`.
+#[tokio::test]
+async fn a_transition_that_waited_is_judged_on_the_committed_row() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 3).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 3, Duration::from_secs(60))
+        .await
+        .unwrap();
+    const REPORT_FROM: &[State] = &[State::Sending, State::Submitted, State::Unknown];
+    // (concurrent change, the transition's from states, what it returns, the state after)
+    let cases: [(&str, &'static [State], Option<State>, &str); 3] = [
+        (
+            "UPDATE delivery_state SET state = 'retryable', lease_owner = NULL WHERE id = $1",
+            &[State::Sending],
+            None,
+            "retryable",
+        ),
+        (
+            "UPDATE delivery_state SET lease_expires_at = now() + interval '2 minutes' WHERE id = $1",
+            &[State::Sending],
+            Some(State::Sending),
+            "delivered",
+        ),
+        (
+            "UPDATE delivery_state SET state = 'submitted' WHERE id = $1",
+            REPORT_FROM,
+            Some(State::Submitted),
+            "delivered",
+        ),
+    ];
+    for (d, (change, from, want, after)) in rows.iter().zip(cases) {
+        let mut other = pool.begin().await.unwrap();
+        sqlx::query(change)
+            .bind(d.id)
+            .execute(&mut *other)
+            .await
+            .unwrap();
+        let waiting = {
+            let pool = pool.clone();
+            let mut t = fenced(d, State::Delivered, Updates::default());
+            if from.len() > 1 {
+                t = Transition {
+                    from,
+                    source: Source::Callback,
+                    fence: Fence::None,
+                    ..t
+                };
+            }
+            tokio::spawn(async move {
+                let mut c = pool.acquire().await.unwrap();
+                transition(&mut c, &t).await.unwrap()
+            })
+        };
+        common::wait_for(
+            "the transition waiting for the row",
+            Duration::from_secs(20),
+            || async {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE '%UPDATE delivery_state d SET%'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                n == 1
+            },
+        )
+        .await;
+        other.commit().await.unwrap();
+        assert_eq!(waiting.await.unwrap(), want, "{change}");
+        assert_eq!(state_of(&pool, d.id).await.0, after, "{change}");
+        let left: Vec<(String,)> = sqlx::query_as(
+            "SELECT from_state FROM delivery_events WHERE delivery_id = $1 AND to_state = 'delivered'",
+        )
+        .bind(d.id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let want_left: Vec<(String,)> = want.iter().map(|s| (s.to_string(),)).collect();
+        assert_eq!(left, want_left, "{change}");
+    }
+    drop(conn);
+    pool.close().await;
+}
+
+/// The attempt start changes no indexed column of the narrow `delivery_state` row and its page
+/// has room (fillfactor), so PostgreSQL updates it in place: no index entry, a small WAL record.
+#[tokio::test]
+async fn the_attempt_start_is_a_hot_update() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 20).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 20, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for d in &rows {
+        assert!(claim::start_attempt(&mut *tx, d, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_some());
+    }
+    let (updated, hot): (i64, i64) = sqlx::query_as(
+        "SELECT pg_stat_get_xact_tuples_updated('delivery_state'::regclass), \
+         pg_stat_get_xact_tuples_hot_updated('delivery_state'::regclass)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((updated, hot), (20, 20), "every attempt start is HOT");
+    drop(conn);
+    pool.close().await;
+}
+
 /// The claim is the one state change outside `transition`; it must still never take a row that
 /// is not `pending` or `retryable`, terminal rows above all, however due they look.
 #[tokio::test]
@@ -622,7 +745,7 @@ async fn the_claim_never_takes_a_row_out_of_any_other_state() {
         .unwrap();
     for ((id,), st) in ids.iter().zip(State::ALL) {
         sqlx::query(
-            "UPDATE deliveries SET state = $2, next_attempt_at = now() - interval '1 hour' \
+            "UPDATE delivery_state SET state = $2, next_attempt_at = now() - interval '1 hour' \
              WHERE id = $1",
         )
         .bind(id)
@@ -664,10 +787,11 @@ async fn the_claim_never_takes_a_row_out_of_any_other_state() {
 async fn seed_recipients(pool: &PgPool, n: i64) {
     seed(pool, "b", 0).await;
     sqlx::query(
-        "INSERT INTO deliveries (batch_id, key, recipient, channel, address, template_version, payload, \
-         payload_sha256, correlation_id) \
+        "WITH items AS (INSERT INTO delivery_items (batch_id, key, recipient, channel, address, \
+         template_version, payload, payload_sha256, correlation_id) \
          SELECT 'b', 'b:r' || g || ':' || c, 'r' || g, c, 'a' || g, 1, '{\"text\": \"hi\"}'::jsonb, 'h', \
-         c || g FROM generate_series(1, $1) g, unnest(ARRAY['line', 'email', 'sms']) c",
+         c || g FROM generate_series(1, $1) g, unnest(ARRAY['line', 'email', 'sms']) c RETURNING id) \
+         INSERT INTO delivery_state (id) SELECT id FROM items",
     )
     .bind(n)
     .execute(pool)
@@ -690,19 +814,25 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
     // r1: past the age cap (one attempt made); r2: past the attempt cap (a reconciling attempt
     // beyond it lost too); r3: neither; r4: its last allowed attempt lost.
     sqlx::query(
-        "UPDATE deliveries SET created_at = now() - interval '2 hours' WHERE recipient = 'r1'",
+        "UPDATE delivery_items SET created_at = now() - interval '2 hours' WHERE recipient = 'r1'",
     )
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query("UPDATE deliveries SET attempts = 2, state = 'retryable' WHERE recipient = 'r2'")
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE deliveries SET attempts = 1, state = 'retryable' WHERE recipient = 'r4'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE delivery_state SET attempts = 2, state = 'retryable' \
+         WHERE id IN (SELECT id FROM deliveries WHERE recipient = 'r2')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE delivery_state SET attempts = 1, state = 'retryable' \
+         WHERE id IN (SELECT id FROM deliveries WHERE recipient = 'r4')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let mut conn = pool.acquire().await.unwrap();
     let rows = claim::claim(&mut conn, "dead", 20, LEASE).await.unwrap();
     assert_eq!(rows.len(), 12);
@@ -831,7 +961,8 @@ async fn sms_past_the_poll_horizon_becomes_unknown_with_an_event() {
     }
     // r1's SMS was accepted long ago and never heard of again; r2's just now.
     sqlx::query(
-        "UPDATE deliveries SET submitted_at = now() - interval '11 minutes' WHERE key = 'b:r1:sms'",
+        "UPDATE delivery_state SET submitted_at = now() - interval '11 minutes' \
+         WHERE id = (SELECT id FROM deliveries WHERE key = 'b:r1:sms')",
     )
     .execute(&pool)
     .await
@@ -929,8 +1060,9 @@ async fn a_poll_under_way_at_the_horizon_still_records_its_answer() {
         .is_some());
     // Due for a poll, one second inside the horizon.
     sqlx::query(
-        "UPDATE deliveries SET next_poll_at = now(), \
-         submitted_at = now() - interval '599 seconds' WHERE key = 'b:r1:sms'",
+        "UPDATE delivery_state SET next_poll_at = now(), \
+         submitted_at = now() - interval '599 seconds' \
+         WHERE id = (SELECT id FROM deliveries WHERE key = 'b:r1:sms')",
     )
     .execute(&pool)
     .await
@@ -946,10 +1078,13 @@ async fn a_poll_under_way_at_the_horizon_still_records_its_answer() {
     )
     .await;
     // Meanwhile the horizon passes and the row is settled as unknown.
-    sqlx::query("UPDATE deliveries SET submitted_at = now() - interval '601 seconds' WHERE key = 'b:r1:sms'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE delivery_state SET submitted_at = now() - interval '601 seconds' \
+         WHERE id = (SELECT id FROM deliveries WHERE key = 'b:r1:sms')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     assert_eq!(
         stack::rescuer::settle_unconfirmed_sms(&pool, &cfg)
             .await

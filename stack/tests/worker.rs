@@ -308,7 +308,7 @@ async fn rows_claimed_as_sigterm_arrives_go_back_unsent() {
 
     // Hold the table so the worker's first claim waits for it.
     let mut lock = pool.begin().await.unwrap();
-    sqlx::query("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
+    sqlx::query("LOCK TABLE delivery_state IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *lock)
         .await
         .unwrap();
@@ -539,7 +539,7 @@ async fn the_age_cap_is_enforced_before_sending_and_on_retry_after() {
         assert_eq!(r.status().as_u16(), 202);
     }
     sqlx::query(
-        "UPDATE deliveries SET created_at = now() - interval '2 hours' WHERE batch_id = 'old'",
+        "UPDATE delivery_items SET created_at = now() - interval '2 hours' WHERE batch_id = 'old'",
     )
     .execute(&pool)
     .await
@@ -751,9 +751,10 @@ async fn sms_text(pool: &PgPool, key: &str) -> String {
 /// Makes `key` look like an SMS whose attempt started `ago` and whose answer was lost.
 async fn make_uncertain(pool: &PgPool, key: &str, ago: &str) {
     sqlx::query(&format!(
-        "UPDATE deliveries SET state = 'retryable', attempts = 1, last_error_class = 'ambiguous', \
+        "UPDATE delivery_state SET state = 'retryable', attempts = 1, last_error_class = 'ambiguous', \
          last_error = '503', attempt_started_at = now() - interval '{ago}', \
-         uncertain_since = now() - interval '{ago}', next_attempt_at = now() WHERE key = $1"
+         uncertain_since = now() - interval '{ago}', next_attempt_at = now() \
+         WHERE id = (SELECT id FROM deliveries WHERE key = $1)"
     ))
     .bind(key)
     .execute(pool)
@@ -799,8 +800,9 @@ async fn sms_lookup_adopts_only_this_deliverys_message() {
     // provider. The only candidate is r0's.
     let owned = fake.inject_sms("+15550000001", &text, now);
     sqlx::query(
-        "UPDATE deliveries SET state = 'submitted', provider_message_id = $1, attempts = 1, \
-         submitted_at = now(), next_poll_at = now() + interval '1 hour' WHERE key = 'twins:r000000:sms'",
+        "UPDATE delivery_state SET state = 'submitted', provider_message_id = $1, attempts = 1, \
+         submitted_at = now(), next_poll_at = now() + interval '1 hour' \
+         WHERE id = (SELECT id FROM deliveries WHERE key = 'twins:r000000:sms')",
     )
     .bind(&owned)
     .execute(&pool)
@@ -1022,9 +1024,10 @@ async fn twin_in_flight(ends: TwinEnds) {
     // ago; its message is at the provider, its answer not recorded yet.
     let theirs = fake.inject_sms(phone, &text, chrono::Utc::now());
     sqlx::query(
-        "UPDATE deliveries SET state = 'sending', attempts = 1, lease_owner = 'wOther', \
+        "UPDATE delivery_state SET state = 'sending', attempts = 1, lease_owner = 'wOther', \
          lease_token = 7, attempt_lease_token = 7, lease_expires_at = now() + interval '1 hour', \
-         attempt_started_at = now() - interval '1 second' WHERE key = $1",
+         attempt_started_at = now() - interval '1 second' \
+         WHERE id = (SELECT id FROM deliveries WHERE key = $1)",
     )
     .bind(b)
     .execute(&pool)
@@ -1083,12 +1086,12 @@ async fn twin_in_flight(ends: TwinEnds) {
         // B's worker gets its answer and records it, as `attempt` does (fenced on its lease).
         TwinEnds::Recorded => {
             let r = sqlx::query(
-                "UPDATE deliveries SET state = 'submitted', provider_message_id = $2, \
+                "UPDATE delivery_state SET state = 'submitted', provider_message_id = $2, \
                  submitted_at = now(), next_poll_at = now() + interval '1 hour', \
                  last_error_class = NULL, uncertain_since = NULL, lease_owner = NULL, \
                  lease_expires_at = NULL \
-                 WHERE key = $1 AND state = 'sending' AND lease_owner = 'wOther' \
-                 AND lease_token = 7",
+                 WHERE id = (SELECT id FROM deliveries WHERE key = $1) AND state = 'sending' \
+                 AND lease_owner = 'wOther' AND lease_token = 7",
             )
             .bind(b)
             .bind(&theirs)
@@ -1100,8 +1103,8 @@ async fn twin_in_flight(ends: TwinEnds) {
         // B's worker is gone: its lease lapses (by hand) and w1's rescuer takes the row.
         TwinEnds::Rescued => {
             sqlx::query(
-                "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' \
-                 WHERE key = $1",
+                "UPDATE delivery_state SET lease_expires_at = now() - interval '1 second' \
+                 WHERE id = (SELECT id FROM deliveries WHERE key = $1)",
             )
             .bind(b)
             .execute(&pool)

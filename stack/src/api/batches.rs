@@ -147,8 +147,9 @@ async fn store(
         if st.cfg.flaws.has(Flaw::WholeBatchReplay) {
             // Flaw: a repeated batch replays every delivery, delivered ones included.
             sqlx::query(
-                "UPDATE deliveries SET state = 'pending', next_attempt_at = now(), lease_owner = NULL, \
-                 lease_expires_at = NULL WHERE batch_id = $1",
+                "UPDATE delivery_state s SET state = 'pending', next_attempt_at = now(), \
+                 lease_owner = NULL, lease_expires_at = NULL FROM delivery_items i \
+                 WHERE i.id = s.id AND i.batch_id = $1",
             )
             .bind(&batch.batch_id)
             .execute(&st.front)
@@ -196,7 +197,8 @@ async fn wait_for_sends(pool: &sqlx::PgPool, batch_id: &str) {
     }
 }
 
-/// Inserts a batch's deliveries in one statement, small batches with priority 0.
+/// Inserts a batch's deliveries in one statement (each an item and its state row, `pending`),
+/// small batches with priority 0.
 async fn insert_deliveries(
     tx: &mut sqlx::PgConnection,
     batch: &BatchIn,
@@ -208,10 +210,11 @@ async fn insert_deliveries(
         1
     };
     sqlx::query(
-        "INSERT INTO deliveries (batch_id, template_version, priority, key, recipient, channel, \
-         address, payload, payload_sha256, correlation_id) \
-         SELECT $1, $2, $10, * FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], \
-         $7::jsonb[], $8::text[], $9::text[])",
+        "WITH items AS (INSERT INTO delivery_items (batch_id, template_version, key, recipient, \
+         channel, address, payload, payload_sha256, correlation_id) \
+         SELECT $1, $2, * FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], \
+         $7::jsonb[], $8::text[], $9::text[]) RETURNING id) \
+         INSERT INTO delivery_state (id, priority) SELECT id, $10 FROM items",
     )
     .bind(&batch.batch_id)
     .bind(batch.template.version)

@@ -334,8 +334,8 @@ async fn apply_naively(
     detail: String,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "WITH old AS (SELECT id, state FROM deliveries WHERE id = $1 FOR UPDATE), \
-         upd AS (UPDATE deliveries d SET state = $2, \
+        "WITH old AS (SELECT id, state FROM delivery_state WHERE id = $1 FOR UPDATE), \
+         upd AS (UPDATE delivery_state d SET state = $2, \
          provider_message_id = COALESCE($3, d.provider_message_id) FROM old \
          WHERE d.id = old.id RETURNING d.id, old.state AS from_state) \
          INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \

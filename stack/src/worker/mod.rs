@@ -324,8 +324,9 @@ async fn start(cfg: Arc<Config>, stopping: watch::Receiver<bool>) -> anyhow::Res
         // Flaw: treat the batch as the unit of work: any unfinished batch starts again from its
         // first recipient, delivered ones included (bypassing the state machine on purpose).
         sqlx::query(
-            "UPDATE deliveries SET state = 'pending', next_attempt_at = now(), lease_owner = NULL, \
-             lease_expires_at = NULL WHERE batch_id IN (SELECT batch_id FROM deliveries \
+            "UPDATE delivery_state s SET state = 'pending', next_attempt_at = now(), \
+             lease_owner = NULL, lease_expires_at = NULL FROM delivery_items i \
+             WHERE i.id = s.id AND i.batch_id IN (SELECT batch_id FROM deliveries \
              WHERE state IN ('pending', 'sending', 'retryable'))",
         )
         .execute(&pool)

@@ -183,12 +183,13 @@ async fn trusted_start(w: &Worker, d: &Claimed) -> anyhow::Result<Option<i32>> {
 /// on purpose). Each delivery is replayed at most once, so a run still ends.
 async fn replay_whole_batch(conn: &mut sqlx::PgConnection, d: &Claimed) -> anyhow::Result<()> {
     sqlx::query(
-        "WITH old AS (SELECT r.id, r.state FROM deliveries r JOIN deliveries failed \
+        "WITH old AS (SELECT r.id, s.state FROM delivery_items r JOIN delivery_items failed \
          ON failed.id = $1 AND r.batch_id = failed.batch_id AND r.id <> failed.id \
-         WHERE r.state IN ('delivered', 'submitted') \
+         JOIN delivery_state s ON s.id = r.id \
+         WHERE s.state IN ('delivered', 'submitted') \
          AND NOT EXISTS (SELECT 1 FROM delivery_events e WHERE e.delivery_id = r.id \
-                         AND e.detail = 'whole-batch-replay') FOR UPDATE OF r), \
-         replayed AS (UPDATE deliveries r SET state = 'pending', next_attempt_at = now(), \
+                         AND e.detail = 'whole-batch-replay') FOR UPDATE OF s), \
+         replayed AS (UPDATE delivery_state r SET state = 'pending', next_attempt_at = now(), \
          lease_owner = NULL, lease_expires_at = NULL FROM old WHERE r.id = old.id \
          RETURNING r.id, old.state AS from_state), \
          ev AS (INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
