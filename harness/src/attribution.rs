@@ -423,6 +423,10 @@ fn local_hex(addr: SocketAddr) -> String {
 }
 
 /// The inode of the TCP socket whose local address is `addr`.
+///
+/// The kernel writes the table a page at a time and resumes each read by position in its hash
+/// chains, so a read racing other sockets' opening and closing can skip a line: a miss is read
+/// again, up to [`TABLE_READS`] times, before the socket counts as closed.
 fn socket_inode(addr: SocketAddr) -> Option<u64> {
     let file = if addr.is_ipv4() {
         "/proc/net/tcp"
@@ -430,15 +434,20 @@ fn socket_inode(addr: SocketAddr) -> Option<u64> {
         "/proc/net/tcp6"
     };
     let local = local_hex(addr);
-    let text = std::fs::read_to_string(file).ok()?;
-    text.lines().skip(1).find_map(|line| {
-        let cols: Vec<&str> = line.split_whitespace().collect();
-        (cols.get(1) == Some(&local.as_str()))
-            .then(|| cols.get(9)?.parse::<u64>().ok())
-            .flatten()
-            .filter(|inode| *inode != 0)
+    (0..TABLE_READS).find_map(|_| {
+        let text = std::fs::read_to_string(file).ok()?;
+        text.lines().skip(1).find_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.get(1) == Some(&local.as_str()))
+                .then(|| cols.get(9)?.parse::<u64>().ok())
+                .flatten()
+                .filter(|inode| *inode != 0)
+        })
     })
 }
+
+/// Reads of `/proc/net/tcp*` before a socket not found in them counts as closed.
+const TABLE_READS: usize = 3;
 
 #[cfg(test)]
 mod tests {
