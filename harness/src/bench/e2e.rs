@@ -20,7 +20,7 @@ use super::{parse_duration, parse_list, usage, E2eArgs};
 use crate::check::Role;
 use crate::exit;
 use crate::run::{self, RunOptions};
-use crate::scenario::{self, Channel, Scenario};
+use crate::scenario::{self, Channel, Pacing, Scenario};
 
 /// The scenario measured when no `--scenario` is given: the built-in stack, no faults.
 const BASE: &str = r#"
@@ -315,6 +315,10 @@ pub async fn e2e(mut args: E2eArgs, self_exe: &Path) -> i32 {
     code
 }
 
+/// Recipients one batch carries at most: a campaign's batch (campaign-100k's size, and the
+/// reference stack's limit), so a large run is enqueued as a real client would.
+pub const BATCH_RECIPIENTS: u32 = 10_000;
+
 /// `base` with the benchmark's overrides: workers, load, channels, a fixed latency on every
 /// provider, and no chaos.
 fn configure(
@@ -332,6 +336,9 @@ fn configure(
     );
     s.stack.workers = workers;
     s.load.recipients = recipients;
+    if let Pacing::Batches(n) = &mut s.load.pacing {
+        *n = (*n).max(recipients.div_ceil(BATCH_RECIPIENTS));
+    }
     s.load.channels = channels.to_vec();
     s.chaos.clear();
     let fixed = Latency::Fixed {
@@ -380,6 +387,7 @@ mod tests {
         );
         assert_eq!(s.stack.workers, 4);
         assert_eq!(s.load.recipients, 50);
+        assert_eq!(s.load.pacing.batch_count(), 1);
         assert_eq!(s.load.channels.len(), 2);
         assert!(s.chaos.is_empty());
         assert_eq!(
@@ -388,5 +396,19 @@ mod tests {
                 value: HumanDuration::from_millis(50)
             }
         );
+    }
+
+    #[test]
+    fn a_large_run_is_enqueued_in_campaign_sized_batches() {
+        let base = scenario::parse(Path::new("bench-e2e.toml"), BASE).expect("valid");
+        let batches = |recipients| {
+            configure(&base, 4, recipients, &[Channel::Line], Duration::ZERO)
+                .load
+                .pacing
+                .batch_count()
+        };
+        assert_eq!(batches(10_000), 1);
+        assert_eq!(batches(10_001), 2);
+        assert_eq!(batches(100_000), 10);
     }
 }
