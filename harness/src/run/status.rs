@@ -25,7 +25,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::check::{LostBatch, StatusAnswers, StatusDelivery, UnreadableStatus};
+use crate::check::{Interner, LostBatch, StatusAnswers, StatusDelivery, UnreadableStatus};
 use crate::load::{self, StatusAnswer};
 
 /// What the first answer said about the status API.
@@ -53,6 +53,8 @@ pub struct StatusPoller {
     /// The most bytes an answer may have ([`answer_cap`]).
     cap: usize,
     answers: StatusAnswers,
+    /// One copy of each transition detail the rows share (a worker's id, "attempt 1 accepted").
+    names: Interner,
 }
 
 /// The most bytes a status answer may take for a run of `deliveries` expected deliveries: 16 KiB
@@ -90,6 +92,7 @@ impl StatusPoller {
             turn_rest: 0,
             cap: answer_cap(deliveries),
             answers: StatusAnswers::default(),
+            names: Interner::default(),
         }
     }
 
@@ -259,7 +262,7 @@ impl StatusPoller {
                     Some(held) if incremental => merge(held, page.deliveries),
                     _ => page.deliveries,
                 };
-                compact(&mut rows);
+                compact(&mut rows, &mut self.names);
                 self.rows.insert(batch_id.to_string(), rows);
                 match page.cursor {
                     Some(c) => {
@@ -317,18 +320,24 @@ impl StatusPoller {
     }
 }
 
-/// `held` with each row of `changed` in place of the held row with its key (appended if new).
-/// Drops the spare capacity a parsed answer leaves in its lists: the view of a big run holds
-/// hundreds of thousands of rows for the whole run.
-fn compact(rows: &mut Vec<StatusDelivery>) {
+/// Drops the spare capacity a parsed answer leaves in its lists and shares the transitions'
+/// details through `names`: the view of a big run holds hundreds of thousands of rows for the
+/// whole run.
+fn compact(rows: &mut Vec<StatusDelivery>, names: &mut Interner) {
     rows.shrink_to_fit();
     for r in rows.iter_mut() {
         r.transitions.shrink_to_fit();
+        for t in r.transitions.iter_mut() {
+            if let Some(d) = &mut t.detail {
+                *d = names.name(d);
+            }
+        }
     }
 }
 
+/// `held` with each row of `changed` in place of the held row with its key (appended if new).
 fn merge(mut held: Vec<StatusDelivery>, changed: Vec<StatusDelivery>) -> Vec<StatusDelivery> {
-    let at: std::collections::HashMap<String, usize> = held
+    let at: std::collections::HashMap<Box<str>, usize> = held
         .iter()
         .enumerate()
         .map(|(i, r)| (r.key.clone(), i))
@@ -401,7 +410,7 @@ mod tests {
             .rows()
             .unwrap()
             .into_iter()
-            .map(|r| (r.key.clone(), r.state.to_string()))
+            .map(|r| (r.key.to_string(), r.state.to_string()))
             .collect();
         assert_eq!(
             states,
