@@ -66,7 +66,7 @@ pub struct Expected {
 /// view of a big run holds hundreds of thousands for the whole run, so its strings are boxed
 /// (no spare capacity), its states and sources small enums and its times numbers where they
 /// read back byte for byte ([`At`]); `status.json` gets what the stack wrote.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusDelivery {
     pub key: Box<str>,
     pub recipient: Box<str>,
@@ -86,7 +86,7 @@ pub struct StatusDelivery {
     pub transitions: Vec<StatusTransition>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusTransition {
     pub from: Option<State>,
     pub to: State,

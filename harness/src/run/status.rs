@@ -260,7 +260,8 @@ impl StatusPoller {
                 }
                 let mut rows = match self.rows.remove(batch_id) {
                     Some(held) if incremental => merge(held, page.deliveries),
-                    _ => page.deliveries,
+                    Some(held) => keep_unchanged(held, page.deliveries),
+                    None => page.deliveries,
                 };
                 compact(&mut rows, &mut self.names);
                 self.rows.insert(batch_id.to_string(), rows);
@@ -344,11 +345,31 @@ fn merge(mut held: Vec<StatusDelivery>, changed: Vec<StatusDelivery>) -> Vec<Sta
         .collect();
     for row in changed {
         match at.get(&row.key) {
+            // An unchanged row keeps its old copy (see `keep_unchanged`).
+            Some(i) if held[*i] == row => {}
             Some(i) => held[*i] = row,
             None => held.push(row),
         }
     }
     held
+}
+
+/// A whole answer's rows, each row the stack did not change since `held` replaced by its held
+/// copy (matched by position and key, as a stack lists its rows in a stable order). The
+/// freshly parsed copies are dropped at once, so the next batch's answer is parsed into their
+/// room: replacing a big run's whole view instead (its last poll asks for every row of every
+/// batch) leaves the old rows' room free between the ledger's entries, where glibc cannot give
+/// it back.
+fn keep_unchanged(
+    held: Vec<StatusDelivery>,
+    mut fresh: Vec<StatusDelivery>,
+) -> Vec<StatusDelivery> {
+    for (new, old) in fresh.iter_mut().zip(held) {
+        if new.key == old.key && *new == old {
+            *new = old;
+        }
+    }
+    fresh
 }
 
 #[cfg(test)]
@@ -430,6 +451,47 @@ mod tests {
         // A stack that stops sending a cursor is asked for everything.
         p.record("b1", rows(1), false, 100);
         assert_eq!(p.since("b1", false), None);
+    }
+
+    /// A whole answer keeps the held copy of every row it did not change (same text, so the
+    /// view is what the answer says) and takes the changed ones; an incremental one likewise.
+    #[test]
+    fn unchanged_rows_keep_their_held_copy() {
+        let mut p = StatusPoller::new(3);
+        p.record(
+            "b1",
+            page(&[("a", "sending"), ("b", "delivered")], "c1"),
+            false,
+            1,
+        );
+        let held_b = p.rows().unwrap()[1].key.as_ptr();
+        p.record(
+            "b1",
+            page(&[("a", "delivered"), ("b", "delivered")], "c2"),
+            false,
+            2,
+        );
+        let rows = p.rows().unwrap();
+        assert_eq!(
+            rows[0].state,
+            crate::check::State::Delivered,
+            "changed: taken"
+        );
+        assert_eq!(rows[1].key.as_ptr(), held_b, "unchanged: the held copy");
+        let held_a = rows[0].key.as_ptr();
+        p.record(
+            "b1",
+            page(&[("a", "delivered"), ("c", "sending")], "c3"),
+            true,
+            3,
+        );
+        let rows = p.rows().unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(
+            rows[0].key.as_ptr(),
+            held_a,
+            "incremental, unchanged: the held copy"
+        );
     }
 
     /// (answers for batches in order: rows or 404, API on at the end, rows kept, lost batches)
