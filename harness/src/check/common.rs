@@ -320,7 +320,7 @@ pub fn delivery_json(e: &Expected) -> Map<String, Value> {
 /// Status API rows by (recipient, channel).
 pub fn status_index(rows: &[StatusDelivery]) -> HashMap<(&str, Channel), &StatusDelivery> {
     rows.iter()
-        .map(|r| ((r.recipient.as_str(), r.channel), r))
+        .map(|r| ((&*r.recipient, r.channel), r))
         .collect()
 }
 

@@ -14,9 +14,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use mock_providers::ledger::{
-    CallbackVariant, EntryKind, HeaderField, LedgerEntry, Outcome, Provider,
-};
+use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
 
 /// An interned string: one shared copy per distinct text ([`Interner`]). Reads as a `&str`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,9 +69,40 @@ impl PartialEq<&str> for Name {
     }
 }
 
+impl From<&str> for Name {
+    /// A copy of its own, shared by its clones only (not interned).
+    fn from(s: &str) -> Name {
+        Name(Arc::from(s))
+    }
+}
+
+impl From<String> for Name {
+    fn from(s: String) -> Name {
+        Name(Arc::from(s))
+    }
+}
+
 impl serde::Serialize for Name {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Name, D::Error> {
+        String::deserialize(d).map(Name::from)
+    }
+}
+
+impl schemars::JsonSchema for Name {
+    fn schema_name() -> String {
+        "Name".into()
+    }
+    fn is_referenceable() -> bool {
+        false
+    }
+    fn json_schema(g: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        String::json_schema(g)
     }
 }
 
@@ -93,6 +122,14 @@ impl Interner {
         Name(n)
     }
 
+    /// Makes `n` the copy of its text that later entries share (the expected deliveries'
+    /// addresses, so that the ledger's entries and `expected` hold one copy between them).
+    pub fn adopt(&mut self, n: &Name) {
+        if !self.names.contains(n.as_str()) {
+            self.names.insert(n.0.clone());
+        }
+    }
+
     fn opt(&mut self, s: Option<&str>) -> Option<Name> {
         s.map(|s| self.name(s))
     }
@@ -109,11 +146,20 @@ pub struct Content {
 }
 
 /// Of an accepted e-mail: the envelope recipients and the header fields a `headers` rule can
-/// flag ([`super::headers::judged_field`]); every other header is left out.
+/// flag ([`super::headers::judged_field`]); every other header is left out. Names and values
+/// are interned: `From`, the field names and most dates repeat, `To` is the recipient's address
+/// and `Message-ID` the entry's message id, so a hundred thousand e-mails share most of them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EmailHeaders {
-    pub rcpt_to: Vec<String>,
-    pub headers: Vec<HeaderField>,
+    pub rcpt_to: Vec<Name>,
+    pub headers: Vec<Field>,
+}
+
+/// One header field of an e-mail, as written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Field {
+    pub name: Name,
+    pub value: Name,
 }
 
 /// Which e-mails' HTML part an [`Entry`] keeps.
@@ -190,12 +236,15 @@ impl Entry {
             .filter(|_| keep.html(&e.recipient))
             .map(Box::from);
         let email = e.email.as_deref().map(|d| EmailHeaders {
-            rcpt_to: d.rcpt_to.clone(),
+            rcpt_to: d.rcpt_to.iter().map(|a| names.name(a)).collect(),
             headers: d
                 .headers
                 .iter()
                 .filter(|h| super::headers::judged_field(h))
-                .cloned()
+                .map(|h| Field {
+                    name: names.name(&h.name),
+                    value: names.name(&h.value),
+                })
                 .collect(),
         });
         let content = (e.subject.is_some() || html.is_some() || email.is_some()).then(|| {
@@ -262,7 +311,7 @@ impl Entry {
 
 #[cfg(test)]
 mod tests {
-    use mock_providers::ledger::EmailDetail;
+    use mock_providers::ledger::{EmailDetail, HeaderField};
 
     use super::*;
 

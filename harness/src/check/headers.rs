@@ -28,7 +28,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::Entry;
+use super::{Entry, Field, Name};
 use mock_providers::ledger::{EntryKind, HeaderField, Outcome, Provider};
 use serde_json::{json, Value};
 
@@ -189,8 +189,8 @@ const ADDRESS_LISTS: [&str; 3] = ["to", "cc", "bcc"];
 
 /// The header rules of one accepted message: (rule, details).
 fn header_findings(
-    headers: &[HeaderField],
-    rcpt_to: &[String],
+    headers: &[Field],
+    rcpt_to: &[Name],
     run_addresses: &HashSet<String>,
 ) -> Vec<(&'static str, Value)> {
     let mut out = Vec::new();
@@ -227,9 +227,11 @@ fn header_findings(
         .flat_map(|h| {
             addresses(&h.value)
                 .into_iter()
-                .map(move |a| (h.name.clone(), a))
+                .map(move |a| (h.name.to_string(), a))
         });
-    let envelope = rcpt_to.iter().map(|a| ("RCPT TO".to_string(), a.clone()));
+    let envelope = rcpt_to
+        .iter()
+        .map(|a| ("RCPT TO".to_string(), a.to_string()));
     for (place, address) in envelope.chain(header_addresses) {
         if !run_addresses.contains(&address.to_ascii_lowercase()) {
             out.push(("extra_recipient", json!({"in": place, "extra": address})));
@@ -348,8 +350,8 @@ mod tests {
     use crate::check::testkit::*;
     use crate::check::Status;
 
-    fn field(name: &str, value: &str) -> HeaderField {
-        HeaderField {
+    fn field(name: &str, value: &str) -> Field {
+        Field {
             name: name.into(),
             value: value.into(),
         }
@@ -462,9 +464,9 @@ mod tests {
             {
                 let p = &people[i];
                 w.expected.push(crate::check::Expected {
-                    recipient: p.id.clone(),
+                    recipient: p.id.as_str().into(),
                     channel: Channel::Email,
-                    address: p.email.clone(),
+                    address: p.email.as_str().into(),
                     bad: false,
                     tricky_name: None,
                     batch_id: batch.into(),

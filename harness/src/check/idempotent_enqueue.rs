@@ -63,9 +63,9 @@ pub fn check(input: &Input) -> Verdict {
     }
     let mut rows: HashMap<(&str, Channel), Vec<&str>> = HashMap::new();
     for d in input.status.unwrap_or_default() {
-        rows.entry((d.recipient.as_str(), d.channel))
+        rows.entry((&*d.recipient, d.channel))
             .or_default()
-            .push(d.key.as_str());
+            .push(&*d.key);
     }
     let mut doubled: Vec<_> = rows
         .into_iter()

@@ -42,59 +42,65 @@ use serde::{Deserialize, Serialize};
 
 use crate::scenario::{Channel, Scenario};
 
-/// One delivery the load asked for: a (recipient, channel) pair.
+/// One delivery the load asked for: a (recipient, channel) pair. A run of 100,000 recipients
+/// holds 300,000 for the whole run: the recipient id is shared by its channels' deliveries and
+/// the batch id by its batch's ([`Name`]), and the address is shared with what indexes it.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Expected {
     /// Recipient id as enqueued (`r000001`).
-    pub recipient: String,
+    pub recipient: Name,
     pub channel: Channel,
     /// The address on that channel (LINE user id, e-mail, phone) — what the ledger records.
-    pub address: String,
+    pub address: Name,
     /// The provider rejects this address for good (seeded share of the address space).
     pub bad: bool,
     /// The recipient's name when it contains HTML or non-ASCII text (escaping checks).
-    pub tricky_name: Option<String>,
+    pub tricky_name: Option<Box<str>>,
     /// Batch id it was enqueued in.
-    pub batch_id: String,
+    pub batch_id: Name,
     /// Its batch was POSTed with the edited template (`[load] template_edit`).
     pub template_edited: bool,
 }
 
-/// A delivery row from the stack's status API (`GET /v1/batches/{id}/deliveries`).
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+/// A delivery row from the stack's status API (`GET /v1/batches/{id}/deliveries`). The status
+/// view of a big run holds hundreds of thousands for the whole run, so its strings are boxed
+/// (no spare capacity), its states and sources small enums and its times numbers where they
+/// read back byte for byte ([`At`]); `status.json` gets what the stack wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusDelivery {
-    pub key: String,
-    pub recipient: String,
+    pub key: Box<str>,
+    pub recipient: Box<str>,
     pub channel: Channel,
     #[serde(default)]
-    pub address: Option<String>,
+    pub address: Option<Box<str>>,
     pub state: State,
     #[serde(default)]
     pub attempts: u32,
     #[serde(default)]
-    pub provider_message_id: Option<String>,
+    pub provider_message_id: Option<Box<str>>,
     #[serde(default)]
-    pub payload_sha256: Option<String>,
+    pub payload_sha256: Option<Digest>,
     #[serde(default)]
-    pub last_error: Option<String>,
+    pub last_error: Option<Box<str>>,
     #[serde(default)]
     pub transitions: Vec<StatusTransition>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusTransition {
     pub from: Option<State>,
     pub to: State,
     pub source: Source,
     #[serde(default)]
-    pub at: Option<String>,
+    pub at: Option<At>,
+    /// Interned by the status view: most are a worker's id or "attempt 1 accepted".
     #[serde(default)]
-    pub detail: Option<String>,
+    pub detail: Option<Name>,
 }
 
-pub use entry::{Content, EmailHeaders, Entry, Interner, Keep, Name};
+pub use entry::{Content, EmailHeaders, Entry, Field, Interner, Keep, Name};
 pub use event::{EventKind, Role};
-pub use state::{Source, State};
+pub use state::{At, Digest, Source, State};
 
 /// Something the harness did or saw, on the ledger's monotonic clock.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -593,5 +599,24 @@ mod tests {
             };
             assert_eq!(v.status, want, "{v:#?}");
         }
+    }
+
+    /// A run of 100,000 recipients holds 300,000 expected deliveries and as many status rows,
+    /// each with its transitions, for the whole run: a field that grows one of them costs tens
+    /// of megabytes (issue 13).
+    #[test]
+    fn what_a_run_holds_per_delivery_stays_compact() {
+        use std::mem::size_of;
+        assert!(size_of::<Expected>() <= 72, "{}", size_of::<Expected>());
+        assert!(
+            size_of::<StatusDelivery>() <= 168,
+            "{}",
+            size_of::<StatusDelivery>()
+        );
+        assert!(
+            size_of::<StatusTransition>() <= 80,
+            "{}",
+            size_of::<StatusTransition>()
+        );
     }
 }

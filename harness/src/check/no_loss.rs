@@ -279,7 +279,7 @@ pub fn check(input: &Input) -> Verdict {
         let deliveries = input
             .expected
             .iter()
-            .filter(|e| e.batch_id == b.batch_id)
+            .filter(|e| *e.batch_id == *b.batch_id)
             .count();
         findings.push(json!({
             "rule": "batch_lost",
@@ -584,13 +584,13 @@ mod tests {
         assert_eq!(check(&w.input()).status, crate::check::Status::Holds);
         let batch = w.expected[0].batch_id.clone();
         w.lost_batches.push(crate::check::LostBatch {
-            batch_id: batch.clone(),
+            batch_id: batch.to_string(),
             first_missing_ns: ns(1_500),
         });
         let v = check(&w.input());
         assert_eq!(v.status, crate::check::Status::Violated, "{v:#?}");
         assert_eq!(rules(&v), ["batch_lost"]);
-        assert_eq!(v.counterexamples[0]["batch_id"], batch);
+        assert_eq!(v.counterexamples[0]["batch_id"], batch.as_str());
         assert_eq!(v.counterexamples[0]["first_missing_ms"], 1_500.0);
     }
 }

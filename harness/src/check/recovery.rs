@@ -88,14 +88,12 @@ fn timed_transitions<'a>(
     let (offset, e, rows) = (offset?, e?, input.status?);
     let row = rows
         .iter()
-        .find(|d| d.recipient == e.recipient && d.channel == e.channel)?;
+        .find(|d| *d.recipient == *e.recipient && d.channel == e.channel)?;
     let moved: Vec<Moved> = row
         .transitions
         .iter()
         .filter_map(|tr| {
-            let at = chrono::DateTime::parse_from_rfc3339(tr.at.as_deref()?)
-                .ok()?
-                .timestamp_millis();
+            let at = tr.at.as_ref()?.millis()?;
             // A time centuries past the run (a stack's clock or format gone wrong) is no
             // time on the ledger clock: left out, as an untimed transition is.
             let at_ns = u64::try_from((at - offset).max(0))

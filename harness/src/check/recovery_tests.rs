@@ -154,7 +154,7 @@ fn zombie(w: &mut World, other_at: u64) {
     w.event(EventKind::Sigcont, Some(8), 2_600);
     let a = addr("r5", Line);
     w.expected.push(Expected {
-        address: a.clone(),
+        address: a.as_str().into(),
         recipient: "r5".into(),
         ..w.expected[0].clone()
     });

@@ -111,7 +111,7 @@ fn answer_lost(input: &Input, e: &Expected, s: &Entry) -> bool {
     let lease = input.scenario.stack.lease.as_nanos() as u64;
     let rescued = input.status.is_some_and(|rows| {
         rows.iter()
-            .filter(|d| d.recipient == e.recipient && d.channel == e.channel)
+            .filter(|d| *d.recipient == *e.recipient && d.channel == e.channel)
             .any(|d| d.transitions.iter().any(|t| t.source == Source::Rescuer))
     });
     sender_hit(input, s, s.mono_ns.saturating_sub(1), s.mono_ns + lease) || rescued

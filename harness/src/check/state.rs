@@ -2,8 +2,12 @@
 //! (docs/stack-contract.md), parsed once where the answer is read so that every checker matches
 //! on variants the compiler knows: a misspelt state is a compile error, not a rule that silently
 //! never fires. A name outside the contract is kept as written (`Other`), never guessed: it is
-//! no known state, so nothing treats it as settled, terminal or a source it is not.
+//! no known state, so nothing treats it as settled, terminal or a source it is not. A
+//! transition's time ([`At`]) and a row's payload digest ([`Digest`]) are kept as numbers when
+//! their text reads back from them byte for byte, as written otherwise: the status view of a
+//! big run holds millions of them.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use schemars::JsonSchema;
@@ -23,8 +27,9 @@ pub enum State {
     Failed,
     /// The outcome could not be known; held for reconciliation or a human.
     Unknown,
-    /// A state the contract does not name, as the stack wrote it.
-    Other(String),
+    /// A state the contract does not name, as the stack wrote it (behind a thin pointer: a
+    /// state is two words, and a transition holds two).
+    Other(Box<String>),
 }
 
 impl State {
@@ -68,7 +73,7 @@ impl From<&str> for State {
             "permanent_failure" => State::PermanentFailure,
             "failed" => State::Failed,
             "unknown" => State::Unknown,
-            other => State::Other(other.to_string()),
+            other => State::Other(Box::new(other.to_string())),
         }
     }
 }
@@ -100,8 +105,8 @@ pub enum Source {
     Poll,
     Rescuer,
     Api,
-    /// A source the contract does not name, as the stack wrote it.
-    Other(String),
+    /// A source the contract does not name, as the stack wrote it (behind a thin pointer).
+    Other(Box<String>),
 }
 
 impl Source {
@@ -125,7 +130,7 @@ impl From<&str> for Source {
             "poll" => Source::Poll,
             "rescuer" => Source::Rescuer,
             "api" => Source::Api,
-            other => Source::Other(other.to_string()),
+            other => Source::Other(Box::new(other.to_string())),
         }
     }
 }
@@ -148,7 +153,119 @@ impl fmt::Display for Source {
     }
 }
 
-/// Both are written as plain strings in `status.json` and `report.json`.
+/// When a transition happened, as the stack wrote it (RFC 3339 by the contract).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum At {
+    /// Milliseconds since the Unix epoch, for a text in the form the reference stack writes
+    /// (`2026-12-03T11:20:01.123Z`), which [`At::text`] gives back byte for byte.
+    Millis(i64),
+    /// Any other text, as written (behind a thin pointer: an `At` is two words).
+    Text(Box<String>),
+}
+
+impl At {
+    /// The text the stack wrote.
+    pub fn text(&self) -> Cow<'_, str> {
+        match self {
+            At::Millis(ms) => Cow::Owned(millis_text(*ms).unwrap_or_default()),
+            At::Text(s) => Cow::Borrowed(s),
+        }
+    }
+
+    /// Milliseconds since the epoch, when the text is RFC 3339.
+    pub fn millis(&self) -> Option<i64> {
+        match self {
+            At::Millis(ms) => Some(*ms),
+            At::Text(s) => Some(
+                chrono::DateTime::parse_from_rfc3339(s)
+                    .ok()?
+                    .timestamp_millis(),
+            ),
+        }
+    }
+}
+
+/// `ms` since the epoch in the reference stack's form; `None` outside chrono's range.
+fn millis_text(ms: i64) -> Option<String> {
+    let t = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)?;
+    Some(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}
+
+impl From<&str> for At {
+    fn from(s: &str) -> At {
+        let canonical = chrono::DateTime::parse_from_rfc3339(s)
+            .ok()
+            .map(|t| t.timestamp_millis())
+            .filter(|ms| millis_text(*ms).as_deref() == Some(s));
+        match canonical {
+            Some(ms) => At::Millis(ms),
+            None => At::Text(Box::new(s.to_string())),
+        }
+    }
+}
+
+impl From<String> for At {
+    fn from(s: String) -> At {
+        At::from(s.as_str())
+    }
+}
+
+impl From<At> for String {
+    fn from(a: At) -> String {
+        a.text().into_owned()
+    }
+}
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text())
+    }
+}
+
+/// A row's `payload_sha256` as the stack wrote it: 32 bytes when it is 64 lowercase hex digits
+/// (what [`Digest::text`] gives back byte for byte), any other text as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum Digest {
+    Sha256([u8; 32]),
+    Text(Box<str>),
+}
+
+impl Digest {
+    /// The text the stack wrote.
+    pub fn text(&self) -> Cow<'_, str> {
+        match self {
+            Digest::Sha256(b) => Cow::Owned(hex::encode(b)),
+            Digest::Text(s) => Cow::Borrowed(s),
+        }
+    }
+}
+
+impl From<&str> for Digest {
+    fn from(s: &str) -> Digest {
+        let mut b = [0u8; 32];
+        let lower = !s.bytes().any(|c| c.is_ascii_uppercase());
+        match hex::decode_to_slice(s, &mut b) {
+            Ok(()) if lower => Digest::Sha256(b),
+            _ => Digest::Text(s.into()),
+        }
+    }
+}
+
+impl From<String> for Digest {
+    fn from(s: String) -> Digest {
+        Digest::from(s.as_str())
+    }
+}
+
+impl From<Digest> for String {
+    fn from(d: Digest) -> String {
+        d.text().into_owned()
+    }
+}
+
+/// All four are written as plain strings in `status.json` and `report.json`.
 macro_rules! string_schema {
     ($t:ty, $name:literal) => {
         impl JsonSchema for $t {
@@ -166,6 +283,8 @@ macro_rules! string_schema {
 }
 string_schema!(State, "State");
 string_schema!(Source, "Source");
+string_schema!(At, "At");
+string_schema!(Digest, "Digest");
 
 #[cfg(test)]
 mod tests {
@@ -195,9 +314,48 @@ mod tests {
         }
         // A stack's own word is kept, and is neither settled nor terminal.
         let odd: State = serde_json::from_str("\"Delivered\"").unwrap();
-        assert_eq!(odd, State::Other("Delivered".into()));
+        assert_eq!(odd, State::Other(Box::new("Delivered".into())));
+        assert!(
+            std::mem::size_of::<Option<State>>() <= 16,
+            "a transition holds two"
+        );
         assert!(!odd.is_settled() && !odd.is_terminal());
         assert_eq!(serde_json::to_string(&odd).unwrap(), "\"Delivered\"");
         assert!(State::Unknown.is_settled() && !State::Unknown.is_terminal());
+    }
+
+    /// A time in the reference stack's form is a number that reads back byte for byte; any
+    /// other text (another offset, precision or no time at all) is kept as written.
+    #[test]
+    fn a_transition_time_reads_back_as_written() {
+        for (text, number) in [
+            ("2026-12-03T11:20:01.123Z", true),
+            ("1970-01-01T00:00:00.000Z", true),
+            ("2026-12-03T11:20:01.123456Z", false),
+            ("2026-12-03T11:20:01Z", false),
+            ("2026-12-03T12:20:01.123+01:00", false),
+            ("2026-12-03T11:20:01.123z", false),
+            ("yesterday", false),
+            ("", false),
+        ] {
+            let at = At::from(text);
+            assert_eq!(matches!(at, At::Millis(_)), number, "{text}");
+            assert_eq!(at.text(), text);
+            let json = serde_json::to_string(&at).unwrap();
+            assert_eq!(serde_json::from_str::<At>(&json).unwrap(), at);
+            assert_eq!(json, serde_json::to_string(text).unwrap());
+        }
+        assert!(std::mem::size_of::<Option<At>>() <= 16);
+        let hash = "0bbf170ad2e16cf0d6f44335ca1cc71a7a8c40f7dd4620284c242c9d3fd16385";
+        for (text, bytes) in [
+            (hash, true),
+            (&hash.to_uppercase(), false),
+            (&hash[1..], false),
+            ("sha256:abc", false),
+        ] {
+            let d = Digest::from(text);
+            assert_eq!(matches!(d, Digest::Sha256(_)), bytes, "{text}");
+            assert_eq!(d.text(), text);
+        }
     }
 }

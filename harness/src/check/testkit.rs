@@ -134,7 +134,7 @@ impl World {
         self.expected.push(Expected {
             recipient: recipient.into(),
             channel,
-            address: address.clone(),
+            address: address.as_str().into(),
             bad: false,
             tricky_name: None,
             batch_id: batch_id.into(),
@@ -236,10 +236,10 @@ impl World {
         self.status
             .get_or_insert_with(Vec::new)
             .push(StatusDelivery {
-                key: format!("b0:{recipient}:{}", channel.as_str()),
+                key: format!("b0:{recipient}:{}", channel.as_str()).into(),
                 recipient: recipient.into(),
                 channel,
-                address: Some(addr(recipient, channel)),
+                address: Some(addr(recipient, channel).into()),
                 state: from.unwrap_or(State::Pending),
                 attempts: 1,
                 provider_message_id: msg_id.map(Into::into),
@@ -259,17 +259,17 @@ impl World {
                 from: from.replace(State::from(*to)),
                 to: State::from(*to),
                 source: Source::from(*source),
-                at: Some(wall(*at)),
+                at: Some(wall(*at).into()),
                 detail: None,
             })
             .collect();
         self.status
             .get_or_insert_with(Vec::new)
             .push(StatusDelivery {
-                key: format!("b0:{recipient}:{}", channel.as_str()),
+                key: format!("b0:{recipient}:{}", channel.as_str()).into(),
                 recipient: recipient.into(),
                 channel,
-                address: Some(addr(recipient, channel)),
+                address: Some(addr(recipient, channel).into()),
                 state: from.unwrap_or(State::Pending),
                 attempts: 1,
                 provider_message_id: None,

@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::check::Expected;
+use crate::check::{Expected, Name};
 use crate::scenario::{Channel, Scenario};
 
 /// One recipient as enqueued (the contract's `recipients[]` item).
@@ -179,21 +179,29 @@ pub fn expected(
 ) -> Vec<Expected> {
     let p: &ProvidersConfig = &scenario.providers;
     let mut out = Vec::with_capacity(recipients.len() * scenario.load.channels.len());
+    // One copy of a batch id for the batch's deliveries (recipients come in batch order).
+    let mut batch: Option<Name> = None;
     for (i, r) in recipients.iter().enumerate() {
         let (batch_id, template_edited) = batch_of(i);
+        let batch_id = match batch.take() {
+            Some(b) if *b == *batch_id => b,
+            _ => Name::from(batch_id),
+        };
+        batch = Some(batch_id.clone());
+        let recipient = Name::from(r.id.as_str());
         for &channel in &scenario.load.channels {
             let rate = match channel {
                 Channel::Line => p.line.bad_addresses,
                 Channel::Email => p.smtp.bad_addresses,
                 Channel::Sms => p.sms.bad_addresses,
             };
-            let address = r.address(channel).to_string();
+            let address = r.address(channel);
             out.push(Expected {
-                recipient: r.id.clone(),
+                recipient: recipient.clone(),
                 channel,
-                bad: faults::is_bad_address(scenario.seed, channel.provider(), &address, rate),
-                address,
-                tricky_name: r.tricky.then(|| r.name.clone()),
+                bad: faults::is_bad_address(scenario.seed, channel.provider(), address, rate),
+                address: Name::from(address),
+                tricky_name: r.tricky.then(|| r.name.as_str().into()),
                 batch_id: batch_id.clone(),
                 template_edited,
             });

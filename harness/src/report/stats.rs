@@ -112,7 +112,7 @@ fn first_acceptances(ledger: &[Entry]) -> Vec<(Provider, &str, u64)> {
 
 /// When each delivery was enqueued on the ledger clock: (provider, address) → when the
 /// `POST /v1/batches` of its batch was sent.
-pub type EnqueueTimes = HashMap<(Provider, String), u64>;
+pub type EnqueueTimes = HashMap<(Provider, crate::check::Name), u64>;
 
 /// [`EnqueueTimes`] from the expected deliveries and the batches' send times.
 pub fn enqueue_times(
@@ -214,7 +214,7 @@ pub fn latency(
     enqueue_us: &hdrhistogram::Histogram<u64>,
     enqueued: &EnqueueTimes,
 ) -> Latency {
-    let by_channel = e2e_ms(ledger, |p, to| enqueued.get(&(p, to.to_string())).copied());
+    let by_channel = e2e_ms(ledger, |p, to| enqueued.get(&(p, to.into())).copied());
     let mut l = e2e_latency(&by_channel, "batch_post");
     let recorded: Vec<(f64, u64)> = enqueue_us
         .iter_recorded()

@@ -19,7 +19,7 @@ fn expected(
     crate::check::Expected {
         recipient: recipient.into(),
         channel,
-        address: format!("{recipient}@{}", channel.as_str()),
+        address: format!("{recipient}@{}", channel.as_str()).into(),
         bad: false,
         tricky_name: None,
         batch_id: batch.into(),

@@ -59,13 +59,19 @@ impl Spool for Taker {
 
 impl Journal {
     /// Starts spooling `ledger` to `dir/ledger.jsonl` (a temporary file until
-    /// [`Journal::commit`]), keeping the HTML parts `keep` names.
-    pub fn start(ledger: &Ledger, dir: &Path, keep: Keep) -> anyhow::Result<Journal> {
+    /// [`Journal::commit`]), keeping the HTML parts `keep` names; the entries' strings share
+    /// the copies in `names`.
+    pub fn start(
+        ledger: &Ledger,
+        dir: &Path,
+        keep: Keep,
+        names: Interner,
+    ) -> anyhow::Result<Journal> {
         let file = AtomicFile::create(&dir.join("ledger.jsonl"))?;
         let kept = Arc::new(Mutex::new(Kept {
             entries: Vec::new(),
             frozen: false,
-            names: Interner::default(),
+            names,
             keep,
             file: Some(file),
             error: None,
@@ -121,7 +127,8 @@ mod tests {
         let mut first = LedgerEntry::draft(Provider::Sms, EntryKind::Send, "+15550001");
         first.body = Some("x".repeat(1_000));
         ledger.record(first);
-        let journal = Journal::start(&ledger, dir.path(), Keep::NoHtml).unwrap();
+        let journal =
+            Journal::start(&ledger, dir.path(), Keep::NoHtml, Interner::default()).unwrap();
         assert!(
             !dir.path().join("ledger.jsonl").exists(),
             "committed only at the end"

@@ -42,6 +42,9 @@ pub(super) async fn stop_and_judge(
         .await;
     res.supervisor = None;
     clock.lap(|p| &mut p.stop_s);
+    // What the wait freed (the status view replaced, answers parsed) goes back before judging
+    // builds its indexes: the run's peak is here.
+    crate::malloc::trim();
     let world = &stack.world;
     world.resolve_pending();
     let entries = world.journal.freeze();
@@ -67,6 +70,7 @@ pub(super) async fn stop_and_judge(
         stalls: &stalls,
     };
     let checks = check::run_all(&input);
+    crate::malloc::trim();
     clock.lap(|p| &mut p.judge_s);
     Judged {
         entries,

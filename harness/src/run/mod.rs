@@ -235,6 +235,8 @@ async fn execute(
     std::fs::create_dir_all(report_dir)
         .with_context(|| format!("create {}", report_dir.display()))?;
     let cpu_mark = crate::cpu::mark();
+    // Freed memory goes back to the system every few seconds for the whole run.
+    let _trimmer = crate::malloc::Trimmer::start();
     let mut progress = progress::Progress::new(opts.progress);
     // The ledger's clock is the run's clock: every timeline event and progress line uses it.
     let ledger = Ledger::new();

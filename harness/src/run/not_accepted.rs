@@ -42,7 +42,7 @@ mod tests {
         Expected {
             recipient: recipient.into(),
             channel: Channel::Line,
-            address: format!("U{recipient}"),
+            address: format!("U{recipient}").into(),
             bad: false,
             tricky_name: None,
             batch_id: batch.into(),

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use mock_providers::ledger::{CallbackVariant, EntryKind, Provider};
 
 use crate::check::common::{is_failure, is_final};
-use crate::check::{Entry, Expected, State, StatusDelivery};
+use crate::check::{Entry, Expected, Name, State, StatusDelivery};
 use crate::scenario::Channel;
 
 /// What the ledger showed of one delivery, classified as `no_loss` classifies it
@@ -25,7 +25,8 @@ struct Seen {
 
 /// Folds the ledger incrementally and answers "what is still open?".
 pub struct Tracker {
-    index: HashMap<(Provider, String), usize>,
+    /// (provider, address) → the delivery's index, the address shared with `expected`'s.
+    index: HashMap<(Provider, Name), usize>,
     seen: Vec<Seen>,
     next_seq: u64,
     max_attempts: u32,
@@ -63,7 +64,7 @@ impl Tracker {
             if e.kind != EntryKind::Send {
                 continue;
             }
-            let Some(&i) = self.index.get(&(e.provider, e.recipient.to_string())) else {
+            let Some(&i) = self.index.get(&(e.provider, e.recipient.clone())) else {
                 continue;
             };
             let s = &mut self.seen[i];
@@ -127,7 +128,7 @@ impl Tracker {
     ) -> impl Iterator<Item = &'e Expected> {
         let by_key: Option<HashMap<(&str, Channel), &StatusDelivery>> = status.map(|rows| {
             rows.iter()
-                .map(|d| ((d.recipient.as_str(), d.channel), *d))
+                .map(|d| ((&*d.recipient, d.channel), *d))
                 .collect()
         });
         let mut open = Vec::new();
@@ -181,7 +182,7 @@ mod tests {
         Expected {
             recipient: r.into(),
             channel: Channel::Sms,
-            address: format!("+1{r}"),
+            address: format!("+1{r}").into(),
             bad: false,
             tricky_name: None,
             batch_id: "b".into(),
@@ -198,7 +199,7 @@ mod tests {
 
     fn row(r: &str, state: &str) -> StatusDelivery {
         StatusDelivery {
-            key: format!("b:{r}:sms"),
+            key: format!("b:{r}:sms").into(),
             recipient: r.into(),
             channel: Channel::Sms,
             address: None,

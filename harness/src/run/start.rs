@@ -102,7 +102,12 @@ pub(super) async fn stack(
     let commands = Commands::of(scenario, opts);
     // From here on the ledger goes to ledger.jsonl as it is recorded.
     let keep = crate::check::immutable_payload::html_kept(scenario);
-    let journal = journal::Journal::start(ledger, report_dir, keep)?;
+    // The ledger's entries name the expected addresses with `expected`'s own copies.
+    let mut names = crate::check::Interner::default();
+    for e in &work.expected {
+        names.adopt(&e.address);
+    }
+    let journal = journal::Journal::start(ledger, report_dir, keep, names)?;
     let world = world::World::new(
         scenario.clone(),
         (ledger.clone(), journal),

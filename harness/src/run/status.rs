@@ -25,7 +25,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::check::{LostBatch, StatusAnswers, StatusDelivery, UnreadableStatus};
+use crate::check::{Interner, LostBatch, StatusAnswers, StatusDelivery, UnreadableStatus};
 use crate::load::{self, StatusAnswer};
 
 /// What the first answer said about the status API.
@@ -53,6 +53,8 @@ pub struct StatusPoller {
     /// The most bytes an answer may have ([`answer_cap`]).
     cap: usize,
     answers: StatusAnswers,
+    /// One copy of each transition detail the rows share (a worker's id, "attempt 1 accepted").
+    names: Interner,
 }
 
 /// The most bytes a status answer may take for a run of `deliveries` expected deliveries: 16 KiB
@@ -90,6 +92,7 @@ impl StatusPoller {
             turn_rest: 0,
             cap: answer_cap(deliveries),
             answers: StatusAnswers::default(),
+            names: Interner::default(),
         }
     }
 
@@ -257,9 +260,10 @@ impl StatusPoller {
                 }
                 let mut rows = match self.rows.remove(batch_id) {
                     Some(held) if incremental => merge(held, page.deliveries),
-                    _ => page.deliveries,
+                    Some(held) => keep_unchanged(held, page.deliveries),
+                    None => page.deliveries,
                 };
-                compact(&mut rows);
+                compact(&mut rows, &mut self.names);
                 self.rows.insert(batch_id.to_string(), rows);
                 match page.cursor {
                     Some(c) => {
@@ -317,29 +321,55 @@ impl StatusPoller {
     }
 }
 
-/// `held` with each row of `changed` in place of the held row with its key (appended if new).
-/// Drops the spare capacity a parsed answer leaves in its lists: the view of a big run holds
-/// hundreds of thousands of rows for the whole run.
-fn compact(rows: &mut Vec<StatusDelivery>) {
+/// Drops the spare capacity a parsed answer leaves in its lists and shares the transitions'
+/// details through `names`: the view of a big run holds hundreds of thousands of rows for the
+/// whole run.
+fn compact(rows: &mut Vec<StatusDelivery>, names: &mut Interner) {
     rows.shrink_to_fit();
     for r in rows.iter_mut() {
         r.transitions.shrink_to_fit();
+        for t in r.transitions.iter_mut() {
+            if let Some(d) = &mut t.detail {
+                *d = names.name(d);
+            }
+        }
     }
 }
 
+/// `held` with each row of `changed` in place of the held row with its key (appended if new).
 fn merge(mut held: Vec<StatusDelivery>, changed: Vec<StatusDelivery>) -> Vec<StatusDelivery> {
-    let at: std::collections::HashMap<String, usize> = held
+    let at: std::collections::HashMap<Box<str>, usize> = held
         .iter()
         .enumerate()
         .map(|(i, r)| (r.key.clone(), i))
         .collect();
     for row in changed {
         match at.get(&row.key) {
+            // An unchanged row keeps its old copy (see `keep_unchanged`).
+            Some(i) if held[*i] == row => {}
             Some(i) => held[*i] = row,
             None => held.push(row),
         }
     }
     held
+}
+
+/// A whole answer's rows, each row the stack did not change since `held` replaced by its held
+/// copy (matched by position and key, as a stack lists its rows in a stable order). The
+/// freshly parsed copies are dropped at once, so the next batch's answer is parsed into their
+/// room: replacing a big run's whole view instead (its last poll asks for every row of every
+/// batch) leaves the old rows' room free between the ledger's entries, where glibc cannot give
+/// it back.
+fn keep_unchanged(
+    held: Vec<StatusDelivery>,
+    mut fresh: Vec<StatusDelivery>,
+) -> Vec<StatusDelivery> {
+    for (new, old) in fresh.iter_mut().zip(held) {
+        if new.key == old.key && *new == old {
+            *new = old;
+        }
+    }
+    fresh
 }
 
 #[cfg(test)]
@@ -401,7 +431,7 @@ mod tests {
             .rows()
             .unwrap()
             .into_iter()
-            .map(|r| (r.key.clone(), r.state.to_string()))
+            .map(|r| (r.key.to_string(), r.state.to_string()))
             .collect();
         assert_eq!(
             states,
@@ -421,6 +451,47 @@ mod tests {
         // A stack that stops sending a cursor is asked for everything.
         p.record("b1", rows(1), false, 100);
         assert_eq!(p.since("b1", false), None);
+    }
+
+    /// A whole answer keeps the held copy of every row it did not change (same text, so the
+    /// view is what the answer says) and takes the changed ones; an incremental one likewise.
+    #[test]
+    fn unchanged_rows_keep_their_held_copy() {
+        let mut p = StatusPoller::new(3);
+        p.record(
+            "b1",
+            page(&[("a", "sending"), ("b", "delivered")], "c1"),
+            false,
+            1,
+        );
+        let held_b = p.rows().unwrap()[1].key.as_ptr();
+        p.record(
+            "b1",
+            page(&[("a", "delivered"), ("b", "delivered")], "c2"),
+            false,
+            2,
+        );
+        let rows = p.rows().unwrap();
+        assert_eq!(
+            rows[0].state,
+            crate::check::State::Delivered,
+            "changed: taken"
+        );
+        assert_eq!(rows[1].key.as_ptr(), held_b, "unchanged: the held copy");
+        let held_a = rows[0].key.as_ptr();
+        p.record(
+            "b1",
+            page(&[("a", "delivered"), ("c", "sending")], "c3"),
+            true,
+            3,
+        );
+        let rows = p.rows().unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(
+            rows[0].key.as_ptr(),
+            held_a,
+            "incremental, unchanged: the held copy"
+        );
     }
 
     /// (answers for batches in order: rows or 404, API on at the end, rows kept, lost batches)

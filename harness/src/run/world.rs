@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use mock_providers::ledger::{EntryKind, Hook, Ledger, LedgerEntry, Outcome, Provider};
 
 use crate::attribution::{Attributor, Found};
-use crate::check::{EventKind, Role, TimelineEvent};
+use crate::check::{EventKind, Name, Role, TimelineEvent};
 use crate::scenario::Scenario;
 use crate::supervise::{Spec, Supervisor};
 
@@ -334,7 +334,7 @@ pub struct Observer {
     pub chaos: Arc<super::chaos::Chaos>,
     /// The batches' addresses per provider: only their accepts count as progress (the
     /// trickle's orders are not part of the campaign a `progress` trigger or bar is about).
-    pub campaign: [std::collections::HashSet<String>; 3],
+    pub campaign: [std::collections::HashSet<Name>; 3],
 }
 
 impl Observer {
@@ -342,9 +342,9 @@ impl Observer {
     pub fn new(
         world: Arc<World>,
         chaos: Arc<super::chaos::Chaos>,
-        campaign: impl IntoIterator<Item = (Provider, String)>,
+        campaign: impl IntoIterator<Item = (Provider, Name)>,
     ) -> Observer {
-        let mut by_provider: [std::collections::HashSet<String>; 3] = Default::default();
+        let mut by_provider: [std::collections::HashSet<Name>; 3] = Default::default();
         for (p, address) in campaign {
             by_provider[idx(p)].insert(address);
         }

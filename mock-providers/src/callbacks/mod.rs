@@ -6,7 +6,8 @@
 //! Every try of every callback is a ledger entry (`EntryKind::Callback`) with how late it began
 //! and how long the stack took to answer. The dispatcher counts the reports still due
 //! ([`Dispatcher::pending`]) so the harness can wait for quiescence before it judges a run. It
-//! must never block a provider's request path: scheduling only spawns tasks.
+//! must never block a provider's request path: scheduling only pushes onto a queue under a
+//! short lock.
 //!
 //! The reports go out from a thread and runtime of their own. The fakes share the harness's
 //! runtime with its status polls, ledger serialisation and checks; a report waiting behind those
@@ -17,20 +18,27 @@
 //! earlier ones waits for a slot (`callback_queued_ms`) instead of piling another connection onto
 //! a stack that is already behind — which made thousands of tries time out at once and kept the
 //! dispatcher's one thread too busy to start the next report on time.
+//!
+//! A report waiting is a small job in its provider's [`queue`] (a heap keyed by due time), not a
+//! task: one driver task per provider begins each try when it falls due and a slot is free, so a
+//! flood of a hundred thousand reports due at once costs tens of megabytes, not a task each.
+//! A report is rendered ([`report`]) when a try begins.
 
 pub mod plan;
+mod queue;
+mod report;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::{SmsConfig, SmtpConfig};
 use crate::ledger::{CallbackVariant, EntryKind, Ledger, LedgerEntry, Outcome, Provider};
-use crate::signing;
-use plan::Planned;
+use queue::{Job, Lane, Pending, Start};
+use report::{Form, Message, Policy, Report};
 
 /// Tries of one provider's reports in flight at once; the rest wait their turn in due order.
 pub const MAX_IN_FLIGHT: usize = 32;
@@ -47,35 +55,40 @@ pub struct SmsReport {
     pub attempt: u32,
 }
 
-/// A ready-to-send report: the body and headers are fixed when it is scheduled, so a duplicate or
-/// a retry is byte-identical to its original.
-struct Job {
-    provider: Provider,
-    recipient: String,
-    attempt: u32,
-    url: String,
-    planned: Planned,
-    content_type: &'static str,
-    body: Vec<u8>,
-    headers: Vec<(&'static str, String)>,
-    retry_on_error: bool,
-    max_retries: u32,
-    timeout: Duration,
+/// What the reports' driver and tries share with the dispatcher.
+struct Core {
+    ledger: Ledger,
+    client: reqwest::Client,
+    pending: Arc<Pending>,
+    /// One queue per provider: SMS status callbacks, e-mail events.
+    sms: Lane,
+    email: Lane,
+    /// Bumped by [`Dispatcher::cancel_all`]: a job of an earlier epoch never begins, and a try
+    /// in flight drops out when it moves.
+    epoch: watch::Sender<u64>,
+}
+
+impl Core {
+    fn lane(&self, provider: Provider) -> &Lane {
+        match provider {
+            Provider::Sms => &self.sms,
+            _ => &self.email,
+        }
+    }
+
+    fn epoch(&self) -> u64 {
+        *self.epoch.borrow()
+    }
 }
 
 struct Inner {
     seed: u64,
-    ledger: Ledger,
-    client: reqwest::Client,
-    pending: AtomicUsize,
-    idle: Notify,
-    /// Connection slots per provider ([`MAX_IN_FLIGHT`] each): SMS status callbacks, e-mail events.
-    sms_slots: Semaphore,
-    email_slots: Semaphore,
-    /// Bumped by [`Dispatcher::cancel_all`]; every job watches it and drops out when it moves.
-    epoch: watch::Sender<u64>,
+    core: Arc<Core>,
+    /// The signing keys and account ids the messages share, one copy of each.
+    keys: Mutex<HashSet<Arc<str>>>,
     handle: Option<tokio::runtime::Handle>,
-    /// Dropped with the dispatcher: the reports' own runtime then stops.
+    /// Dropped with the dispatcher: the drivers end, and the reports' own runtime stops.
+    _closed: watch::Sender<()>,
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -106,17 +119,6 @@ pub struct Dispatcher {
     inner: Arc<Inner>,
 }
 
-/// Decrements the pending count when a job ends, however it ends.
-struct PendingGuard(Arc<Inner>);
-
-impl Drop for PendingGuard {
-    fn drop(&mut self) {
-        if self.0.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
 impl Dispatcher {
     /// Creates a dispatcher with its own runtime thread for the reports (falling back to the
     /// runtime it is created in, if any, should that thread not start).
@@ -132,17 +134,27 @@ impl Dispatcher {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("reqwest client without TLS always builds");
+        let core = Arc::new(Core {
+            ledger,
+            client,
+            pending: Arc::new(Pending::default()),
+            sms: Lane::default(),
+            email: Lane::default(),
+            epoch: watch::Sender::new(0),
+        });
+        let (closed, _) = watch::channel(());
+        if let Some(h) = &handle {
+            for provider in [Provider::Sms, Provider::Smtp] {
+                h.spawn(drive(core.clone(), provider, closed.subscribe()));
+            }
+        }
         Dispatcher {
             inner: Arc::new(Inner {
                 seed,
-                ledger,
-                client,
-                pending: AtomicUsize::new(0),
-                idle: Notify::new(),
-                sms_slots: Semaphore::new(MAX_IN_FLIGHT),
-                email_slots: Semaphore::new(MAX_IN_FLIGHT),
-                epoch: watch::Sender::new(0),
+                core,
+                keys: Mutex::new(HashSet::new()),
                 handle,
+                _closed: closed,
                 _stop: stop,
             }),
         }
@@ -150,69 +162,48 @@ impl Dispatcher {
 
     /// Reports scheduled and not yet finished (including ones waiting for a retry).
     pub fn pending(&self) -> usize {
-        self.inner.pending.load(Ordering::Acquire)
+        self.inner.core.pending.get()
     }
 
     /// Resolves once no report is pending.
     pub async fn quiesced(&self) {
-        loop {
-            let notified = self.inner.idle.notified();
-            if self.pending() == 0 {
-                return;
-            }
-            notified.await;
-        }
+        self.inner.core.pending.idle().await
     }
 
     /// Drops every report still due (control API reset, shutdown).
     pub fn cancel_all(&self) {
-        self.inner.epoch.send_modify(|e| *e += 1);
+        let core = &self.inner.core;
+        core.epoch.send_modify(|e| *e += 1);
+        core.sms.clear();
+        core.email.clear();
     }
 
-    /// Schedules the status callbacks of an accepted SMS, if callbacks are on.
-    pub fn sms_accepted(&self, cfg: &SmsConfig, msg: &SmsReport, plan: &plan::SmsPlan) {
+    /// Schedules the status callbacks of an accepted SMS, if callbacks are on. `plan` is the
+    /// message's (the store keeps only its timeline).
+    pub fn sms_accepted(&self, cfg: &SmsConfig, msg: &SmsReport, plan: plan::SmsPlan) {
         let cb = &cfg.callbacks;
         if !cb.enabled || msg.status_callback.is_empty() {
             return;
         }
-        for p in &plan.reports {
-            let mut params: Vec<(&str, String)> = vec![
-                ("MessageSid", p.message_id.clone()),
-                ("SmsSid", p.message_id.clone()),
-                ("MessageStatus", p.status.to_string()),
-                ("SmsStatus", p.status.to_string()),
-                ("AccountSid", cfg.account_sid.clone()),
-                ("To", msg.to.clone()),
-                ("From", msg.from.clone()),
-                ("ApiVersion", "2010-04-01".to_string()),
-            ];
-            if let Some(ms) = &msg.messaging_service_sid {
-                params.push(("MessagingServiceSid", ms.clone()));
-            }
-            if let Some(code) = p.error_code {
-                params.push(("ErrorCode", code.to_string()));
-            }
-            let mut headers = Vec::with_capacity(2);
-            if let Some(key) = signing_key(p.variant, &cfg.auth_token) {
-                let signature = signing::twilio_signature(&key, &msg.status_callback, &params);
-                headers.push(("x-twilio-signature", signature));
-            }
-            headers.push(("i-twilio-idempotency-token", p.token.clone()));
-            let body = serde_urlencoded::to_string(&params).expect("string pairs always encode");
-            self.spawn(Job {
-                provider: Provider::Sms,
-                recipient: msg.to.clone(),
-                attempt: msg.attempt,
-                url: msg.status_callback.clone(),
-                planned: p.clone(),
-                content_type: "application/x-www-form-urlencoded",
-                body: body.into_bytes(),
-                headers,
+        let message = Arc::new(Message {
+            provider: Provider::Sms,
+            recipient: msg.to.as_str().into(),
+            attempt: msg.attempt,
+            url: msg.status_callback.as_str().into(),
+            policy: Policy {
                 retry_on_error: cb.retry_on_error,
                 max_retries: cb.max_retries,
                 timeout: cb.timeout.0,
-            });
-        }
+            },
+            form: Form::Sms {
+                sid: msg.sid.as_str().into(),
+                from: msg.from.as_str().into(),
+                messaging_service_sid: msg.messaging_service_sid.as_deref().map(Box::from),
+                account_sid: self.key(&cfg.account_sid),
+                auth_token: self.key(&cfg.auth_token),
+            },
+        });
+        self.schedule(&message, plan.reports);
     }
 
     /// Schedules the delivery events of an accepted e-mail (one recipient of one message), if
@@ -221,131 +212,152 @@ impl Dispatcher {
     /// `X-Events-Url` header), overrides `events.url`.
     pub fn email_accepted(&self, cfg: &SmtpConfig, entry: &LedgerEntry) {
         let ev = &cfg.events;
-        let Some(url) = entry.callback_url.clone().or_else(|| ev.url.clone()) else {
+        let Some(url) = entry.callback_url.as_deref().or(ev.url.as_deref()) else {
             return;
         };
         if !ev.enabled || entry.outcome != Outcome::Accepted {
             return;
         }
-        let message_id = entry.message_id.clone().unwrap_or_default();
-        let accepted_wall = chrono::Utc::now();
-        for p in plan::email(
+        let message_id = entry.message_id.as_deref().unwrap_or_default();
+        let planned = plan::email(
             self.inner.seed,
             &entry.recipient,
             entry.attempt,
-            &message_id,
+            message_id,
             ev,
-        ) {
-            let stamp = accepted_wall
-                + chrono::Duration::from_std(p.stamp).unwrap_or_else(|_| chrono::Duration::zero());
-            let body = serde_json::json!({
-                "id": p.token,
-                "type": p.status,
-                "message_id": p.message_id,
-                "recipient": entry.recipient,
-                "timestamp": stamp.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                "reason": p.reason,
-            });
-            let body = serde_json::to_vec(&body).expect("json value always serializes");
-            let headers = signing_key(p.variant, &cfg.events_secret)
-                .map(|key| ("x-ting-signature", signing::ting_signature(&key, &body)))
-                .into_iter()
-                .collect();
-            self.spawn(Job {
-                provider: Provider::Smtp,
-                recipient: entry.recipient.clone(),
-                attempt: entry.attempt,
-                url: url.clone(),
-                planned: p,
-                content_type: "application/json",
-                body,
-                headers,
+        );
+        let message = Arc::new(Message {
+            provider: Provider::Smtp,
+            recipient: entry.recipient.as_str().into(),
+            attempt: entry.attempt,
+            url: url.into(),
+            policy: Policy {
                 retry_on_error: ev.retry_on_error,
                 max_retries: ev.max_retries,
                 timeout: ev.timeout.0,
-            });
-        }
+            },
+            form: Form::Email {
+                message_id: message_id.into(),
+                accepted: chrono::Utc::now(),
+                secret: self.key(&cfg.events_secret),
+            },
+        });
+        self.schedule(&message, planned);
     }
 
-    fn spawn(&self, job: Job) {
-        let Some(handle) = &self.inner.handle else {
+    /// The one shared copy of a configured key or account id.
+    fn key(&self, s: &str) -> Arc<str> {
+        let mut keys = self.inner.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = keys.get(s) {
+            return k.clone();
+        }
+        let k: Arc<str> = Arc::from(s);
+        keys.insert(k.clone());
+        k
+    }
+
+    /// Queues `planned`, the reports about `message`, each at its time from now.
+    fn schedule(&self, message: &Arc<Message>, planned: Vec<plan::Planned>) {
+        if self.inner.handle.is_none() {
             tracing::warn!("callback dropped: dispatcher created outside a tokio runtime");
             return;
-        };
-        self.inner.pending.fetch_add(1, Ordering::AcqRel);
-        let guard = PendingGuard(self.inner.clone());
-        let inner = self.inner.clone();
-        let mut epoch = inner.epoch.subscribe();
-        let due = Instant::now() + job.planned.at;
-        // Boxed, like every big state of `deliver`: a flood keeps a hundred thousand reports
-        // waiting at once, each a task that holds little more than its job.
-        let job = Box::new(job);
-        handle.spawn(async move {
-            let _guard = guard;
-            tokio::select! {
-                _ = epoch.changed() => {}
-                _ = deliver(&inner, job, due) => {}
-            }
-        });
+        }
+        let core = &self.inner.core;
+        let lane = core.lane(message.provider);
+        let (now, epoch) = (Instant::now(), core.epoch());
+        for p in planned {
+            let due = now + p.at;
+            let report = Report::new(message.clone(), p);
+            let job = Job::new(report, now, epoch, core.pending.ticket());
+            lane.push(due, job);
+        }
     }
 }
 
-/// Sends one report at `due`, retrying on 5xx / timeout / connection errors, after a backoff or
-/// the answer's `Retry-After` (whole seconds) when that is longer, as a webhook sender does.
-async fn deliver(inner: &Inner, job: Box<Job>, due: Instant) {
-    let tries = if job.retry_on_error {
-        1 + job.max_retries
-    } else {
-        1
-    };
-    let mut due = due;
-    let slots = match job.provider {
-        Provider::Sms => &inner.sms_slots,
-        _ => &inner.email_slots,
-    };
-    // Tries the receiver could not be reached for at all (refused) while it may be restarting;
-    // they do not use up `max_retries` within RECEIVER_DOWN_PATIENCE of the first.
-    let mut n = 0;
-    let mut counted = 0;
-    let first = Instant::now();
+/// One provider's driver: begins each report's try when it falls due, at most
+/// [`MAX_IN_FLIGHT`] at once, until the dispatcher is dropped.
+async fn drive(core: Arc<Core>, provider: Provider, mut closed: watch::Receiver<()>) {
+    let lane = core.lane(provider);
     loop {
-        n += 1;
-        counted += 1;
-        Box::pin(tokio::time::sleep_until(due)).await;
-        let awake = Instant::now();
-        let late = awake.saturating_duration_since(due);
-        let Ok(_slot) = Box::pin(slots.acquire()).await else {
-            return;
-        };
-        let started = Instant::now();
-        let queued = started.saturating_duration_since(awake);
-        // Boxed: a report waiting for its turn holds only its job, not room for a request in
-        // flight (a flood keeps a hundred thousand reports waiting at once).
-        let Answer {
-            code,
-            err,
-            retry_after,
-            refused,
-        } = Box::pin(send_once(&inner.client, &job)).await;
-        let answered = Instant::now();
-        let times = Times {
-            late,
-            queued,
-            took: answered.duration_since(started),
-        };
-        record_try(&inner.ledger, &job, n, (code, err), times);
-        let retryable = code.is_none_or(|c| c >= 500);
-        if refused && job.retry_on_error && first.elapsed() < RECEIVER_DOWN_PATIENCE {
-            // Nobody was listening (the stack's API restarting): not a try the stack failed.
-            counted -= 1;
-            due = answered + RECEIVER_DOWN_GAP;
-            continue;
+        let (starts, next) = lane.start_due(Instant::now(), MAX_IN_FLIGHT, core.epoch());
+        for start in starts {
+            tokio::spawn(attempt(core.clone(), start));
         }
-        if !retryable || counted >= tries {
-            return;
+        // Far enough to mean "until woken", near enough never to overflow an Instant.
+        let until = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            _ = lane.wake.notified() => {}
+            _ = tokio::time::sleep_until(until) => {}
+            gone = closed.changed() => if gone.is_err() { return },
         }
-        due = answered + backoff(counted).max(retry_after.unwrap_or_default());
     }
+}
+
+/// Gives a try's slot back however the try ends (answered, cancelled, its runtime stopped).
+struct Slot<'a>(&'a Lane, Option<(Instant, Box<Job>)>);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.finished(self.1.take());
+    }
+}
+
+/// One try of a report begun by the driver; dropped when the dispatcher cancels its epoch.
+async fn attempt(core: Arc<Core>, start: Start) {
+    let mut slot = Slot(core.lane(start.job.report.message.provider), None);
+    let mut epoch = core.epoch.subscribe();
+    if *epoch.borrow_and_update() != start.job.epoch {
+        return;
+    }
+    tokio::select! {
+        _ = epoch.changed() => {}
+        retry = try_once(&core, start) => slot.1 = retry,
+    }
+}
+
+/// Sends one try of a report and records it; returns the job and when to try it again when
+/// the receiver answered 5xx, timed out or could not be reached (after a backoff or the answer's
+/// `Retry-After`, whole seconds, when that is longer, as a webhook sender does).
+async fn try_once(core: &Core, start: Start) -> Option<(Instant, Box<Job>)> {
+    let Start {
+        mut job,
+        due,
+        awake,
+    } = start;
+    let started = Instant::now();
+    job.tries.made += 1;
+    job.tries.counted += 1;
+    let Answer {
+        code,
+        err,
+        retry_after,
+        refused,
+    } = Box::pin(send_once(&core.client, &job.report)).await;
+    let answered = Instant::now();
+    let times = Times {
+        late: awake.saturating_duration_since(due),
+        queued: started.saturating_duration_since(awake),
+        took: answered.duration_since(started),
+    };
+    record_try(
+        &core.ledger,
+        &job.report,
+        job.tries.made,
+        (code, err),
+        times,
+    );
+    let policy = job.report.message.policy;
+    if refused && policy.retry_on_error && job.tries.since.elapsed() < RECEIVER_DOWN_PATIENCE {
+        // Nobody was listening (the stack's API restarting): not a try the stack failed.
+        job.tries.counted -= 1;
+        return Some((answered + RECEIVER_DOWN_GAP, job));
+    }
+    let retryable = code.is_none_or(|c| c >= 500);
+    if !retryable || job.tries.counted >= policy.tries() {
+        return None;
+    }
+    let gap = backoff(job.tries.counted).max(retry_after.unwrap_or_default());
+    Some((answered + gap, job))
 }
 
 /// How late a try began, how long it waited for a slot, how long the answer took.
@@ -355,29 +367,34 @@ struct Times {
     took: Duration,
 }
 
-/// Records try `n` of `job` and how it was answered. Apart from [`deliver`] so that a waiting
-/// report's future keeps no room for the entry.
+/// Records try `n` of `report` and how it was answered. Apart from [`try_once`] so that a
+/// try's future keeps no room for the entry.
 fn record_try(
     ledger: &Ledger,
-    job: &Job,
+    report: &Report,
     n: u32,
     (code, err): (Option<u16>, Option<String>),
     times: Times,
 ) {
-    let mut d = LedgerEntry::draft(job.provider, EntryKind::Callback, job.recipient.clone());
-    d.attempt = job.attempt;
+    let message = &report.message;
+    let mut d = LedgerEntry::draft(
+        message.provider,
+        EntryKind::Callback,
+        message.recipient.to_string(),
+    );
+    d.attempt = message.attempt;
     d.outcome = Outcome::Info;
     d.status = code
         .map(|c| c.to_string())
         .unwrap_or_else(|| "no answer".into());
     d.error = err;
-    d.fault = (job.planned.variant != CallbackVariant::Genuine)
-        .then(|| format!("callback {:?}", job.planned.variant).to_lowercase());
-    d.idempotency_key = Some(job.planned.token.clone());
-    d.message_id = Some(job.planned.message_id.clone());
-    d.callback_status = Some(job.planned.status.to_string());
-    d.callback_variant = Some(job.planned.variant);
-    d.callback_url = Some(job.url.clone());
+    d.fault = (report.variant != CallbackVariant::Genuine)
+        .then(|| format!("callback {:?}", report.variant).to_lowercase());
+    d.idempotency_key = Some(report.token.to_string());
+    d.message_id = Some(report.message_id().to_string());
+    d.callback_status = Some(report.status.to_string());
+    d.callback_variant = Some(report.variant);
+    d.callback_url = Some(message.url.to_string());
     d.callback_response = code;
     d.callback_try = Some(n);
     d.callback_late_ms = Some(times.late.as_millis() as u64);
@@ -395,22 +412,24 @@ struct Answer {
     refused: bool,
 }
 
-/// One try of `job`: the request, and the answer's status and `Retry-After`.
-async fn send_once(client: &reqwest::Client, job: &Job) -> Answer {
+/// One try of `report`: the request, rendered now, and the answer's status and `Retry-After`.
+async fn send_once(client: &reqwest::Client, report: &Report) -> Answer {
+    let request = report.request();
     let result = client
-        .post(&job.url)
-        .timeout(job.timeout)
-        .header("content-type", job.content_type)
+        .post(&*report.message.url)
+        .timeout(report.message.policy.timeout)
+        .header("content-type", request.content_type)
         .header("user-agent", "ting-chaos-mock-providers")
         .headers(
-            job.headers
+            request
+                .headers
                 .iter()
                 .filter_map(|(k, v)| {
                     Some((reqwest::header::HeaderName::from_static(k), v.parse().ok()?))
                 })
                 .collect(),
         )
-        .body(job.body.clone())
+        .body(request.body)
         .send()
         .await;
     let answer = |code, err, retry_after, refused| Answer {
@@ -470,46 +489,49 @@ fn backoff(n: u32) -> Duration {
         .min(Duration::from_secs(5))
 }
 
-/// The key a report is signed with: the provider's own, a wrong one
-/// ([`CallbackVariant::ForgedSignature`]), or none, so no signature header at all
-/// ([`CallbackVariant::Unsigned`]).
-fn signing_key(variant: CallbackVariant, key: &str) -> Option<String> {
-    match variant {
-        CallbackVariant::Unsigned => None,
-        CallbackVariant::ForgedSignature => Some(format!("{key}-forged")),
-        _ => Some(key.to_string()),
-    }
-}
-
 #[cfg(test)]
-mod waiting_size {
+mod flood {
     use super::*;
 
-    /// A report waiting for its turn is a task holding `deliver`'s future: a flood keeps a
-    /// hundred thousand of them at once, so its big states (the job, the request in flight, the
-    /// ledger entry) live behind pointers.
-    #[test]
-    fn a_waiting_report_holds_little_more_than_a_pointer_to_its_job() {
-        let d = Dispatcher::new(1, Ledger::new());
-        let planned = plan::email(1, "a@b.test", 1, "m", &Default::default())
-            .into_iter()
-            .next()
-            .expect("an accepted e-mail has a delivery event");
-        let job = Box::new(Job {
-            provider: Provider::Smtp,
-            recipient: "a@b.test".into(),
-            attempt: 1,
-            url: "http://127.0.0.1:1/".into(),
-            planned,
-            content_type: "application/json",
-            body: Vec::new(),
-            headers: Vec::new(),
-            retry_on_error: false,
-            max_retries: 0,
-            timeout: Duration::from_secs(1),
-        });
-        let waiting = deliver(&d.inner, job, Instant::now());
-        let size = std::mem::size_of_val(&waiting);
-        assert!(size <= 320, "deliver's future grew to {size} bytes");
+    /// A flood of reports due at once to a receiver that never answers is a queue, not a task
+    /// each: the callbacks runtime holds the two drivers and at most [`MAX_IN_FLIGHT`] tries
+    /// per provider (and their connections), however many reports are pending.
+    #[tokio::test]
+    async fn a_flood_of_due_reports_holds_a_bounded_number_of_tasks() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/events", silent.local_addr().unwrap());
+        let d = Dispatcher::new(3, Ledger::new());
+        let mut cfg = SmtpConfig::default();
+        cfg.events.enabled = true;
+        cfg.events.url = Some(url);
+        cfg.events.delay_min = crate::units::HumanDuration::from_millis(0);
+        cfg.events.delay_max = crate::units::HumanDuration::from_millis(0);
+        cfg.events.timeout = crate::units::HumanDuration::from_millis(60_000);
+        const N: usize = 5_000;
+        for i in 0..N {
+            let mut e = LedgerEntry::draft(Provider::Smtp, EntryKind::Send, format!("r{i}@x.test"));
+            e.outcome = Outcome::Accepted;
+            e.message_id = Some(format!("<m{i}@x.test>"));
+            d.email_accepted(&cfg, &e);
+        }
+        let pending = d.pending();
+        assert!(pending >= N, "{pending} pending");
+        let handle = d.inner.handle.clone().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while d.inner.core.email.counts().1 < MAX_IN_FLIGHT && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(d.inner.core.email.counts().1, MAX_IN_FLIGHT);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let tasks = handle.metrics().num_alive_tasks();
+        assert!(
+            tasks <= 2 + 3 * MAX_IN_FLIGHT,
+            "{tasks} tasks for {pending} pending reports"
+        );
+        assert_eq!(d.pending(), pending, "none answered, none lost");
+        d.cancel_all();
+        tokio::time::timeout(Duration::from_secs(5), d.quiesced())
+            .await
+            .expect("a cancel leaves nothing pending");
     }
 }

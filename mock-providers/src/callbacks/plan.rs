@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use rand::Rng;
+use uuid::Uuid;
 
 use crate::config::CallbackConfig;
 use crate::faults;
@@ -26,13 +27,13 @@ pub struct Planned {
     pub status: &'static str,
     pub variant: CallbackVariant,
     /// `I-Twilio-Idempotency-Token` or the e-mail event `id`; a duplicate repeats its original's.
-    pub token: String,
+    pub token: Uuid,
     /// The message the report is about (a made-up one for [`CallbackVariant::UnknownId`]).
     pub message_id: String,
     /// SMS failures: Twilio `ErrorCode`.
     pub error_code: Option<u32>,
-    /// E-mail bounces: the reason given.
-    pub reason: Option<String>,
+    /// E-mail bounces and deferrals: the reason given.
+    pub reason: Option<&'static str>,
 }
 
 /// Share of forged reports sent with no signature at all ([`CallbackVariant::Unsigned`]); the
@@ -72,10 +73,8 @@ fn uniform(rng: &mut impl Rng, min: Duration, max: Duration) -> Duration {
     Duration::from_secs_f64(rng.gen_range(min.as_secs_f64()..=max.as_secs_f64()))
 }
 
-fn token(rng: &mut impl Rng) -> String {
-    uuid::Builder::from_random_bytes(rng.gen())
-        .into_uuid()
-        .to_string()
+fn token(rng: &mut impl Rng) -> Uuid {
+    uuid::Builder::from_random_bytes(rng.gen()).into_uuid()
 }
 
 /// Plans the status callbacks of SMS `sid`, accepted as `attempt` to `recipient`.
@@ -115,17 +114,17 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
     let forged_at = uniform(&mut rng, min, max);
     let unknown = rng.gen::<f64>() < cfg.unknown_id_rate.get();
     let unknown_at = uniform(&mut rng, min, max);
-    let tokens: Vec<String> = (0..5).map(|_| token(&mut rng)).collect();
+    let tokens: Vec<Uuid> = (0..5).map(|_| token(&mut rng)).collect();
     let unknown_sid = format!("SM{}", hex::encode(rng.gen::<[u8; 16]>()));
     // Drawn last, so every draw above (and the plan of every other report) is what it was.
     let forged_as = forgery(rng.gen::<f64>());
 
-    let genuine = |at: Duration, status: &'static str, token: &str| Planned {
+    let genuine = |at: Duration, status: &'static str, token: Uuid| Planned {
         at,
         stamp: at,
         status,
         variant: CallbackVariant::Genuine,
-        token: token.to_string(),
+        token,
         message_id: sid.to_string(),
         error_code: if status == "sent" { None } else { error_code },
         reason: None,
@@ -136,8 +135,8 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
         (sent_after, final_after)
     };
     let mut reports = vec![
-        genuine(sent_at, "sent", &tokens[0]),
-        genuine(final_at, final_status, &tokens[1]),
+        genuine(sent_at, "sent", tokens[0]),
+        genuine(final_at, final_status, tokens[1]),
     ];
     for i in 0..2 {
         if dup[i] < cfg.duplicate_rate.get() {
@@ -148,7 +147,7 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
         }
     }
     if stale {
-        let mut s = genuine(sent_at.max(final_at) + stale_gap, "sent", &tokens[2]);
+        let mut s = genuine(sent_at.max(final_at) + stale_gap, "sent", tokens[2]);
         s.variant = CallbackVariant::Stale;
         reports.push(s);
     }
@@ -161,7 +160,7 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
         reports.push(Planned {
             variant: forged_as,
             error_code: code,
-            ..genuine(forged_at, status, &tokens[3])
+            ..genuine(forged_at, status, tokens[3])
         });
     }
     if unknown {
@@ -169,7 +168,7 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
             variant: CallbackVariant::UnknownId,
             message_id: unknown_sid,
             error_code: None,
-            ..genuine(unknown_at, "delivered", &tokens[4])
+            ..genuine(unknown_at, "delivered", tokens[4])
         });
     }
     reports.sort_by_key(|p| p.at);
@@ -223,7 +222,7 @@ pub fn email(
     let forged_at = uniform(&mut rng, min, max);
     let unknown = rng.gen::<f64>() < cfg.unknown_id_rate.get();
     let unknown_at = uniform(&mut rng, min, max);
-    let tokens: Vec<String> = (0..4).map(|_| token(&mut rng)).collect();
+    let tokens: Vec<Uuid> = (0..4).map(|_| token(&mut rng)).collect();
     let unknown_id = format!("<{}@unknown.ting-chaos.invalid>", token(&mut rng));
     // Drawn after everything above, so a profile without these plans what it planned before.
     let processed_at = uniform(&mut rng, Duration::ZERO, min);
@@ -237,37 +236,37 @@ pub fn email(
     let late_gap: Vec<Duration> = (0..3).map(|_| uniform(&mut rng, min, max)).collect();
     let complained = rng.gen::<f64>() < cfg.complaint_rate.get();
     let complaint_gap = uniform(&mut rng, min, max);
-    let more: Vec<String> = (0..4).map(|_| token(&mut rng)).collect();
+    let more: Vec<Uuid> = (0..4).map(|_| token(&mut rng)).collect();
     let forged_as = forgery(rng.gen::<f64>());
 
-    let event = |bounced: bool, at: Duration, token: &str| Planned {
+    let event = |bounced: bool, at: Duration, token: Uuid| Planned {
         at,
         stamp: at,
         status: if bounced { "bounced" } else { "delivered" },
         variant: CallbackVariant::Genuine,
-        token: token.to_string(),
+        token,
         message_id: message_id.to_string(),
         error_code: None,
-        reason: bounced.then(|| "550 5.1.1 mailbox unavailable".to_string()),
+        reason: bounced.then_some("550 5.1.1 mailbox unavailable"),
     };
-    let genuine = event(bounced, at, &tokens[0]);
+    let genuine = event(bounced, at, tokens[0]);
     let mut out = vec![genuine.clone()];
-    let info = |status: &'static str, stamp: Duration, token: &str| Planned {
+    let info = |status: &'static str, stamp: Duration, token: Uuid| Planned {
         at: stamp,
         stamp,
         status,
-        reason: (status == "deferred").then(|| "451 4.2.0 mailbox busy, will retry".to_string()),
+        reason: (status == "deferred").then_some("451 4.2.0 mailbox busy, will retry"),
         ..event(false, stamp, token)
     };
     let mut intermediate = Vec::new();
     if cfg.processed {
-        intermediate.push(info("processed", processed_at, &more[0]));
+        intermediate.push(info("processed", processed_at, more[0]));
     }
     if deferred {
         let mut stamps = deferred_at[..deferrals].to_vec();
         stamps.sort();
         for (i, stamp) in stamps.into_iter().enumerate() {
-            intermediate.push(info("deferred", stamp, &more[1 + i]));
+            intermediate.push(info("deferred", stamp, more[1 + i]));
         }
     }
     for (i, mut p) in intermediate.into_iter().enumerate() {
@@ -277,7 +276,7 @@ pub fn email(
         out.push(p);
     }
     if complained && !bounced {
-        out.push(info("complained", at + complaint_gap, &more[3]));
+        out.push(info("complained", at + complaint_gap, more[3]));
     }
     if dup {
         out.push(Planned {
@@ -290,21 +289,21 @@ pub fn email(
         out.push(Planned {
             at: at + stale_gap,
             variant: CallbackVariant::Stale,
-            token: tokens[1].clone(),
+            token: tokens[1],
             ..genuine.clone()
         });
     }
     if forged {
         out.push(Planned {
             variant: forged_as,
-            ..event(!bounced, forged_at, &tokens[2])
+            ..event(!bounced, forged_at, tokens[2])
         });
     }
     if unknown {
         out.push(Planned {
             variant: CallbackVariant::UnknownId,
             message_id: unknown_id,
-            ..event(false, unknown_at, &tokens[3])
+            ..event(false, unknown_at, tokens[3])
         });
     }
     out.sort_by_key(|p| p.at);

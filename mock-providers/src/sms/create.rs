@@ -286,7 +286,10 @@ async fn handle(
             status_callback: msg.status_callback.clone().unwrap_or_default(),
             attempt: msg.attempt,
         };
-        hub.callbacks.sms_accepted(&cfg, &report, &msg.plan);
+        // The plan is a pure function of the message: the store keeps its timeline (what a poll
+        // sees), the dispatcher its reports, the same ones.
+        let plan = plan::sms(hub.seed, &msg.to, msg.attempt, &msg.sid, &cfg.callbacks);
+        hub.callbacks.sms_accepted(&cfg, &report, plan);
     }
     if reset {
         return reply.cut();
@@ -321,7 +324,10 @@ fn decide_create(
     }
     let commit = || {
         let sid = format!("SM{}", hex::encode(rand::random::<[u8; 16]>()));
-        let plan = plan::sms(hub.seed, &form.to, attempt, &sid, &cfg.callbacks);
+        let mut plan = plan::sms(hub.seed, &form.to, attempt, &sid, &cfg.callbacks);
+        // Scheduled apart, from the same plan, when the message is answered for: a store of a
+        // hundred thousand messages keeps no report.
+        plan.reports = Vec::new();
         let msg = Stored {
             sid,
             account_sid: cfg.account_sid.clone(),

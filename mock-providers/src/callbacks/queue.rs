@@ -1,0 +1,342 @@
+//! The reports one provider owes the stack, in the order they fall due: a heap of small jobs
+//! keyed by due time, a line of those due and waiting for a connection slot, and the count of
+//! tries in flight — never more than [`super::MAX_IN_FLIGHT`].
+//!
+//! A flood keeps a hundred thousand reports or more due at once. Each is a [`Job`] here (a
+//! boxed [`Report`] and its try count), not a task: the only tasks are the lane's driver and its
+//! tries in flight. Pure bookkeeping under one short lock; the driver and the tries live in
+//! [`super`]. A job's times are what a task per report measured: `late` from its due time to
+//! when the driver saw it due, `queued` from then to when a slot was free.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::report::Report;
+
+/// The reports scheduled and not finished, over every lane; [`Ticket`]s keep it.
+#[derive(Default)]
+pub(super) struct Pending {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl Pending {
+    pub fn get(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no report is pending.
+    pub async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.get() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub fn ticket(self: &Arc<Pending>) -> Ticket {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        Ticket(self.clone())
+    }
+}
+
+/// One pending report: the count goes down when its job is dropped, however it ends (sent for
+/// the last time, cancelled, its runtime stopped).
+pub(super) struct Ticket(Arc<Pending>);
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Where a report stands among its tries.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tries {
+    /// Tries made.
+    pub made: u32,
+    /// Tries counted against the receiver (one it refused while restarting is not).
+    pub counted: u32,
+    /// When the report was scheduled: the receiver-down patience runs from there.
+    pub since: Instant,
+}
+
+/// A report in the queue.
+pub(super) struct Job {
+    pub report: Report,
+    pub tries: Tries,
+    /// The dispatcher's epoch when it was scheduled: a job of an earlier epoch was cancelled.
+    pub epoch: u64,
+    _ticket: Ticket,
+}
+
+impl Job {
+    /// A job for `report`, scheduled at `now` in `epoch`.
+    pub fn new(report: Report, now: Instant, epoch: u64, ticket: Ticket) -> Box<Job> {
+        Box::new(Job {
+            report,
+            tries: Tries {
+                made: 0,
+                counted: 0,
+                since: now,
+            },
+            epoch,
+            _ticket: ticket,
+        })
+    }
+}
+
+/// A job not due yet, ordered so that the heap's top is the earliest due (then the first
+/// scheduled).
+struct Waiting {
+    due: Instant,
+    seq: u64,
+    job: Box<Job>,
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        (self.due, self.seq) == (other.due, other.seq)
+    }
+}
+
+impl Eq for Waiting {}
+
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        (other.due, other.seq).cmp(&(self.due, self.seq))
+    }
+}
+
+/// A job due, waiting for a slot: when it was due and when the driver saw it due.
+struct Ready {
+    due: Instant,
+    awake: Instant,
+    job: Box<Job>,
+}
+
+/// A try to begin now: the job, when it was due, and when the driver saw it due.
+pub(super) struct Start {
+    pub job: Box<Job>,
+    pub due: Instant,
+    pub awake: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: BinaryHeap<Waiting>,
+    ready: VecDeque<Ready>,
+    in_flight: usize,
+    seq: u64,
+}
+
+/// One provider's queue, and the signal that wakes its driver.
+#[derive(Default)]
+pub(super) struct Lane {
+    state: Mutex<State>,
+    pub wake: Notify,
+}
+
+impl Lane {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `job` to be tried at `due`, and wakes the driver when it is now the earliest.
+    pub fn push(&self, due: Instant, job: Box<Job>) {
+        let earliest = {
+            let mut s = self.lock();
+            s.seq += 1;
+            let seq = s.seq;
+            s.waiting.push(Waiting { due, seq, job });
+            s.waiting.peek().is_some_and(|w| w.seq == seq)
+        };
+        if earliest {
+            self.wake.notify_one();
+        }
+    }
+
+    /// At `now`: every job due moves to the line for a slot (seen due now), and jobs from the
+    /// front of the line begin while fewer than `max` are in flight, skipping those of an epoch
+    /// before `epoch` (cancelled). Returns the tries to begin and when the next job falls due.
+    pub fn start_due(&self, now: Instant, max: usize, epoch: u64) -> (Vec<Start>, Option<Instant>) {
+        let mut s = self.lock();
+        while s.waiting.peek().is_some_and(|w| w.due <= now) {
+            let Some(w) = s.waiting.pop() else { break };
+            s.ready.push_back(Ready {
+                due: w.due,
+                awake: now,
+                job: w.job,
+            });
+        }
+        let mut starts = Vec::new();
+        while s.in_flight < max {
+            let Some(r) = s.ready.pop_front() else { break };
+            if r.job.epoch < epoch {
+                continue;
+            }
+            s.in_flight += 1;
+            starts.push(Start {
+                job: r.job,
+                due: r.due,
+                awake: r.awake,
+            });
+        }
+        let next = s.waiting.peek().map(|w| w.due);
+        shrink_when_drained(&mut s);
+        (starts, next)
+    }
+
+    /// A try ended: its slot is free, and `retry`, if any, is queued again; wakes the driver.
+    pub fn finished(&self, retry: Option<(Instant, Box<Job>)>) {
+        {
+            let mut s = self.lock();
+            s.in_flight = s.in_flight.saturating_sub(1);
+            if let Some((due, job)) = retry {
+                s.seq += 1;
+                let seq = s.seq;
+                s.waiting.push(Waiting { due, seq, job });
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Drops every job not in flight.
+    pub fn clear(&self) {
+        let (waiting, ready) = {
+            let mut s = self.lock();
+            (std::mem::take(&mut s.waiting), std::mem::take(&mut s.ready))
+        };
+        // Dropped outside the lock: each job's ticket may wake the dispatcher's waiters.
+        drop((waiting, ready));
+        self.wake.notify_one();
+    }
+
+    /// Jobs queued (waiting or due) and tries in flight.
+    #[cfg(test)]
+    pub fn counts(&self) -> (usize, usize) {
+        let s = self.lock();
+        (s.waiting.len() + s.ready.len(), s.in_flight)
+    }
+}
+
+/// Gives back the room a flood left in the heap and the line once they have emptied out.
+fn shrink_when_drained(s: &mut State) {
+    const KEEP: usize = 1024;
+    if s.waiting.len() < s.waiting.capacity() / 4 && s.waiting.capacity() > KEEP {
+        s.waiting.shrink_to(KEEP.max(s.waiting.len() * 2));
+    }
+    if s.ready.len() < s.ready.capacity() / 4 && s.ready.capacity() > KEEP {
+        s.ready.shrink_to(KEEP.max(s.ready.len() * 2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::plan;
+    use super::super::report::{Form, Message, Policy, Report};
+    use super::*;
+    use crate::ledger::Provider;
+
+    fn job(pending: &Arc<Pending>, epoch: u64) -> Box<Job> {
+        let message = Arc::new(Message {
+            provider: Provider::Smtp,
+            recipient: "a@b.test".into(),
+            attempt: 1,
+            url: "http://127.0.0.1:1/".into(),
+            policy: Policy {
+                retry_on_error: false,
+                max_retries: 0,
+                timeout: Duration::from_secs(1),
+            },
+            form: Form::Email {
+                message_id: "<m>".into(),
+                accepted: chrono::Utc::now(),
+                secret: "s".into(),
+            },
+        });
+        let cfg = crate::config::CallbackConfig {
+            enabled: true,
+            ..Default::default()
+        };
+        let p = plan::email(1, "a@b.test", 1, "<m>", &cfg).remove(0);
+        Job::new(
+            Report::new(message, p),
+            Instant::now(),
+            epoch,
+            pending.ticket(),
+        )
+    }
+
+    /// A flood of due reports begins at most `max` tries at once, in due order; the rest wait in
+    /// line, counted as pending, and each finished try lets exactly one more begin.
+    #[test]
+    fn a_flood_begins_at_most_max_tries_at_once() {
+        let pending = Arc::new(Pending::default());
+        let lane = Lane::default();
+        let t0 = Instant::now();
+        for i in 0..1_000u64 {
+            lane.push(t0 + Duration::from_millis(1_000 - i), job(&pending, 0));
+        }
+        let (none, next) = lane.start_due(t0, 32, 0);
+        assert!(none.is_empty());
+        assert_eq!(next, Some(t0 + Duration::from_millis(1)));
+        let later = t0 + Duration::from_secs(2);
+        let (starts, next) = lane.start_due(later, 32, 0);
+        assert_eq!((starts.len(), next), (32, None));
+        assert!(starts.windows(2).all(|w| w[0].due <= w[1].due), "due order");
+        assert!(starts.iter().all(|s| s.awake == later));
+        assert_eq!(lane.counts(), (968, 32));
+        assert_eq!(pending.get(), 1_000);
+        drop(starts);
+        assert_eq!(pending.get(), 968, "a dropped job is no longer pending");
+        lane.finished(None);
+        let (one, _) = lane.start_due(later, 32, 0);
+        assert_eq!(one.len(), 1);
+        lane.clear();
+        assert_eq!(pending.get(), 1, "only the one in flight is left");
+    }
+
+    /// A job scheduled before a cancel (an earlier epoch) never begins; a retry goes back in.
+    #[test]
+    fn cancelled_jobs_never_begin_and_retries_go_back_in_line() {
+        let pending = Arc::new(Pending::default());
+        let lane = Lane::default();
+        let t0 = Instant::now();
+        lane.push(t0, job(&pending, 0));
+        lane.push(t0, job(&pending, 1));
+        let (starts, _) = lane.start_due(t0, 32, 1);
+        assert_eq!(starts.len(), 1);
+        assert_eq!(pending.get(), 1);
+        let start = starts.into_iter().next().unwrap();
+        lane.finished(Some((t0 + Duration::from_millis(5), start.job)));
+        assert_eq!(lane.counts(), (1, 0));
+        let (retry, _) = lane.start_due(t0 + Duration::from_millis(5), 32, 1);
+        assert_eq!(retry.len(), 1);
+    }
+
+    /// A queued report is a small box: a hundred thousand due at once stay tens of megabytes.
+    #[test]
+    fn a_queued_job_is_small() {
+        let size = std::mem::size_of::<Job>();
+        assert!(size <= 152, "Job grew to {size} bytes");
+        assert!(std::mem::size_of::<Waiting>() <= 40);
+    }
+}
