@@ -80,7 +80,7 @@ pub struct E2eArgs {
     /// Recipients per run (one delivery per recipient and channel), comma-separated: several
     /// sizes give the cost curve (wall time, harness CPU per 1,000 deliveries, peak memory of
     /// every process) as a campaign grows. Runs above 10,000 recipients are enqueued in batches
-    /// of at most 10,000.
+    /// of at most 10,000 (a `--scenario` paced by rate keeps its own batches).
     #[arg(long, default_value = "1000")]
     pub recipients: String,
     /// Fixed provider latencies to measure at, comma-separated.
