@@ -204,7 +204,7 @@ fn failure_reports(ledger: &[Entry]) -> HashMap<(Provider, &str), u64> {
 fn recorded_acceptance(row: &StatusDelivery) -> bool {
     row.transitions
         .iter()
-        .any(|t| matches!(t.to, State::Submitted | State::Delivered))
+        .any(|t| matches!(t.to(), State::Submitted | State::Delivered))
 }
 
 pub fn check(input: &Input) -> Verdict {
@@ -264,7 +264,7 @@ pub fn check(input: &Input) -> Verdict {
             json!(row
                 .transitions
                 .iter()
-                .map(|t| format!("{}@{}", t.to, t.source))
+                .map(|t| format!("{}@{}", t.to(), t.source()))
                 .collect::<Vec<_>>()),
         );
         c.insert(

@@ -206,19 +206,20 @@ pub fn check(input: &Input) -> Verdict {
     }
     let (mut regressions, mut duplicates) = (0u64, 0u64);
     for row in rows {
-        let mut prev: Option<&State> = None;
-        let mut by_callback: BTreeMap<&State, u32> = BTreeMap::new();
+        let mut prev: Option<State> = None;
+        let mut by_callback: BTreeMap<State, u32> = BTreeMap::new();
         let mut regressed = false;
         for t in &row.transitions {
-            let from = t.from.as_ref().or(prev);
-            if let Some(f) = from.filter(|f| f.is_terminal() && **f != t.to) {
+            let (to, source) = (t.to(), t.source());
+            let from = t.from().or(prev.take());
+            if let Some(f) = from.as_ref().filter(|f| f.is_terminal() && **f != to) {
                 if !regressed {
                     regressed = true;
                     regressions += 1;
                     let mut c = row_json(
                         row,
                         "regression",
-                        json!({"from": f, "to": t.to, "source": t.source, "at": t.at}),
+                        json!({"from": f, "to": to, "source": source, "at": t.at()}),
                     );
                     let id = row.provider_message_id.as_deref().map(norm);
                     let reports = id.and_then(|id| late.get(&(row.channel.provider(), id)));
@@ -233,10 +234,10 @@ pub fn check(input: &Input) -> Verdict {
             }
             // A history entry that left the state as it was (a duplicate the stack logged and
             // ignored) changed nothing; only moves into a state count.
-            if t.source == Source::Callback && from != Some(&t.to) {
-                *by_callback.entry(&t.to).or_default() += 1;
+            if source == Source::Callback && from.as_ref() != Some(&to) {
+                *by_callback.entry(to.clone()).or_default() += 1;
             }
-            prev = Some(&t.to);
+            prev = Some(to);
         }
         for (to, n) in by_callback.into_iter().filter(|(_, n)| *n > 1) {
             duplicates += 1;

@@ -287,13 +287,15 @@ fn unacknowledged_or_unmatched_reports_are_insufficient_not_holds() {
     );
     // Still a violation when something else is provably wrong.
     let rows = w.status.as_mut().unwrap();
-    rows[0].transitions.push(crate::check::StatusTransition {
-        from: Some("delivered".into()),
-        to: "submitted".into(),
-        source: "callback".into(),
-        at: None,
-        detail: None,
-    });
+    rows[0]
+        .transitions
+        .push(crate::check::StatusTransition::new(
+            Some("delivered".into()),
+            "submitted".into(),
+            "callback".into(),
+            None,
+            None,
+        ));
     assert_eq!(check(&w.input()).status, Status::Violated);
 }
 

@@ -33,6 +33,7 @@ pub mod retry_discipline;
 mod state;
 #[cfg(test)]
 mod testkit;
+mod transition;
 mod unknowns;
 
 use std::collections::{BTreeMap, HashMap};
@@ -69,38 +70,29 @@ pub struct Expected {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusDelivery {
     pub key: Box<str>,
-    pub recipient: Box<str>,
+    /// Interned by the status view with the expected deliveries' ids and addresses
+    /// ([`Name`]), as are the message id and the error text.
+    pub recipient: Name,
     pub channel: Channel,
     #[serde(default)]
-    pub address: Option<Box<str>>,
+    pub address: Option<Name>,
     pub state: State,
     #[serde(default)]
     pub attempts: u32,
     #[serde(default)]
-    pub provider_message_id: Option<Box<str>>,
+    pub provider_message_id: Option<Name>,
     #[serde(default)]
     pub payload_sha256: Option<Digest>,
     #[serde(default)]
-    pub last_error: Option<Box<str>>,
+    pub last_error: Option<Name>,
     #[serde(default)]
     pub transitions: Vec<StatusTransition>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct StatusTransition {
-    pub from: Option<State>,
-    pub to: State,
-    pub source: Source,
-    #[serde(default)]
-    pub at: Option<At>,
-    /// Interned by the status view: most are a worker's id or "attempt 1 accepted".
-    #[serde(default)]
-    pub detail: Option<Name>,
 }
 
 pub use entry::{Content, EmailHeaders, Entry, Field, Interner, Keep, Name};
 pub use event::{EventKind, Role};
 pub use state::{At, Digest, Source, State};
+pub use transition::StatusTransition;
 
 /// Something the harness did or saw, on the ledger's monotonic clock.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -607,14 +599,14 @@ mod tests {
     #[test]
     fn what_a_run_holds_per_delivery_stays_compact() {
         use std::mem::size_of;
-        assert!(size_of::<Expected>() <= 72, "{}", size_of::<Expected>());
+        assert!(size_of::<Expected>() <= 48, "{}", size_of::<Expected>());
         assert!(
-            size_of::<StatusDelivery>() <= 168,
+            size_of::<StatusDelivery>() <= 136,
             "{}",
             size_of::<StatusDelivery>()
         );
         assert!(
-            size_of::<StatusTransition>() <= 80,
+            size_of::<StatusTransition>() <= 24,
             "{}",
             size_of::<StatusTransition>()
         );

@@ -311,13 +311,13 @@ fn excuse_json(e: &super::Expected, accepted: bool, excuse: Option<&Excuse>) -> 
 
 /// Whether a status row went from `unknown` to a final state on a callback.
 fn resolved_by_event(row: &StatusDelivery) -> bool {
-    let mut prev: Option<&State> = None;
+    let mut prev: Option<State> = None;
     row.transitions.iter().any(|t| {
-        let from = t.from.as_ref().or(prev);
-        prev = Some(&t.to);
-        from == Some(&State::Unknown)
-            && t.source == Source::Callback
-            && matches!(t.to, State::Delivered | State::PermanentFailure)
+        let to = t.to();
+        let from = t.from().or(prev.replace(to.clone()));
+        from == Some(State::Unknown)
+            && t.source() == Source::Callback
+            && matches!(to, State::Delivered | State::PermanentFailure)
     })
 }
 

@@ -72,19 +72,19 @@ fn wall_offset_ms(input: &Input) -> Option<i64> {
 }
 
 /// One recorded transition of a delivery, on the ledger clock.
-struct Moved<'a> {
-    from: Option<&'a State>,
-    to: &'a State,
+struct Moved {
+    from: Option<State>,
+    to: State,
     at_ns: u64,
 }
 
 /// The delivery's transitions that carry a time, on the ledger clock; `None` when the stack has
 /// no status API, no row for it, or no timed transition (then only the ledger can tell).
-fn timed_transitions<'a>(
-    input: &'a Input,
+fn timed_transitions(
+    input: &Input,
     offset: Option<i64>,
     e: Option<&&Expected>,
-) -> Option<Vec<Moved<'a>>> {
+) -> Option<Vec<Moved>> {
     let (offset, e, rows) = (offset?, e?, input.status?);
     let row = rows
         .iter()
@@ -93,15 +93,15 @@ fn timed_transitions<'a>(
         .transitions
         .iter()
         .filter_map(|tr| {
-            let at = tr.at.as_ref()?.millis()?;
+            let at = tr.at()?.millis()?;
             // A time centuries past the run (a stack's clock or format gone wrong) is no
             // time on the ledger clock: left out, as an untimed transition is.
             let at_ns = u64::try_from((at - offset).max(0))
                 .ok()?
                 .checked_mul(1_000_000)?;
             Some(Moved {
-                from: tr.from.as_ref(),
-                to: &tr.to,
+                from: tr.from(),
+                to: tr.to(),
                 at_ns,
             })
         })
@@ -113,7 +113,7 @@ fn timed_transitions<'a>(
 fn released_after(moved: &[Moved], after: u64) -> Option<u64> {
     moved
         .iter()
-        .filter(|m| m.from == Some(&State::Sending) && m.at_ns > after)
+        .filter(|m| m.from == Some(State::Sending) && m.at_ns > after)
         .map(|m| m.at_ns)
         .min()
 }
@@ -427,7 +427,7 @@ fn zombies(
             let after = woke_at.max(first.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS));
             moved
                 .iter()
-                .any(|m| *m.to == State::Sending && m.at_ns > after && m.at_ns <= s.received_ns)
+                .any(|m| m.to == State::Sending && m.at_ns > after && m.at_ns <= s.received_ns)
         });
         if claimed_anew {
             n.fresh_claims_after_wake += 1;

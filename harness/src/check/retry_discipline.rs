@@ -112,7 +112,7 @@ fn answer_lost(input: &Input, e: &Expected, s: &Entry) -> bool {
     let rescued = input.status.is_some_and(|rows| {
         rows.iter()
             .filter(|d| *d.recipient == *e.recipient && d.channel == e.channel)
-            .any(|d| d.transitions.iter().any(|t| t.source == Source::Rescuer))
+            .any(|d| d.transitions.iter().any(|t| t.source() == Source::Rescuer))
     });
     sender_hit(input, s, s.mono_ns.saturating_sub(1), s.mono_ns + lease) || rescued
 }

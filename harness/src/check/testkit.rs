@@ -224,13 +224,13 @@ impl World {
         let mut from: Option<State> = None;
         for step in path {
             let (to, source) = step.split_once('@').unwrap_or((step, "worker"));
-            transitions.push(StatusTransition {
-                from: from.clone(),
-                to: to.into(),
-                source: source.into(),
-                at: None,
-                detail: None,
-            });
+            transitions.push(StatusTransition::new(
+                from.clone(),
+                to.into(),
+                source.into(),
+                None,
+                None,
+            ));
             from = Some(State::from(to));
         }
         self.status
@@ -255,12 +255,14 @@ impl World {
         let mut from: Option<State> = None;
         let transitions = steps
             .iter()
-            .map(|(to, source, at)| StatusTransition {
-                from: from.replace(State::from(*to)),
-                to: State::from(*to),
-                source: Source::from(*source),
-                at: Some(wall(*at).into()),
-                detail: None,
+            .map(|(to, source, at)| {
+                StatusTransition::new(
+                    from.replace(State::from(*to)),
+                    State::from(*to),
+                    Source::from(*source),
+                    Some(wall(*at).into()),
+                    None,
+                )
             })
             .collect();
         self.status
@@ -338,12 +340,12 @@ impl World {
     /// The ledger as a run's checkers get it: each entry as [`Entry::of`] keeps it, every HTML
     /// part kept. Leaked: a test's input lives as long as the test.
     pub fn entries(&self) -> &'static [Entry] {
-        let mut names = crate::check::Interner::default();
+        let names = crate::check::Interner::default();
         let keep = crate::check::Keep::AllHtml;
         let entries: Vec<Entry> = self
             .ledger
             .iter()
-            .map(|e| Entry::of(e, &mut names, &keep))
+            .map(|e| Entry::of(e, &names, &keep))
             .collect();
         Box::leak(entries.into_boxed_slice())
     }

@@ -55,6 +55,25 @@ pub fn order_id(scenario: &Scenario, k: usize) -> String {
     format!("{}-{}-o{}", scenario.name, scenario.seed, k + 1)
 }
 
+/// What one order's task gave: its answers, or why the trickle must stop.
+type OrderTask = Result<Enqueued, EnqueueError>;
+
+/// One finished order's answers, or the error that ends the trickle.
+fn order_answer(joined: Result<OrderTask, tokio::task::JoinError>) -> OrderTask {
+    joined.map_err(|e| EnqueueError {
+        batch_id: "trickle".into(),
+        detail: format!("order task failed: {e}"),
+    })?
+}
+
+/// Folds the orders answered so far into `out`, without waiting for the others.
+fn fold_finished(posts: &mut JoinSet<OrderTask>, out: &mut Enqueued) -> Result<(), EnqueueError> {
+    while let Some(joined) = posts.try_join_next() {
+        out.merge(order_answer(joined)?);
+    }
+    Ok(())
+}
+
 impl TrickleRun {
     /// Starts the trickle. `people` are its recipients (`recipients` per order, in order; at
     /// most `people.len() / recipients` orders are sent).
@@ -72,6 +91,9 @@ impl TrickleRun {
             let scenario = poster.scenario.clone();
             let people = Arc::new(people);
             let mut posts = JoinSet::new();
+            // Each order's answer is folded in as soon as it is in: a finished task holds its
+            // own latency histogram (~170 KB), and a long run sends thousands of orders.
+            let mut out = Enqueued::new();
             let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
             let start = Instant::now();
             for (k, chunk) in (0..people.len() / per).map(|k| (k, k * per..(k + 1) * per)) {
@@ -97,6 +119,7 @@ impl TrickleRun {
                 if gone || stopped(*stop_rx.borrow()) {
                     break;
                 }
+                fold_finished(&mut posts, &mut out)?;
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     break;
                 };
@@ -128,13 +151,8 @@ impl TrickleRun {
                     Ok::<_, EnqueueError>(one)
                 });
             }
-            let mut out = Enqueued::new();
             while let Some(joined) = posts.join_next().await {
-                let one = joined.map_err(|e| EnqueueError {
-                    batch_id: "trickle".into(),
-                    detail: format!("order task failed: {e}"),
-                })??;
-                out.merge(one);
+                out.merge(order_answer(joined)?);
             }
             Ok(out)
         });
@@ -193,5 +211,62 @@ impl TrickleRun {
         })??;
         let late = std::mem::take(&mut *fresh.lock().unwrap());
         Ok((sent, late))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(k: u64) -> Enqueued {
+        let mut one = Enqueued::new();
+        one.latency_us.record(1_000).unwrap();
+        one.batches.push(crate::report::BatchEnqueue {
+            batch_id: format!("o{k}"),
+            sent_ns: k,
+            acked_ns: k + 1,
+            trickle: true,
+        });
+        one
+    }
+
+    /// An answered order's task is folded in before the next order starts, so a run of
+    /// thousands of orders holds the tasks still waiting, not every one it ever sent.
+    #[tokio::test]
+    async fn answered_orders_are_folded_in_and_let_go() {
+        let mut posts = JoinSet::new();
+        let mut out = Enqueued::new();
+        for k in 0..100 {
+            posts.spawn(async move { Ok::<_, EnqueueError>(answered(k)) });
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.batches.len() < 100 {
+            assert!(Instant::now() < deadline, "orders never folded in");
+            fold_finished(&mut posts, &mut out).unwrap();
+            tokio::task::yield_now().await;
+        }
+        assert!(posts.is_empty(), "no finished task is kept");
+        assert_eq!(out.latency_us.len(), 100);
+        let sent: Vec<u64> = out.batches.iter().map(|b| b.sent_ns).collect();
+        assert!(sent.is_sorted(), "in the order they were sent");
+
+        posts.spawn(async {
+            Err(EnqueueError {
+                batch_id: "o101".into(),
+                detail: "refused".into(),
+            })
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let err = loop {
+            assert!(Instant::now() < deadline, "the failed order never surfaced");
+            match fold_finished(&mut posts, &mut out) {
+                Err(e) => break e,
+                Ok(()) => tokio::task::yield_now().await,
+            }
+        };
+        assert_eq!(
+            err.batch_id, "o101",
+            "a failed order still ends the trickle"
+        );
     }
 }

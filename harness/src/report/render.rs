@@ -23,14 +23,14 @@ pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<Entry>, usize)> {
     let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
     let mut entries = Vec::new();
     let mut skipped = 0;
-    let mut names = crate::check::Interner::default();
+    let names = crate::check::Interner::default();
     for line in std::io::BufReader::new(file).split(b'\n') {
         let line = line.with_context(|| format!("read {}", path.display()))?;
         if line.trim_ascii().is_empty() {
             continue;
         }
         match serde_json::from_slice(&line) {
-            Ok(e) => entries.push(Entry::of(&e, &mut names, &crate::check::Keep::NoHtml)),
+            Ok(e) => entries.push(Entry::of(&e, &names, &crate::check::Keep::NoHtml)),
             Err(_) => skipped += 1,
         }
     }

@@ -51,7 +51,7 @@ impl Spool for Taker {
             }
         }
         if !kept.frozen {
-            let e = Entry::of(entry, &mut kept.names, &kept.keep);
+            let e = Entry::of(entry, &kept.names, &kept.keep);
             kept.entries.push(e);
         }
     }
@@ -85,6 +85,11 @@ impl Journal {
         let kept = self.kept.lock().expect("journal poisoned");
         let from = kept.entries.partition_point(|e| e.seq < seq);
         f(&kept.entries[from..])
+    }
+
+    /// The run's interned strings (a handle on the table the entries share).
+    pub fn names(&self) -> Interner {
+        self.kept.lock().expect("journal poisoned").names.clone()
     }
 
     /// Takes the entries recorded so far, for judging; later ones are only written to disk.

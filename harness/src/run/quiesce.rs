@@ -27,6 +27,11 @@ const QUIESCENCE_PROGRESS: Duration = Duration::from_secs(10);
 /// a second is plenty, and keeps the poll from competing with the stack for the CPU.
 const STATUS_EVERY: Duration = Duration::from_secs(1);
 
+/// How often the status API is asked once the ledger is calm: then the stack is idle but for the
+/// rows it is settling, each answer may be the one that ends the run, and with a cursor the
+/// answers are the few rows that changed.
+const STATUS_EVERY_CALM: Duration = Duration::from_millis(250);
+
 /// What the wait saw, for the judges.
 pub(super) struct Settled {
     pub quiescence: Quiescence,
@@ -69,7 +74,7 @@ pub(super) async fn wait(
     let mut tracker = settle::Tracker::new(&work.expected, scenario.expect.max_attempts);
     let mut deadline = Deadline::new(scenario.expect.quiescence);
     let settle_for = scenario.stack.lease + scenario.stack.heartbeat;
-    let mut status_view = status::StatusPoller::new(work.expected.len());
+    let mut status_view = status::StatusPoller::new(work.expected.len(), world.journal.names());
     let mut last_status: Option<Instant> = None;
     let mut last_print = Instant::now();
     let mut calm_since: Option<Instant> = None;
@@ -102,7 +107,21 @@ pub(super) async fn wait(
                 stopped_early: stopped_early.clone(),
             };
         }
-        if status_view.enabled() && last_status.is_none_or(|t| t.elapsed() >= STATUS_EVERY) {
+        // Once the ledger has nothing open, nothing due and nothing running, only the stack's
+        // own view can still hold the run: ask it sooner, so the run ends when the two agree.
+        let ledger_calm = tracker.ledger_settled()
+            && !trickling
+            && !stack.chaos.busy()
+            && res
+                .providers
+                .as_ref()
+                .is_none_or(|p| p.pending_callbacks() == 0);
+        let every = if ledger_calm {
+            STATUS_EVERY_CALM
+        } else {
+            STATUS_EVERY
+        };
+        if status_view.enabled() && last_status.is_none_or(|t| t.elapsed() >= every) {
             last_status = Some(Instant::now());
             // Batches with a delivery the ledger has not settled are open whatever the stack
             // says; of the others, those the view still has open are what quiescence waits on.

@@ -82,6 +82,11 @@ impl Tracker {
         s.ended || s.failures >= self.max_attempts
     }
 
+    /// Whether the ledger has settled every delivery (whatever the stack's view says).
+    pub fn ledger_settled(&self) -> bool {
+        (0..self.seen.len()).all(|i| self.ledger_final(i))
+    }
+
     /// Batches with a delivery the ledger has not settled yet.
     pub fn open_batches<'e>(&self, expected: &'e [Expected]) -> Vec<&'e str> {
         let mut out: Vec<&str> = expected
@@ -250,6 +255,7 @@ mod tests {
         // A second transient failure exhausts b in the ledger.
         t.feed(&[send(2, "b", Outcome::Transient)]);
         assert_eq!(t.open(&expected, None, &[]), ["c/sms"]);
+        assert!(!t.ledger_settled());
         // Classified as `no_loss` classifies: protocol errors count towards exhaustion, a
         // recognised repeat of an accepted send ends the delivery.
         t.feed(&[
@@ -257,6 +263,7 @@ mod tests {
             send(4, "c", Outcome::ProtocolError),
         ]);
         assert!(t.open(&expected, None, &[]).is_empty());
+        assert!(t.ledger_settled(), "the ledger alone has nothing open");
         let mut t = Tracker::new(&expected, 2);
         t.feed(&[
             send(0, "a", Outcome::IdempotentRepeat),

@@ -102,10 +102,12 @@ pub(super) async fn stack(
     let commands = Commands::of(scenario, opts);
     // From here on the ledger goes to ledger.jsonl as it is recorded.
     let keep = crate::check::immutable_payload::html_kept(scenario);
-    // The ledger's entries name the expected addresses with `expected`'s own copies.
-    let mut names = crate::check::Interner::default();
+    // The ledger's entries and the status view name the expected deliveries with `expected`'s
+    // own copies.
+    let names = crate::check::Interner::default();
     for e in &work.expected {
         names.adopt(&e.address);
+        names.adopt(&e.recipient);
     }
     let journal = journal::Journal::start(ledger, report_dir, keep, names)?;
     let world = world::World::new(

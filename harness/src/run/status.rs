@@ -71,6 +71,12 @@ pub const PER_POLL: usize = 20;
 /// a trickle's orders settle in ten seconds, so the view keeps up with the ledger.
 pub const PER_POLL_WAITING: usize = 200;
 
+/// Batches with at most this many rows held are small: their answers are asked several at once.
+pub const SMALL_BATCH: usize = 100;
+
+/// Small batches asked at once at most.
+pub const AT_ONCE: usize = 8;
+
 /// Of the requests for one batch, every this many asks for the whole list even with a cursor.
 pub const FULL_EVERY: u32 = 10;
 
@@ -80,8 +86,10 @@ fn is_final(rows: &[StatusDelivery]) -> bool {
 }
 
 impl StatusPoller {
-    /// A poller for a run of `deliveries` expected deliveries (which bounds an answer's size).
-    pub fn new(deliveries: usize) -> StatusPoller {
+    /// A poller for a run of `deliveries` expected deliveries (which bounds an answer's size),
+    /// its rows' strings shared through `names` (the run's, which holds the expected
+    /// deliveries' ids and addresses and the ledger's message ids).
+    pub fn new(deliveries: usize, names: Interner) -> StatusPoller {
         StatusPoller {
             capability: Capability::Unknown,
             probe: None,
@@ -92,7 +100,7 @@ impl StatusPoller {
             turn_rest: 0,
             cap: answer_cap(deliveries),
             answers: StatusAnswers::default(),
-            names: Interner::default(),
+            names,
         }
     }
 
@@ -105,6 +113,11 @@ impl StatusPoller {
     /// `now_ns` (ledger clock) stamps a batch first found missing. A request with no answer to
     /// use leaves that batch's view as it was (the next poll tries again) and the others are
     /// still asked, unless it timed out: then the round ends there. `Err`: the last such failure.
+    ///
+    /// Batches known to be small ([`SMALL_BATCH`] rows or fewer) are asked [`AT_ONCE`] at a time
+    /// (a trickle's orders are hundreds of one-recipient batches, and their round trips, not the
+    /// stack's work, are what a sequential round waits on); any other batch alone, so that at
+    /// most one big answer is in memory at a time. Answers are taken in `batch_ids` order.
     pub async fn poll(
         &mut self,
         client: &reqwest::Client,
@@ -114,29 +127,47 @@ impl StatusPoller {
         now_ns: u64,
     ) -> anyhow::Result<()> {
         let mut failed = None;
-        for id in batch_ids {
-            if !self.enabled() {
-                break;
-            }
-            let since = self.since(id, whole);
-            self.answers.requests += 1;
-            let fetched =
-                load::fetch_batch_status(client, api_base, id, since.as_deref(), self.cap).await;
-            match fetched {
-                Ok(answer) => self.record(id, answer, since.is_some(), now_ns),
-                Err(e) => {
-                    self.answers.last_failure = Some(format!("{e:#}"));
-                    let timed_out = e
-                        .downcast_ref::<reqwest::Error>()
-                        .is_some_and(reqwest::Error::is_timeout);
-                    failed = Some(e);
-                    if timed_out {
-                        break;
+        let mut rest = batch_ids;
+        while !rest.is_empty() && self.enabled() {
+            let group = self.next_group(rest);
+            rest = &rest[group.len()..];
+            let asks: Vec<(&String, Option<String>)> =
+                group.iter().map(|id| (id, self.since(id, whole))).collect();
+            self.answers.requests += asks.len() as u64;
+            let fetched = futures::future::join_all(asks.iter().map(|(id, since)| {
+                load::fetch_batch_status(client, api_base, id, since.as_deref(), self.cap)
+            }))
+            .await;
+            let mut timed_out = false;
+            for ((id, since), fetched) in asks.iter().zip(fetched) {
+                match fetched {
+                    Ok(answer) => self.record(id, answer, since.is_some(), now_ns),
+                    Err(e) => {
+                        self.answers.last_failure = Some(format!("{e:#}"));
+                        timed_out |= e
+                            .downcast_ref::<reqwest::Error>()
+                            .is_some_and(reqwest::Error::is_timeout);
+                        failed = Some(e);
                     }
                 }
             }
+            if timed_out {
+                break;
+            }
         }
         failed.map_or(Ok(()), Err)
+    }
+
+    /// The next batches of `rest` to ask together: up to [`AT_ONCE`] small ones in a row, or the
+    /// first alone when it is not known to be small or while the first answer has not decided
+    /// whether the stack has a status API.
+    fn next_group<'b>(&self, rest: &'b [String]) -> &'b [String] {
+        let small = |id: &String| self.rows.get(id).is_some_and(|r| r.len() <= SMALL_BATCH);
+        if self.capability == Capability::Unknown {
+            return &rest[..1];
+        }
+        let n = rest.iter().take(AT_ONCE).take_while(|id| small(id)).count();
+        &rest[..n.max(1)]
     }
 
     /// [`StatusPoller::poll`] for the batches quiescence is waiting on and a few of the others.
@@ -263,7 +294,7 @@ impl StatusPoller {
                     Some(held) => keep_unchanged(held, page.deliveries),
                     None => page.deliveries,
                 };
-                compact(&mut rows, &mut self.names);
+                compact(&mut rows, &self.names);
                 self.rows.insert(batch_id.to_string(), rows);
                 match page.cursor {
                     Some(c) => {
@@ -321,17 +352,23 @@ impl StatusPoller {
     }
 }
 
-/// Drops the spare capacity a parsed answer leaves in its lists and shares the transitions'
-/// details through `names`: the view of a big run holds hundreds of thousands of rows for the
-/// whole run.
-fn compact(rows: &mut Vec<StatusDelivery>, names: &mut Interner) {
+/// Drops the spare capacity a parsed answer leaves in its lists and shares the rows' names,
+/// addresses, message ids, errors and transition details through `names`: the view of a big run
+/// holds hundreds of thousands of rows for the whole run, and each of those strings is also an
+/// expected delivery's, a ledger entry's or another row's.
+fn compact(rows: &mut Vec<StatusDelivery>, names: &Interner) {
     rows.shrink_to_fit();
     for r in rows.iter_mut() {
         r.transitions.shrink_to_fit();
-        for t in r.transitions.iter_mut() {
-            if let Some(d) = &mut t.detail {
-                *d = names.name(d);
-            }
+        let row = [
+            Some(&mut r.recipient),
+            r.address.as_mut(),
+            r.provider_message_id.as_mut(),
+            r.last_error.as_mut(),
+        ];
+        let details = r.transitions.iter_mut().map(|t| t.detail.as_mut());
+        for n in row.into_iter().chain(details).flatten() {
+            *n = names.name(n);
         }
     }
 }
@@ -407,7 +444,7 @@ mod tests {
 
     #[test]
     fn incremental_answers_merge_by_key_and_every_tenth_request_is_whole() {
-        let mut p = StatusPoller::new(3);
+        let mut p = StatusPoller::new(3, Interner::default());
         p.record(
             "b1",
             page(&[("a", "sending"), ("b", "pending")], "c1"),
@@ -457,7 +494,7 @@ mod tests {
     /// view is what the answer says) and takes the changed ones; an incremental one likewise.
     #[test]
     fn unchanged_rows_keep_their_held_copy() {
-        let mut p = StatusPoller::new(3);
+        let mut p = StatusPoller::new(3, Interner::default());
         p.record(
             "b1",
             page(&[("a", "sending"), ("b", "delivered")], "c1"),
@@ -517,7 +554,7 @@ mod tests {
             ),
         ];
         for (i, (answers, on, kept, lost)) in cases.into_iter().enumerate() {
-            let mut p = StatusPoller::new(5);
+            let mut p = StatusPoller::new(5, Interner::default());
             for (at, (id, page)) in answers.iter().enumerate() {
                 let answer = page.map_or(StatusAnswer::NotFound, rows);
                 p.record(id, answer, false, at as u64);
@@ -535,7 +572,7 @@ mod tests {
     #[test]
     fn only_the_first_batch_decides_that_there_is_no_status_api() {
         let ids: Vec<String> = ["b1", "b2", "b3"].map(String::from).to_vec();
-        let mut p = StatusPoller::new(5);
+        let mut p = StatusPoller::new(5, Interner::default());
         let asking = p.probe_first(&ids, vec!["b3".into(), "b1".into()]);
         assert_eq!(asking, ["b1", "b3"]);
         // The first request failed (no answer to use); the stack lost b3.
@@ -550,7 +587,7 @@ mod tests {
             "decided: as asked"
         );
         // A stack with no API: the first batch's 404 decides, and nothing is lost.
-        let mut none = StatusPoller::new(5);
+        let mut none = StatusPoller::new(5, Interner::default());
         none.probe_first(&ids, vec!["b2".into()]);
         none.record("b2", StatusAnswer::NotFound, false, 1);
         none.record("b1", StatusAnswer::NotFound, false, 2);
@@ -563,7 +600,7 @@ mod tests {
     /// later batch answers 404 (that batch is then lost) — and the rows held stay as they were.
     #[test]
     fn an_unreadable_answer_is_a_broken_status_api_not_an_absent_one() {
-        let mut p = StatusPoller::new(2);
+        let mut p = StatusPoller::new(2, Interner::default());
         p.record("b1", garbage(), false, 7);
         p.record("b2", StatusAnswer::NotFound, false, 8);
         assert!(p.enabled());
@@ -575,7 +612,7 @@ mod tests {
         assert_eq!(a.examples[0].batch_id, "b1");
         assert_eq!((a.examples[0].at_ns, a.examples[0].http_status), (7, 200));
         // Rows held from a good answer survive a later garbage one.
-        let mut p = StatusPoller::new(2);
+        let mut p = StatusPoller::new(2, Interner::default());
         p.record("b1", rows(2), false, 1);
         for at in 2..30 {
             p.record("b1", garbage(), false, at);
@@ -655,5 +692,69 @@ mod tests {
             };
             assert!(seen.starts_with(want), "{batch}: {seen:?} is not {want:?}");
         }
+    }
+
+    /// Small batches (a trickle's orders) are asked several at once, a big one always alone, the
+    /// first answer alone while it decides whether there is a status API; every answer is taken.
+    #[tokio::test]
+    async fn small_batches_are_asked_together_and_big_ones_alone() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+        use std::sync::Arc;
+        use std::time::Duration;
+        #[derive(Default)]
+        struct Seen {
+            in_flight: AtomicUsize,
+            most: AtomicUsize,
+            big_beside_another: AtomicBool,
+        }
+        let seen = Arc::new(Seen::default());
+        let server = seen.clone();
+        let app = axum::Router::new().route(
+            "/v1/batches/{id}/deliveries",
+            axum::routing::get(move |axum::extract::Path(id): axum::extract::Path<String>| {
+                let seen = server.clone();
+                async move {
+                    let now = seen.in_flight.fetch_add(1, SeqCst) + 1;
+                    seen.most.fetch_max(now, SeqCst);
+                    // Long enough that requests made together are served together.
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    let n = if id == "big" { SMALL_BATCH + 1 } else { 3 };
+                    if id == "big" && seen.in_flight.load(SeqCst) > 1 {
+                        seen.big_beside_another.store(true, SeqCst);
+                    }
+                    seen.in_flight.fetch_sub(1, SeqCst);
+                    let rows: Vec<_> = (0..n)
+                        .map(|i| serde_json::json!({"key": format!("{id}-{i}"), "recipient": "r1", "channel": "line", "state": "sending"}))
+                        .collect();
+                    axum::Json(serde_json::json!({ "deliveries": rows }))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = reqwest::Client::new();
+        let mut ids: Vec<String> = (1..=20).map(|k| format!("o{k}")).collect();
+        ids.insert(10, "big".into());
+        let mut p = StatusPoller::new(1_000, Interner::default());
+
+        // Nothing is known to be small yet: one at a time.
+        p.poll(&client, &base, &ids, true, 0).await.unwrap();
+        assert_eq!(seen.most.load(SeqCst), 1, "unknown batches are asked alone");
+        assert_eq!(p.rows().unwrap().len(), 20 * 3 + SMALL_BATCH + 1);
+
+        seen.most.store(0, SeqCst);
+        p.poll(&client, &base, &ids, true, 0).await.unwrap();
+        let most = seen.most.load(SeqCst);
+        assert!(
+            (2..=AT_ONCE).contains(&most),
+            "small batches asked together, at most {AT_ONCE}: {most}"
+        );
+        assert!(
+            !seen.big_beside_another.load(SeqCst),
+            "a big batch is asked alone"
+        );
+        assert_eq!(p.answers().requests, 42);
+        assert_eq!(p.rows().unwrap().len(), 20 * 3 + SMALL_BATCH + 1);
     }
 }

@@ -1,0 +1,256 @@
+//! One step of a delivery's history in the stack's status view ([`StatusTransition`]): read and
+//! written as the contract's object (`from`, `to`, `source`, `at`, `detail`), held in three
+//! words.
+//!
+//! A big run's status view holds millions of transitions for the whole run, nearly all of them
+//! between states the contract names, by a source it names, at a time in the form the reference
+//! stack writes. Those are kept as one-byte codes and the time in milliseconds; a transition with
+//! any name or time outside that (a stack's own state, a time that would not read back byte for
+//! byte) is kept whole behind one pointer. Either way the accessors give back exactly what the
+//! stack wrote, so a checker cannot tell the two apart.
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{At, Name, Source, State};
+
+/// A transition of a status row's history (see the module doc).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "Wire", into = "Wire")]
+pub struct StatusTransition {
+    moves: Moves,
+    /// Interned by the status view: most are a worker's id or "attempt 1 accepted".
+    pub detail: Option<Name>,
+}
+
+/// The contract's object, as read and written.
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "StatusTransition")]
+struct Wire {
+    from: Option<State>,
+    to: State,
+    source: Source,
+    #[serde(default)]
+    at: Option<At>,
+    #[serde(default)]
+    detail: Option<Name>,
+}
+
+#[derive(Clone, PartialEq)]
+enum Moves {
+    /// Named by the contract: [`STATES`] and [`SOURCES`] positions (`from` one past, 0 for
+    /// none), the time in milliseconds ([`NO_TIME`] for none).
+    Known {
+        at_ms: i64,
+        from: u8,
+        to: u8,
+        source: u8,
+    },
+    /// Anything else, as written.
+    Rare(Box<(Option<State>, State, Source, Option<At>)>),
+}
+
+const STATES: [State; 8] = [
+    State::Pending,
+    State::Sending,
+    State::Retryable,
+    State::Submitted,
+    State::Delivered,
+    State::PermanentFailure,
+    State::Failed,
+    State::Unknown,
+];
+
+const SOURCES: [Source; 5] = [
+    Source::Worker,
+    Source::Callback,
+    Source::Poll,
+    Source::Rescuer,
+    Source::Api,
+];
+
+/// `at_ms` of a transition without a time (no text reads back as it: [`At`] keeps such a
+/// time as text, and a transition with one is [`Moves::Rare`]).
+const NO_TIME: i64 = i64::MIN;
+
+fn code<T: PartialEq>(known: &[T], x: &T) -> Option<u8> {
+    known.iter().position(|k| k == x).map(|i| i as u8)
+}
+
+impl StatusTransition {
+    pub fn new(
+        from: Option<State>,
+        to: State,
+        source: Source,
+        at: Option<At>,
+        detail: Option<Name>,
+    ) -> StatusTransition {
+        let from_code = match &from {
+            None => Some(0),
+            Some(s) => code(&STATES, s).map(|c| c + 1),
+        };
+        let at_ms = match &at {
+            None => Some(NO_TIME),
+            Some(At::Millis(ms)) if *ms != NO_TIME => Some(*ms),
+            Some(_) => None,
+        };
+        let known = (
+            from_code,
+            code(&STATES, &to),
+            code(&SOURCES, &source),
+            at_ms,
+        );
+        let moves = match known {
+            (Some(from), Some(to), Some(source), Some(at_ms)) => Moves::Known {
+                at_ms,
+                from,
+                to,
+                source,
+            },
+            _ => Moves::Rare(Box::new((from, to, source, at))),
+        };
+        StatusTransition { moves, detail }
+    }
+
+    /// The state it left; `None` when the stack did not say.
+    pub fn from(&self) -> Option<State> {
+        match &self.moves {
+            Moves::Known { from: 0, .. } => None,
+            Moves::Known { from, .. } => Some(STATES[usize::from(*from - 1)].clone()),
+            Moves::Rare(r) => r.0.clone(),
+        }
+    }
+
+    /// The state it entered.
+    pub fn to(&self) -> State {
+        match &self.moves {
+            Moves::Known { to, .. } => STATES[usize::from(*to)].clone(),
+            Moves::Rare(r) => r.1.clone(),
+        }
+    }
+
+    /// Who made it.
+    pub fn source(&self) -> Source {
+        match &self.moves {
+            Moves::Known { source, .. } => SOURCES[usize::from(*source)].clone(),
+            Moves::Rare(r) => r.2.clone(),
+        }
+    }
+
+    /// When, as the stack wrote it.
+    pub fn at(&self) -> Option<At> {
+        match &self.moves {
+            Moves::Known { at_ms: NO_TIME, .. } => None,
+            Moves::Known { at_ms, .. } => Some(At::Millis(*at_ms)),
+            Moves::Rare(r) => r.3.clone(),
+        }
+    }
+}
+
+impl From<Wire> for StatusTransition {
+    fn from(w: Wire) -> StatusTransition {
+        StatusTransition::new(w.from, w.to, w.source, w.at, w.detail)
+    }
+}
+
+impl From<StatusTransition> for Wire {
+    fn from(t: StatusTransition) -> Wire {
+        Wire {
+            from: t.from(),
+            to: t.to(),
+            source: t.source(),
+            at: t.at(),
+            detail: t.detail,
+        }
+    }
+}
+
+impl JsonSchema for StatusTransition {
+    fn schema_name() -> String {
+        Wire::schema_name()
+    }
+    fn json_schema(g: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        Wire::json_schema(g)
+    }
+}
+
+impl fmt::Debug for StatusTransition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatusTransition")
+            .field("from", &self.from())
+            .field("to", &self.to())
+            .field("source", &self.source())
+            .field("at", &self.at())
+            .field("detail", &self.detail)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(json: serde_json::Value) -> StatusTransition {
+        let t: StatusTransition = serde_json::from_value(json.clone()).unwrap();
+        let mut back = serde_json::to_value(&t).unwrap();
+        // `at` and `detail` are written as null when absent.
+        back.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+        let mut want = json;
+        want.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+        assert_eq!(back, want);
+        t
+    }
+
+    /// Three words, whatever the stack wrote; what the contract names is held without a pointer.
+    #[test]
+    fn a_transition_is_three_words() {
+        assert!(
+            std::mem::size_of::<StatusTransition>() <= 24,
+            "{}",
+            std::mem::size_of::<StatusTransition>()
+        );
+        let t = round_trip(serde_json::json!({
+            "from": "sending", "to": "submitted", "source": "worker",
+            "at": "2026-12-03T11:20:01.123Z", "detail": "w1"
+        }));
+        assert!(matches!(t.moves, Moves::Known { .. }));
+        assert_eq!(t.from(), Some(State::Sending));
+        assert_eq!(t.to(), State::Submitted);
+        assert_eq!(t.source(), Source::Worker);
+        assert_eq!(t.at().and_then(|a| a.millis()), Some(1_796_296_801_123));
+        assert_eq!(t.detail.as_deref(), Some("w1"));
+    }
+
+    /// Every name and time outside the compact form is given back exactly as written.
+    #[test]
+    fn anything_else_reads_back_as_written() {
+        let cases = [
+            serde_json::json!({"from": null, "to": "pending", "source": "api"}),
+            serde_json::json!({"from": "pending", "to": "exploded", "source": "worker"}),
+            serde_json::json!({"from": "limbo", "to": "sending", "source": "worker"}),
+            serde_json::json!({"from": "sending", "to": "failed", "source": "cron"}),
+            serde_json::json!({"from": "sending", "to": "failed", "source": "poll", "at": "yesterday"}),
+            serde_json::json!({"from": "sending", "to": "failed", "source": "poll", "at": "2026-12-03T11:20:01+00:00"}),
+        ];
+        let rare = cases
+            .clone()
+            .map(|c| matches!(round_trip(c).moves, Moves::Rare(_)));
+        assert_eq!(rare, [false, true, true, true, true, true]);
+        let t = round_trip(cases[1].clone());
+        assert_eq!(t.to().as_str(), "exploded");
+        assert_eq!(t.from(), Some(State::Pending));
+        // Equal transitions are equal whichever way they were made.
+        assert_eq!(
+            t,
+            StatusTransition::new(
+                Some(State::Pending),
+                State::from("exploded"),
+                Source::Worker,
+                None,
+                None
+            )
+        );
+    }
+}
