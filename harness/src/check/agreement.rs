@@ -208,7 +208,7 @@ fn recorded_acceptance(row: &StatusDelivery) -> bool {
 }
 
 pub fn check(input: &Input) -> Verdict {
-    let sends = Sends::new(input.ledger);
+    let sends = input.sends();
     let status = input.status.map(status_index);
     let failures = failure_reports(input.ledger);
     let dist = Disturbances::new(input);
@@ -276,7 +276,7 @@ pub fn check(input: &Input) -> Verdict {
 
     declare_judged(
         input,
-        &sends,
+        sends,
         &mut findings,
         status.is_some(),
         judged_states,

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use mock_providers::ledger::Outcome;
 use serde_json::{json, Value};
 
-use super::common::{delivery_json, figures, Findings, Sends};
+use super::common::{delivery_json, figures, Findings};
 use super::{Input, Verdict};
 use crate::scenario::Channel;
 
@@ -73,7 +73,7 @@ fn excerpt(s: &str, at: usize, len: usize) -> String {
 }
 
 pub fn check(input: &Input) -> Verdict {
-    let sends = Sends::new(input.ledger);
+    let sends = input.sends();
     let needs_escaped = mentions_name(&input.scenario.load.template.html);
     let mut findings = Findings::default();
     let (mut changed, mut html_checked) = (0u64, 0u64);

@@ -199,6 +199,17 @@ pub struct Input<'a> {
     /// When the machine stopped running processes on time ([`crate::stalls`]): time allowances
     /// grow by the stalls inside the window they judge.
     pub stalls: &'a [crate::stalls::Stall],
+    /// The ledger's send attempts by delivery ([`Input::sends`]); `Default::default()`.
+    pub(crate) sends: std::sync::OnceLock<common::Sends<'a>>,
+}
+
+impl<'a> Input<'a> {
+    /// The ledger's send attempts grouped by delivery: indexed once, on the first checker's
+    /// asking, and shared by every checker that reads them (six do; a big run's index is tens
+    /// of megabytes and seconds to build).
+    pub fn sends(&self) -> &common::Sends<'a> {
+        self.sends.get_or_init(|| common::Sends::new(self.ledger))
+    }
 }
 
 /// How the status API answered over the run, beside the rows it gave (`agreement`'s

@@ -33,7 +33,7 @@ use mock_providers::ledger::Outcome;
 use serde_json::{json, Value};
 
 use super::common::{
-    attempt_json, delivery_json, figures, is_failure, ms, status_index, Findings, PerChannel, Sends,
+    attempt_json, delivery_json, figures, is_failure, ms, status_index, Findings, PerChannel,
 };
 use super::unknowns::{self, Excuse};
 use super::{Input, Source, State, StatusDelivery, Verdict};
@@ -108,7 +108,7 @@ fn state_of<'a>(
 }
 
 pub fn check(input: &Input) -> Verdict {
-    let sends = Sends::new(input.ledger);
+    let sends = input.sends();
     let status = input.status.map(status_index).unwrap_or_default();
     let max = input.scenario.expect.max_attempts;
     let quiescent = input.quiescence.reached;

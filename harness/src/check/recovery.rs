@@ -183,8 +183,8 @@ pub fn check(input: &Input) -> Verdict {
     if events.is_empty() {
         return not_checked(NAME, "no worker was SIGKILLed or SIGSTOPped");
     }
-    let sends = Sends::new(input.ledger);
-    let first_attempts = Queue::first_attempts(&sends);
+    let sends = input.sends();
+    let first_attempts = Queue::first_attempts(sends);
     let expected: HashMap<(Provider, &str), &Expected> = input
         .expected
         .iter()
@@ -339,7 +339,7 @@ pub fn check(input: &Input) -> Verdict {
         }
         zombies(
             input,
-            &sends,
+            sends,
             &expected,
             ev,
             &under_way,

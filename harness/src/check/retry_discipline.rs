@@ -75,8 +75,7 @@ use serde_json::{json, Value};
 use super::availability::blocked_ns;
 use super::backlog::Queue;
 use super::common::{
-    attempt_json, delivery_json, figures, gap_ms, is_failure, ms, Findings, Sends,
-    ANSWER_RECORD_WINDOW_NS,
+    attempt_json, delivery_json, figures, gap_ms, is_failure, ms, Findings, ANSWER_RECORD_WINDOW_NS,
 };
 use super::outages::Outages;
 use super::{Expected, Input, Source, Verdict};
@@ -162,7 +161,7 @@ struct Retry<'a> {
 }
 
 pub fn check(input: &Input) -> Verdict {
-    let sends = Sends::new(input.ledger);
+    let sends = input.sends();
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
     let mut n = Tally::default();
@@ -249,7 +248,7 @@ pub fn check(input: &Input) -> Verdict {
     // The cap, in arrival order: each retry found on time or excused becomes queue work that
     // may excuse a later one.
     retries.sort_by_key(|r| (r.next.received_ns, r.next.seq));
-    let mut queue = Queue::first_attempts(&sends);
+    let mut queue = Queue::first_attempts(sends);
     let outages = Outages::of(input);
     for r in &retries {
         let e = &input.expected[r.delivery];

@@ -367,6 +367,7 @@ impl World {
             lost_batches: &self.lost_batches,
             status_answers: &self.status_answers,
             stalls: &self.stalls,
+            sends: Default::default(),
         }
     }
 }

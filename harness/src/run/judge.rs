@@ -68,6 +68,7 @@ pub(super) async fn stop_and_judge(
         lost_batches: &settled.lost_batches,
         status_answers: &settled.status_answers,
         stalls: &stalls,
+        sends: Default::default(),
     };
     let checks = check::run_all(&input);
     crate::malloc::trim();
