@@ -129,6 +129,13 @@ impl Interner {
         Name(n)
     }
 
+    /// The shared copy of `s` when the table has one; never adds one (for strings a stack
+    /// under test reports, which it could make unique every time it is asked).
+    pub fn shared(&self, s: &str) -> Option<Name> {
+        let names = self.names.lock().expect("interner poisoned");
+        names.get(s).map(|n| Name(n.clone()))
+    }
+
     /// Makes `n` the copy of its text that later entries share (the expected deliveries'
     /// addresses, so that the ledger's entries and `expected` hold one copy between them).
     pub fn adopt(&self, n: &Name) {

@@ -70,8 +70,8 @@ pub struct Expected {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusDelivery {
     pub key: Box<str>,
-    /// Interned by the status view with the expected deliveries' ids and addresses
-    /// ([`Name`]), as are the message id and the error text.
+    /// Shared by the status view with the expected deliveries' ids and addresses and the
+    /// ledger's message ids ([`Name`]) when they are the same text.
     pub recipient: Name,
     pub channel: Channel,
     #[serde(default)]

@@ -352,23 +352,29 @@ impl StatusPoller {
     }
 }
 
-/// Drops the spare capacity a parsed answer leaves in its lists and shares the rows' names,
-/// addresses, message ids, errors and transition details through `names`: the view of a big run
-/// holds hundreds of thousands of rows for the whole run, and each of those strings is also an
-/// expected delivery's, a ledger entry's or another row's.
+/// Drops the spare capacity a parsed answer leaves in its lists, and shares strings through
+/// `names`: a row's recipient id, address and message id take the copy the expected deliveries
+/// or the ledger already hold (never adding one: a stack could make them unique on every answer),
+/// and transition details are interned (most are a worker's id or "attempt 1 accepted"). The
+/// view of a big run holds hundreds of thousands of rows for the whole run.
 fn compact(rows: &mut Vec<StatusDelivery>, names: &Interner) {
     rows.shrink_to_fit();
     for r in rows.iter_mut() {
         r.transitions.shrink_to_fit();
-        let row = [
+        for t in r.transitions.iter_mut() {
+            if let Some(d) = &mut t.detail {
+                *d = names.name(d);
+            }
+        }
+        let known = [
             Some(&mut r.recipient),
             r.address.as_mut(),
             r.provider_message_id.as_mut(),
-            r.last_error.as_mut(),
         ];
-        let details = r.transitions.iter_mut().map(|t| t.detail.as_mut());
-        for n in row.into_iter().chain(details).flatten() {
-            *n = names.name(n);
+        for n in known.into_iter().flatten() {
+            if let Some(shared) = names.shared(n) {
+                *n = shared;
+            }
         }
     }
 }
@@ -412,6 +418,7 @@ fn keep_unchanged(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::Name;
 
     fn row(key: &str, state: &str) -> StatusDelivery {
         serde_json::from_value(serde_json::json!({
@@ -529,6 +536,48 @@ mod tests {
             held_a,
             "incremental, unchanged: the held copy"
         );
+    }
+
+    /// A row's recipient id, address and message id take the copies the run already holds; a
+    /// string the run does not know stays the row's own and is never added to the shared table
+    /// (a stack could report a new one on every answer).
+    #[test]
+    fn rows_share_the_runs_strings_and_add_none() {
+        let names = Interner::default();
+        let (id, address, msg) = (
+            Name::from("r1"),
+            Name::from("+15550001"),
+            names.name("SM0001"),
+        );
+        names.adopt(&id);
+        names.adopt(&address);
+        let mut p = StatusPoller::new(3, names.clone());
+        let answer = |msg_id: &str| {
+            let row = serde_json::json!({
+                "key": "k1", "recipient": "r1", "channel": "sms", "address": "+15550001",
+                "state": "submitted", "provider_message_id": msg_id, "last_error": "timeout 1",
+                "transitions": [{"from": "sending", "to": "submitted", "source": "worker", "detail": "w1"}]
+            });
+            StatusAnswer::Page(load::StatusPage {
+                deliveries: vec![serde_json::from_value(row).unwrap()],
+                cursor: None,
+            })
+        };
+        p.record("b1", answer("SM0001"), false, 1);
+        let rows = p.rows().unwrap();
+        let same = |a: &Name, b: &Name| a.as_str().as_ptr() == b.as_str().as_ptr();
+        assert!(same(&rows[0].recipient, &id));
+        assert!(same(rows[0].address.as_ref().unwrap(), &address));
+        assert!(same(rows[0].provider_message_id.as_ref().unwrap(), &msg));
+        p.record("b1", answer("SM-invented-by-the-stack"), false, 2);
+        let rows = p.rows().unwrap();
+        assert_eq!(
+            rows[0].provider_message_id.as_deref(),
+            Some("SM-invented-by-the-stack")
+        );
+        for unknown in ["SM-invented-by-the-stack", "timeout 1"] {
+            assert!(names.shared(unknown).is_none(), "{unknown} was added");
+        }
     }
 
     /// (answers for batches in order: rows or 404, API on at the end, rows kept, lost batches)
