@@ -636,7 +636,7 @@ fn extreme_numbers_in_a_saved_report_never_panic_the_renderers() {
             .keys()
             .flat_map(|f| [(f, true), (f, false)])
         {
-            let mut names = Interner::default();
+            let names = Interner::default();
             let mutated: Vec<Entry> = raw
                 .iter()
                 .enumerate()
@@ -646,7 +646,7 @@ fn extreme_numbers_in_a_saved_report_never_panic_the_renderers() {
                         v[field] = to.clone();
                     }
                     let e: LedgerEntry = serde_json::from_value(v).ok()?;
-                    Some(Entry::of(&e, &mut names, &Keep::NoHtml))
+                    Some(Entry::of(&e, &names, &Keep::NoHtml))
                 })
                 .collect();
             render(&report, &mutated);
