@@ -116,8 +116,9 @@ impl StatusPoller {
     ///
     /// Batches known to be small ([`SMALL_BATCH`] rows or fewer) are asked [`AT_ONCE`] at a time
     /// (a trickle's orders are hundreds of one-recipient batches, and their round trips, not the
-    /// stack's work, are what a sequential round waits on); any other batch alone, so that at
-    /// most one big answer is in memory at a time. Answers are taken in `batch_ids` order.
+    /// stack's work, are what a sequential round waits on), each read up to its share of the
+    /// cap; any other batch alone, so that at most one big answer is in memory at a time.
+    /// Answers are taken in `batch_ids` order.
     pub async fn poll(
         &mut self,
         client: &reqwest::Client,
@@ -134,8 +135,11 @@ impl StatusPoller {
             let asks: Vec<(&String, Option<String>)> =
                 group.iter().map(|id| (id, self.since(id, whole))).collect();
             self.answers.requests += asks.len() as u64;
+            // Asked together, they share the cap one answer had alone: an API whose answers
+            // never end holds no more of the harness's memory than when it was asked in turn.
+            let cap = self.cap / asks.len();
             let fetched = futures::future::join_all(asks.iter().map(|(id, since)| {
-                load::fetch_batch_status(client, api_base, id, since.as_deref(), self.cap)
+                load::fetch_batch_status(client, api_base, id, since.as_deref(), cap)
             }))
             .await;
             let mut timed_out = false;
@@ -755,6 +759,7 @@ mod tests {
             in_flight: AtomicUsize,
             most: AtomicUsize,
             big_beside_another: AtomicBool,
+            endless: AtomicBool,
         }
         let seen = Arc::new(Seen::default());
         let server = seen.clone();
@@ -767,6 +772,13 @@ mod tests {
                     seen.most.fetch_max(now, SeqCst);
                     // Long enough that requests made together are served together.
                     tokio::time::sleep(Duration::from_millis(40)).await;
+                    if id == "o5" && seen.endless.load(SeqCst) {
+                        seen.in_flight.fetch_sub(1, SeqCst);
+                        let chunks = futures::stream::repeat_with(|| {
+                            Ok::<_, std::io::Error>(axum::body::Bytes::from_static(&[b' '; 64 << 10]))
+                        });
+                        return axum::response::Response::new(axum::body::Body::from_stream(chunks));
+                    }
                     let n = if id == "big" { SMALL_BATCH + 1 } else { 3 };
                     if id == "big" && seen.in_flight.load(SeqCst) > 1 {
                         seen.big_beside_another.store(true, SeqCst);
@@ -775,7 +787,9 @@ mod tests {
                     let rows: Vec<_> = (0..n)
                         .map(|i| serde_json::json!({"key": format!("{id}-{i}"), "recipient": "r1", "channel": "line", "state": "sending"}))
                         .collect();
-                    axum::Json(serde_json::json!({ "deliveries": rows }))
+                    axum::response::IntoResponse::into_response(axum::Json(
+                        serde_json::json!({ "deliveries": rows }),
+                    ))
                 }
             }),
         );
@@ -804,6 +818,22 @@ mod tests {
             "a big batch is asked alone"
         );
         assert_eq!(p.answers().requests, 42);
+        assert_eq!(p.rows().unwrap().len(), 20 * 3 + SMALL_BATCH + 1);
+
+        // One small batch of a group answers without end: cut at its share of the cap (what
+        // it read is its neighbours' memory too), reported, and its neighbours still read.
+        seen.endless.store(true, SeqCst);
+        p.poll(&client, &base, &ids, true, 0).await.unwrap();
+        assert_eq!(p.answers().unreadable, 1);
+        let cut = &p.answers().examples[0];
+        assert_eq!(cut.batch_id, "o5");
+        let share = answer_cap(1_000) / AT_ONCE;
+        assert!(
+            cut.error
+                .starts_with(&format!("the answer is longer than {share} bytes")),
+            "{}",
+            cut.error
+        );
         assert_eq!(p.rows().unwrap().len(), 20 * 3 + SMALL_BATCH + 1);
     }
 }
