@@ -29,18 +29,20 @@ use crate::claim;
 pub use pgbench::script as pgbench_script;
 
 /// The completion both sides run after each claim: every row this worker holds goes to
-/// `delivered`, fenced on its lease owner, with its audit event, in one round trip. (The worker's
-/// real per-row completion is [`crate::state::transition`]; a batched claim followed by one
-/// statement per row would measure round trips, not the queue.)
+/// `delivered`, fenced on its lease owner, with the attempt's audit event (its claim on it, as
+/// [`crate::state::transition`] writes it), in one round trip. (The worker's real per-row
+/// completion is that function; a batched claim followed by one statement per row would measure
+/// round trips, not the queue.)
 pub const COMPLETE_SQL: &str = r#"
 WITH done AS (
     UPDATE delivery_state d
     SET state = 'delivered', updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
     WHERE d.state = 'sending' AND d.lease_owner = $1
-    RETURNING d.id
+    RETURNING d.id, d.claimed_at, d.claimed_from
 ), ev AS (
-    INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail)
-    SELECT id, 'sending', 'delivered', 'worker', $1 FROM done
+    INSERT INTO delivery_events
+        (delivery_id, from_state, to_state, source, detail, claimed_at, claimed_from, claimed_by)
+    SELECT id, 'sending', 'delivered', 'worker', $1, claimed_at, claimed_from, $1 FROM done
 )
 SELECT count(*) FROM done
 "#;
@@ -450,12 +452,12 @@ async fn seed(pool: &PgPool, rows: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// (rows claimed, rows claimed more than once), from the audit trail (`delivery_events`) of
-/// the benchmark's database.
+/// (rows claimed, rows claimed more than once), from the audit trail (`delivery_transitions`:
+/// every claim, ended or in flight) of the benchmark's database.
 pub async fn audit(pool: &PgPool) -> anyhow::Result<(u64, u64)> {
     let (claimed, doubles): (i64, i64) = sqlx::query_as(
         "SELECT count(*), count(*) FILTER (WHERE n > 1) FROM \
-         (SELECT delivery_id, count(*) AS n FROM delivery_events WHERE to_state = 'sending' \
+         (SELECT delivery_id, count(*) AS n FROM delivery_transitions WHERE to_state = 'sending' \
           GROUP BY delivery_id) c",
     )
     .fetch_one(pool)

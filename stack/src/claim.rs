@@ -176,14 +176,11 @@ WITH picked AS MATERIALIZED (
     UPDATE delivery_state d
     SET lease_owner = $1, lease_token = d.lease_token + 1,
         lease_expires_at = now() + $3 * interval '1 millisecond', updated_at = now(),
-        state = 'sending'
+        state = 'sending', claimed_at = clock_timestamp(), claimed_from = picked.state
     FROM picked
     WHERE d.id = picked.id AND d.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING picked.state AS from_state, d.id, d.attempts, d.lease_owner, d.lease_token,
               d.last_error_class, d.attempt_started_at
-), ev AS (
-    INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail)
-    SELECT id, from_state, 'sending', 'worker', $1 FROM s
 )
 SELECT s.from_state, "#,
             returning!(),
@@ -208,6 +205,10 @@ WHERE i.id = ANY (ARRAY(SELECT id FROM s))
 /// with the table). The array turns the update side into a primary-key index scan; the same
 /// holds for the join to `delivery_items`, which only reads (the claim rewrites the narrow
 /// `delivery_state` row alone: see `migrations/0005_lean_state.sql`).
+///
+/// The claim writes no event row of its own: it records itself on the state row (`claimed_at`,
+/// `claimed_from`), and the statement that ends the attempt appends one event carrying both
+/// halves (`migrations/0006_one_event_per_attempt.sql`; `delivery_transitions` reads them back).
 pub const CLAIM_SQL: &str = claim_sql!("priority, next_attempt_at");
 
 /// The `fifo-by-batch` flaw: the claim in due order alone, so every row of a batch enqueued
@@ -295,11 +296,10 @@ pub async fn claim_racy(
     let (ids, states): (Vec<i64>, Vec<String>) = ids.into_iter().unzip();
     let sql = format!(
         "WITH s AS (UPDATE delivery_state d SET state = 'sending', lease_owner = $1, \
-         lease_token = d.lease_token + 1, lease_expires_at = now() + $3 * interval '1 millisecond' \
+         lease_token = d.lease_token + 1, lease_expires_at = now() + $3 * interval '1 millisecond', \
+         claimed_at = clock_timestamp(), claimed_from = picked.state \
          FROM UNNEST($2::bigint[], $4::text[]) AS picked(id, state) WHERE d.id = picked.id \
-         RETURNING picked.state AS from_state, d.*), \
-         ev AS (INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
-         SELECT id, from_state, 'sending', 'worker', $1 FROM s) \
+         RETURNING picked.state AS from_state, d.*) \
          SELECT s.from_state, {} FROM s JOIN delivery_items i ON i.id = s.id",
         returning!()
     );

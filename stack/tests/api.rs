@@ -307,6 +307,118 @@ async fn batch_is_enqueued_once_rendered_and_visible() {
     pool.close().await;
 }
 
+/// The audit keeps one event row per attempt, yet the status API still reports every edge: a
+/// claim in flight (from the state row), then each ended attempt as its claim and its outcome, in
+/// order, the claim naming its worker — whether the worker (fenced) or a callback (unfenced,
+/// after locking the row) ended it.
+#[tokio::test]
+async fn each_attempt_reads_back_as_its_claim_then_its_outcome() {
+    use stack::state::{transition, Fence, Source, State, Transition, Updates};
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    let cfg = stack::Config::for_tests(&db.url);
+    let (addr, _stop, _h) = common::start_api(&cfg).await;
+    let http = reqwest::Client::new();
+    let body = common::batch_body("tr", 1, &["line"]);
+    let r = http
+        .post(format!("http://{addr}/v1/batches"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let edges = || async {
+        let v: Value = reqwest::get(format!("http://{addr}/v1/batches/tr/deliveries"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ts = v["deliveries"][0]["transitions"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let at: Vec<String> = ts
+            .iter()
+            .map(|t| t["at"].as_str().unwrap().into())
+            .collect();
+        assert!(
+            at.windows(2).all(|w| w[0] <= w[1]),
+            "in time order: {ts:#?}"
+        );
+        ts.iter()
+            .map(|t| {
+                let s = |k: &str| t[k].as_str().unwrap_or("-").to_string();
+                format!("{}>{} {} {}", s("from"), s("to"), s("source"), s("detail"))
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let lease = Duration::from_secs(60);
+    let d = stack::claim::claim(&mut conn, "w1", 1, lease)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(edges().await, ["pending>sending worker w1"]);
+    let outcome = |to, fence| Transition {
+        delivery_id: d.id,
+        from: &[State::Sending],
+        to,
+        source: Source::Worker,
+        detail: Some("429".into()),
+        fence,
+        set: Updates {
+            retry_in: Some(Duration::ZERO),
+            outcome_class: Some("transient"),
+            ..Updates::default()
+        },
+    };
+    let fence = Fence::Lease {
+        owner: "w1".into(),
+        token: d.lease_token,
+    };
+    let left = transition(&mut conn, &outcome(State::Retryable, fence))
+        .await
+        .unwrap();
+    assert_eq!(left, Some(State::Sending));
+    let ended = ["pending>sending worker w1", "sending>retryable worker 429"];
+    assert_eq!(edges().await, ended);
+    let d2 = stack::claim::claim(&mut conn, "w2", 1, lease)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(d2.id, d.id);
+    assert_eq!(
+        edges().await,
+        [&ended[..], &["retryable>sending worker w2"]].concat()
+    );
+    // A callback overtakes the worker: unfenced, it reads the lease owner from the row it locks.
+    let cb = Transition {
+        source: Source::Callback,
+        detail: Some("cb".into()),
+        set: Updates::default(),
+        ..outcome(State::Delivered, Fence::None)
+    };
+    assert_eq!(
+        transition(&mut conn, &cb).await.unwrap(),
+        Some(State::Sending)
+    );
+    let all = [
+        "pending>sending worker w1",
+        "sending>retryable worker 429",
+        "retryable>sending worker w2",
+        "sending>delivered callback cb",
+    ];
+    assert_eq!(edges().await, all);
+    assert_eq!(
+        count(&pool, "delivery_events").await,
+        2,
+        "one row per attempt"
+    );
+    drop(conn);
+    pool.close().await;
+}
+
 /// Puts the SMS delivery of `r000000` in `submitted` with sid `SM1`, as a worker would.
 async fn submitted_sms(pool: &PgPool) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
@@ -337,7 +449,7 @@ async fn submitted_sms(pool: &PgPool) -> i64 {
 }
 
 async fn state_and_events(pool: &PgPool, id: i64) -> (String, i64) {
-    sqlx::query_as("SELECT state, (SELECT count(*) FROM delivery_events WHERE delivery_id = $1) FROM deliveries WHERE id = $1")
+    sqlx::query_as("SELECT state, (SELECT count(*) FROM delivery_transitions WHERE delivery_id = $1) FROM deliveries WHERE id = $1")
         .bind(id)
         .fetch_one(pool)
         .await

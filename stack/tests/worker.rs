@@ -941,10 +941,19 @@ async fn a_worker_stalled_in_the_sms_lookup_does_not_send_after_its_lease() {
     // statement that sat in the frozen connection for longer than a lease ("lease too close to
     // expiry to start"), or the final attempt if the test process stalls past its lease. So:
     // at least one give-back of a started attempt, and no claim given back twice (each
-    // `sending → retryable` directly follows its own claim; the events of one delivery chain).
+    // `sending → retryable` directly follows its own claim, the transitions of one delivery
+    // chain, and no claim is ended by two event rows).
+    let (ended_twice,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM (SELECT claimed_at FROM delivery_events \
+         WHERE claimed_at IS NOT NULL GROUP BY claimed_at HAVING count(*) > 1) twice",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(ended_twice, 0, "a claim ended twice");
     let events: Vec<(String, String, String, String)> = sqlx::query_as(
-        "SELECT from_state, to_state, source, coalesce(detail, '') FROM delivery_events \
-         ORDER BY id",
+        "SELECT from_state, to_state, source, coalesce(detail, '') FROM delivery_transitions \
+         ORDER BY event_id NULLS LAST, part",
     )
     .fetch_all(&pool)
     .await

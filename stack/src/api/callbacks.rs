@@ -334,12 +334,17 @@ async fn apply_naively(
     detail: String,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "WITH old AS (SELECT id, state FROM delivery_state WHERE id = $1 FOR UPDATE), \
+        "WITH old AS (SELECT id, state, lease_owner FROM delivery_state WHERE id = $1 FOR UPDATE), \
          upd AS (UPDATE delivery_state d SET state = $2, \
          provider_message_id = COALESCE($3, d.provider_message_id) FROM old \
-         WHERE d.id = old.id RETURNING d.id, old.state AS from_state) \
-         INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
-         SELECT id, from_state, $2, 'callback', $4 FROM upd",
+         WHERE d.id = old.id RETURNING d.id, old.state AS from_state, old.lease_owner, \
+         d.claimed_at, d.claimed_from) \
+         INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail, \
+         claimed_at, claimed_from, claimed_by) \
+         SELECT id, from_state, $2, 'callback', $4, \
+         CASE WHEN from_state = 'sending' THEN claimed_at END, \
+         CASE WHEN from_state = 'sending' THEN claimed_from END, \
+         CASE WHEN from_state = 'sending' AND claimed_at IS NOT NULL THEN lease_owner END FROM upd",
     )
     .bind(id)
     .bind(to.as_str())
