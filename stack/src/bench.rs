@@ -6,7 +6,7 @@
 //! Both sides start from a table freshly seeded with the same number of ready rows and claim and
 //! complete until it is empty (or for a fixed duration). The stack side also measures claim latency
 //! (HdrHistogram, corrected for coordinated omission) and verifies afterwards, from the ids it got
-//! back and from `delivery_events`, that no row was claimed twice and none was left behind.
+//! back and from `delivery_transitions`, that no row was claimed twice and none was left behind.
 //!
 //! It is a command that prints figures, not a test. This module must never be pointed at a
 //! database with real deliveries: it truncates.
@@ -29,20 +29,18 @@ use crate::claim;
 pub use pgbench::script as pgbench_script;
 
 /// The completion both sides run after each claim: every row this worker holds goes to
-/// `delivered`, fenced on its lease owner, with the attempt's audit event (its claim on it, as
-/// [`crate::state::transition`] writes it), in one round trip. (The worker's real per-row
-/// completion is that function; a batched claim followed by one statement per row would measure
-/// round trips, not the queue.)
+/// `delivered`, fenced on its lease owner, recording the transition on the row as
+/// [`crate::state::transition`] does, in one round trip. (The worker's real per-row completion is
+/// that function; a batched claim followed by one statement per row would measure round trips,
+/// not the queue.)
 pub const COMPLETE_SQL: &str = r#"
 WITH done AS (
     UPDATE delivery_state d
-    SET state = 'delivered', updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
+    SET state = 'delivered', updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+        head_from = 'sending', head_source = 'worker', head_detail = $1,
+        head_outcome_class = 'accepted', head_at = clock_timestamp(), head_claimed_by = $1
     WHERE d.state = 'sending' AND d.lease_owner = $1
-    RETURNING d.id, d.claimed_at, d.claimed_from
-), ev AS (
-    INSERT INTO delivery_events
-        (delivery_id, from_state, to_state, source, detail, claimed_at, claimed_from, claimed_by)
-    SELECT id, 'sending', 'delivered', 'worker', $1, claimed_at, claimed_from, $1 FROM done
+    RETURNING d.id
 )
 SELECT count(*) FROM done
 "#;
@@ -132,7 +130,7 @@ pub struct BenchRow {
     /// `stack` over (workers × the 1-worker figure at the same batch size).
     pub efficiency: Option<f64>,
     pub latency_ms: LatencyMs,
-    /// Rows claimed more than once (from the returned ids and from `delivery_events`): must be 0.
+    /// Rows claimed more than once (from the returned ids and from `delivery_transitions`): must be 0.
     pub double_claims: u64,
     /// Ready rows left when the stack side stopped (must be 0 in rows mode).
     pub unclaimed: u64,

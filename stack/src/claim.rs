@@ -176,7 +176,9 @@ WITH picked AS MATERIALIZED (
     UPDATE delivery_state d
     SET lease_owner = $1, lease_token = d.lease_token + 1,
         lease_expires_at = now() + $3 * interval '1 millisecond', updated_at = now(),
-        state = 'sending', claimed_at = clock_timestamp(), claimed_from = picked.state
+        state = 'sending', claimed_at = clock_timestamp(), claimed_from = picked.state,
+        head_from = NULL, head_source = NULL, head_detail = NULL, head_outcome_class = NULL,
+        head_at = NULL, head_claimed_by = NULL
     FROM picked
     WHERE d.id = picked.id AND d.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING picked.state AS from_state, d.id, d.attempts, d.lease_owner, d.lease_token,
@@ -207,8 +209,9 @@ WHERE i.id = ANY (ARRAY(SELECT id FROM s))
 /// `delivery_state` row alone: see `migrations/0005_lean_state.sql`).
 ///
 /// The claim writes no event row of its own: it records itself on the state row (`claimed_at`,
-/// `claimed_from`), and the statement that ends the attempt appends one event carrying both
-/// halves (`migrations/0006_one_event_per_attempt.sql`; `delivery_transitions` reads them back).
+/// `claimed_from`) and clears the row's latest transition, which the database moves into
+/// `delivery_events` (`migrations/0007_latest_transition_on_the_row.sql`); the transition that
+/// ends the attempt carries the claim (`delivery_transitions` reads every one back).
 pub const CLAIM_SQL: &str = claim_sql!("priority, next_attempt_at");
 
 /// The `fifo-by-batch` flaw: the claim in due order alone, so every row of a batch enqueued
@@ -297,7 +300,9 @@ pub async fn claim_racy(
     let sql = format!(
         "WITH s AS (UPDATE delivery_state d SET state = 'sending', lease_owner = $1, \
          lease_token = d.lease_token + 1, lease_expires_at = now() + $3 * interval '1 millisecond', \
-         claimed_at = clock_timestamp(), claimed_from = picked.state \
+         claimed_at = clock_timestamp(), claimed_from = picked.state, head_from = NULL, \
+         head_source = NULL, head_detail = NULL, head_outcome_class = NULL, head_at = NULL, \
+         head_claimed_by = NULL \
          FROM UNNEST($2::bigint[], $4::text[]) AS picked(id, state) WHERE d.id = picked.id \
          RETURNING picked.state AS from_state, d.*) \
          SELECT s.from_state, {} FROM s JOIN delivery_items i ON i.id = s.id",

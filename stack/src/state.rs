@@ -7,8 +7,9 @@
 //! claim (`claim.rs`) is the one bulk form of the `pending|retryable → sending` edge, the one
 //! state change outside [`transition`]: still a compare-and-set (`WHERE state IN ('pending',
 //! 'retryable')` on the row it locks, `SKIP LOCKED`), recorded on the row itself (`claimed_at`,
-//! `claimed_from`); the [`transition`] that leaves `sending` appends the attempt's one event with
-//! the claim on it. This module must never call a provider or hold a lock past one statement.
+//! `claimed_from`). Each change writes its own transition onto the row (`head_*`); the database
+//! moves the one it replaces into `delivery_events` (`migrations/0007_…`). This module must never
+//! call a provider or hold a lock past one statement.
 
 use std::fmt;
 use std::str::FromStr;
@@ -211,7 +212,13 @@ WITH old AS ("#,
                             THEN now() + COALESCE($8, 0) * interval '1 millisecond'
                             ELSE d.next_poll_at END,
         lease_owner = CASE WHEN $3 = 'sending' THEN d.lease_owner ELSE NULL END,
-        lease_expires_at = CASE WHEN $3 = 'sending' THEN d.lease_expires_at ELSE NULL END
+        lease_expires_at = CASE WHEN $3 = 'sending' THEN d.lease_expires_at ELSE NULL END,
+        head_from = old.state,
+        head_source = $11,
+        head_detail = $12,
+        head_outcome_class = CASE WHEN old.state = 'sending' THEN $14::text END,
+        head_at = clock_timestamp(),
+        head_claimed_by = CASE WHEN old.state = 'sending' THEN d.lease_owner END
     FROM old
     WHERE d.id = old.id"#,
             $state_check,
@@ -219,17 +226,7 @@ WITH old AS ("#,
       AND ($9::text IS NULL OR (d.lease_owner = $9 AND d.lease_token = $10
            AND (NOT $13 OR d.attempt_lease_token IS DISTINCT FROM d.lease_token)
            AND (NOT $15 OR d.body_lease_token IS DISTINCT FROM d.lease_token)))
-    RETURNING old.state AS from_state, old.owner, d.claimed_at, d.claimed_from
-), ev AS (
-    INSERT INTO delivery_events
-        (delivery_id, from_state, to_state, source, detail, channel, outcome_class,
-         claimed_at, claimed_from, claimed_by)
-    SELECT $1, from_state, $3, $11, $12, (SELECT channel FROM delivery_items WHERE id = $1),
-           CASE WHEN from_state = 'sending' THEN $14::text END,
-           CASE WHEN from_state = 'sending' THEN claimed_at END,
-           CASE WHEN from_state = 'sending' THEN claimed_from END,
-           CASE WHEN from_state = 'sending' AND claimed_at IS NOT NULL THEN owner END
-    FROM upd
+    RETURNING old.state AS from_state
 )
 SELECT from_state FROM upd
 "#
@@ -244,8 +241,7 @@ SELECT from_state FROM upd
 /// `d` may read the version before the one the lock waited for (a join condition, judged before
 /// PostgreSQL re-reads the row) and would drop a row that is in an expected state.
 const CAS_SQL: &str = cas_sql!(
-    "SELECT id, state, lease_owner AS owner FROM delivery_state \
-     WHERE id = $1 AND state = ANY($2) FOR UPDATE",
+    "SELECT id, state FROM delivery_state WHERE id = $1 AND state = ANY($2) FOR UPDATE",
     ""
 );
 
@@ -255,13 +251,13 @@ const CAS_SQL: &str = cas_sql!(
 /// an `UPDATE`: PostgreSQL re-checks it and the fence on the row's latest version when it had to
 /// wait for that row, so the compare-and-set is the same.
 const CAS_ONE_SQL: &str = cas_sql!(
-    "SELECT $1::bigint AS id, ($2::text[])[1] AS state, $9::text AS owner",
+    "SELECT $1::bigint AS id, ($2::text[])[1] AS state",
     " AND d.state = old.state"
 );
 
-/// Applies `t` if the row is in one of `t.from` (and the fence holds); appends the event in the
-/// same statement (leaving `sending`, the event also carries the attempt's claim: when, from which
-/// state, by whom). Returns the state it left, or `None` when the compare-and-set lost (the row
+/// Applies `t` if the row is in one of `t.from` (and the fence holds) and records it as the row's
+/// latest transition in the same statement (leaving `sending`, with the lease owner that claimed
+/// the attempt); the one it replaces moves into `delivery_events`. Returns the state it left, or `None` when the compare-and-set lost (the row
 /// moved on, or the lease was lost): the caller treats that as "someone else decided".
 pub async fn transition(
     conn: &mut PgConnection,
@@ -287,9 +283,7 @@ pub async fn transition(
         Some((c, e)) => (Some(c.as_str()), Some(e.as_str())),
         None => (None, None),
     };
-    // Leaving `sending` unfenced needs the lease owner from the locked row (the attempt's event
-    // names who claimed it); fenced, the owner is the fence's.
-    let sql = if from.len() == 1 && (owner.is_some() || t.from[0] != State::Sending) {
+    let sql = if from.len() == 1 {
         CAS_ONE_SQL
     } else {
         CAS_SQL

@@ -688,7 +688,7 @@ async fn a_transition_that_waited_is_judged_on_the_committed_row() {
         assert_eq!(waiting.await.unwrap(), want, "{change}");
         assert_eq!(state_of(&pool, d.id).await.0, after, "{change}");
         let left: Vec<(String,)> = sqlx::query_as(
-            "SELECT from_state FROM delivery_events WHERE delivery_id = $1 AND to_state = 'delivered'",
+            "SELECT from_state FROM delivery_transitions WHERE delivery_id = $1 AND to_state = 'delivered'",
         )
         .bind(d.id)
         .fetch_all(&pool)
@@ -907,7 +907,7 @@ async fn rescuer_resends_respect_the_attempt_and_age_caps() {
     }
     // Each lost attempt is counted once, as ambiguous, on the event that left `sending`.
     let (lost,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM delivery_events WHERE source = 'rescuer' AND outcome_class = 'ambiguous'",
+        "SELECT count(*) FROM delivery_transitions WHERE source = 'rescuer' AND outcome_class = 'ambiguous'",
     )
     .fetch_one(&pool)
     .await
@@ -1000,7 +1000,7 @@ async fn sms_past_the_poll_horizon_becomes_unknown_with_an_event() {
     assert_eq!(class.as_deref(), Some("ambiguous"));
     assert!(error.unwrap_or_default().contains("no final status"));
     let (source, detail): (String, Option<String>) = sqlx::query_as(
-        "SELECT e.source, e.detail FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id \
+        "SELECT e.source, e.detail FROM delivery_transitions e JOIN deliveries d ON d.id = e.delivery_id \
          WHERE d.key = 'b:r1:sms' AND e.to_state = 'unknown'",
     )
     .fetch_one(&pool)
@@ -1110,7 +1110,7 @@ async fn a_poll_under_way_at_the_horizon_still_records_its_answer() {
         .unwrap();
     assert_eq!(state, "delivered");
     let (from, source): (String, String) = sqlx::query_as(
-        "SELECT e.from_state, e.source FROM delivery_events e JOIN deliveries d \
+        "SELECT e.from_state, e.source FROM delivery_transitions e JOIN deliveries d \
          ON d.id = e.delivery_id WHERE d.key = 'b:r1:sms' AND e.to_state = 'delivered'",
     )
     .fetch_one(&pool)

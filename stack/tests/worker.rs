@@ -130,7 +130,7 @@ async fn kill_mid_batch(flaws: stack::config::Flaws) -> Vec<(String, u32)> {
     .fetch_all(&pool)
     .await
     .unwrap();
-    let (died_at,): (i64,) = sqlx::query_as("SELECT coalesce(max(id), 0) FROM delivery_events")
+    let (died_at,): (chrono::DateTime<chrono::Utc>,) = sqlx::query_as("SELECT clock_timestamp()")
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -165,8 +165,9 @@ async fn kill_mid_batch(flaws: stack::config::Flaws) -> Vec<(String, u32)> {
     // Every row A held, and no other, was rescued from A's lease once after A died: a started
     // attempt reconciled, an unstarted claim released.
     let rescued: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT delivery_id, coalesce(detail, '') FROM delivery_events WHERE source = 'rescuer' \
-         AND id > $1 AND detail LIKE '%lease of wA %' ORDER BY delivery_id, id",
+        "SELECT delivery_id, coalesce(detail, '') FROM delivery_transitions \
+         WHERE source = 'rescuer' AND at > $1 AND detail LIKE '%lease of wA %' \
+         ORDER BY delivery_id, event_id NULLS LAST, part",
     )
     .bind(died_at)
     .fetch_all(&pool)
@@ -243,7 +244,8 @@ async fn sigterm_releases_unstarted_claims_at_once_and_drains() {
         2
     );
     let (released,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM delivery_events WHERE detail = 'released on shutdown before start'",
+        "SELECT count(*) FROM delivery_transitions \
+         WHERE detail = 'released on shutdown before start'",
     )
     .fetch_one(&pool)
     .await
@@ -348,7 +350,8 @@ async fn rows_claimed_as_sigterm_arrives_go_back_unsent() {
         12
     );
     let (released,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM delivery_events WHERE detail = 'released on shutdown before start'",
+        "SELECT count(*) FROM delivery_transitions \
+         WHERE detail = 'released on shutdown before start'",
     )
     .fetch_one(&pool)
     .await
@@ -870,7 +873,7 @@ async fn sms_lookup_adopts_only_this_deliverys_message() {
         "three lookups, one of three pages"
     );
     let (adopted,): (String,) = sqlx::query_as(
-        "SELECT e.detail FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id \
+        "SELECT e.detail FROM delivery_transitions e JOIN deliveries d ON d.id = e.delivery_id \
          WHERE d.key = 'paged:r000000:sms' AND e.to_state = 'submitted'",
     )
     .fetch_one(&pool)
@@ -944,8 +947,8 @@ async fn a_worker_stalled_in_the_sms_lookup_does_not_send_after_its_lease() {
     // `sending → retryable` directly follows its own claim, the transitions of one delivery
     // chain, and no claim is ended by two event rows).
     let (ended_twice,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM (SELECT claimed_at FROM delivery_events \
-         WHERE claimed_at IS NOT NULL GROUP BY claimed_at HAVING count(*) > 1) twice",
+        "SELECT count(*) FROM (SELECT at FROM delivery_transitions WHERE to_state = 'sending' \
+         GROUP BY at HAVING count(*) > 1) twice",
     )
     .fetch_one(&pool)
     .await
@@ -1155,7 +1158,7 @@ async fn twin_in_flight(ends: TwinEnds) {
     assert_eq!(shared, 0);
     // A held back at least once, saying why.
     let (held_back,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id \
+        "SELECT count(*) FROM delivery_transitions e JOIN deliveries d ON d.id = e.delivery_id \
          WHERE d.key = $1 AND e.from_state = 'sending' AND e.to_state = 'retryable' \
          AND e.detail LIKE '%in flight%cannot tell yet%'",
     )

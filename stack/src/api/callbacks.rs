@@ -324,7 +324,7 @@ impl EmailEventKind {
 }
 
 /// The `naive-callbacks` and `email-event-regression` flaws: write the state a callback
-/// suggests whatever the row's state, bypassing the compare-and-set. The change is logged like
+/// suggests whatever the row's state, bypassing the compare-and-set. The change is recorded like
 /// any other, so the stack's own history shows what it believed.
 async fn apply_naively(
     tx: &mut sqlx::PgConnection,
@@ -334,17 +334,13 @@ async fn apply_naively(
     detail: String,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "WITH old AS (SELECT id, state, lease_owner FROM delivery_state WHERE id = $1 FOR UPDATE), \
-         upd AS (UPDATE delivery_state d SET state = $2, \
-         provider_message_id = COALESCE($3, d.provider_message_id) FROM old \
-         WHERE d.id = old.id RETURNING d.id, old.state AS from_state, old.lease_owner, \
-         d.claimed_at, d.claimed_from) \
-         INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail, \
-         claimed_at, claimed_from, claimed_by) \
-         SELECT id, from_state, $2, 'callback', $4, \
-         CASE WHEN from_state = 'sending' THEN claimed_at END, \
-         CASE WHEN from_state = 'sending' THEN claimed_from END, \
-         CASE WHEN from_state = 'sending' AND claimed_at IS NOT NULL THEN lease_owner END FROM upd",
+        "WITH old AS (SELECT id, state FROM delivery_state WHERE id = $1 FOR UPDATE) \
+         UPDATE delivery_state d SET state = $2, \
+         provider_message_id = COALESCE($3, d.provider_message_id), head_from = old.state, \
+         head_source = 'callback', head_detail = $4, head_outcome_class = NULL, \
+         head_at = clock_timestamp(), \
+         head_claimed_by = CASE WHEN old.state = 'sending' THEN d.lease_owner END \
+         FROM old WHERE d.id = old.id",
     )
     .bind(id)
     .bind(to.as_str())

@@ -199,7 +199,8 @@ pub(crate) async fn metrics(AxState(st): AxState<AppState>) -> Result<impl IntoR
         oldest.unwrap_or(0.0)
     );
     let (expired,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM delivery_events WHERE source = 'rescuer' AND from_state = 'sending'",
+        "SELECT count(*) FROM delivery_transitions \
+         WHERE source = 'rescuer' AND from_state = 'sending'",
     )
     .fetch_one(&st.pool)
     .await?;
@@ -209,10 +210,11 @@ pub(crate) async fn metrics(AxState(st): AxState<AppState>) -> Result<impl IntoR
         "# TYPE ting_lease_expirations_total counter\nting_lease_expirations_total {expired}"
     );
     // Counted where each attempt's outcome was classified (worker, rescuer, callbacks): the
-    // class rides on the one event per attempt that leaves `sending`.
+    // class rides on the one transition per attempt that leaves `sending`.
     let attempts: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT channel, outcome_class, count(*) FROM delivery_events \
-         WHERE outcome_class IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2",
+        "SELECT i.channel, t.outcome_class, count(*) FROM delivery_transitions t \
+         JOIN delivery_items i ON i.id = t.delivery_id \
+         WHERE t.outcome_class IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2",
     )
     .fetch_all(&st.pool)
     .await?;
@@ -228,9 +230,10 @@ pub(crate) async fn metrics(AxState(st): AxState<AppState>) -> Result<impl IntoR
         );
     }
     let (sum, count, current): (Option<f64>, i64, Option<f64>) = sqlx::query_as(
-        "SELECT (SELECT sum(EXTRACT(EPOCH FROM e.at - d.submitted_at))::float8 FROM delivery_events e \
-                 JOIN deliveries d ON d.id = e.delivery_id WHERE e.from_state = 'submitted'), \
-                (SELECT count(*) FROM delivery_events WHERE from_state = 'submitted'), \
+        "SELECT (SELECT sum(EXTRACT(EPOCH FROM e.at - d.submitted_at))::float8 \
+                 FROM delivery_transitions e JOIN deliveries d ON d.id = e.delivery_id \
+                 WHERE e.from_state = 'submitted'), \
+                (SELECT count(*) FROM delivery_transitions WHERE from_state = 'submitted'), \
                 (SELECT max(EXTRACT(EPOCH FROM now() - submitted_at))::float8 FROM deliveries \
                  WHERE state = 'submitted')",
     )

@@ -41,8 +41,9 @@ impl Channel {
     }
 }
 
-/// Outcome classes: stored in `last_error_class` (all but `accepted`) and, per attempt, in
-/// `delivery_events.outcome_class`, which `/metrics` counts as `ting_attempts_total{channel,class}`.
+/// Outcome classes: stored in `last_error_class` (all but `accepted`) and, per attempt, as the
+/// `outcome_class` of the transition that ended it (`delivery_transitions`), which `/metrics`
+/// counts as `ting_attempts_total{channel,class}`.
 pub mod class {
     /// The provider took the message (LINE 200 or 409 for our own retry key, Twilio 201, SMTP
     /// 250, or an SMS found by the lookup before a resend).

@@ -187,14 +187,12 @@ async fn replay_whole_batch(conn: &mut sqlx::PgConnection, d: &Claimed) -> anyho
          ON failed.id = $1 AND r.batch_id = failed.batch_id AND r.id <> failed.id \
          JOIN delivery_state s ON s.id = r.id \
          WHERE s.state IN ('delivered', 'submitted') \
-         AND NOT EXISTS (SELECT 1 FROM delivery_events e WHERE e.delivery_id = r.id \
-                         AND e.detail = 'whole-batch-replay') FOR UPDATE OF s), \
-         replayed AS (UPDATE delivery_state r SET state = 'pending', next_attempt_at = now(), \
-         lease_owner = NULL, lease_expires_at = NULL FROM old WHERE r.id = old.id \
-         RETURNING r.id, old.state AS from_state), \
-         ev AS (INSERT INTO delivery_events (delivery_id, from_state, to_state, source, detail) \
-         SELECT id, from_state, 'pending', 'worker', 'whole-batch-replay' FROM replayed) \
-         SELECT count(*) FROM replayed",
+         AND NOT EXISTS (SELECT 1 FROM delivery_transitions e WHERE e.delivery_id = r.id \
+                         AND e.detail = 'whole-batch-replay') FOR UPDATE OF s) \
+         UPDATE delivery_state r SET state = 'pending', next_attempt_at = now(), \
+         lease_owner = NULL, lease_expires_at = NULL, head_from = old.state, \
+         head_source = 'worker', head_detail = 'whole-batch-replay', head_outcome_class = NULL, \
+         head_at = clock_timestamp(), head_claimed_by = NULL FROM old WHERE r.id = old.id",
     )
     .bind(d.id)
     .execute(conn)
