@@ -33,6 +33,18 @@ pub enum State {
 }
 
 impl State {
+    /// The states the contract names, in a fixed order (compact encodings index into it).
+    pub const KNOWN: [State; 8] = [
+        State::Pending,
+        State::Sending,
+        State::Retryable,
+        State::Submitted,
+        State::Delivered,
+        State::PermanentFailure,
+        State::Failed,
+        State::Unknown,
+    ];
+
     pub fn as_str(&self) -> &str {
         match self {
             State::Pending => "pending",
@@ -110,6 +122,15 @@ pub enum Source {
 }
 
 impl Source {
+    /// The sources the contract names, in a fixed order (compact encodings index into it).
+    pub const KNOWN: [Source; 5] = [
+        Source::Worker,
+        Source::Callback,
+        Source::Poll,
+        Source::Rescuer,
+        Source::Api,
+    ];
+
     pub fn as_str(&self) -> &str {
         match self {
             Source::Worker => "worker",

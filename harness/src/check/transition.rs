@@ -40,7 +40,7 @@ struct Wire {
 
 #[derive(Clone, PartialEq)]
 enum Moves {
-    /// Named by the contract: [`STATES`] and [`SOURCES`] positions (`from` one past, 0 for
+    /// Named by the contract: [`State::KNOWN`] and [`Source::KNOWN`] positions (`from` one past, 0 for
     /// none), the time in milliseconds ([`NO_TIME`] for none).
     Known {
         at_ms: i64,
@@ -51,25 +51,6 @@ enum Moves {
     /// Anything else, as written.
     Rare(Box<(Option<State>, State, Source, Option<At>)>),
 }
-
-const STATES: [State; 8] = [
-    State::Pending,
-    State::Sending,
-    State::Retryable,
-    State::Submitted,
-    State::Delivered,
-    State::PermanentFailure,
-    State::Failed,
-    State::Unknown,
-];
-
-const SOURCES: [Source; 5] = [
-    Source::Worker,
-    Source::Callback,
-    Source::Poll,
-    Source::Rescuer,
-    Source::Api,
-];
 
 /// `at_ms` of a transition without a time (no text reads back as it: [`At`] keeps such a
 /// time as text, and a transition with one is [`Moves::Rare`]).
@@ -89,7 +70,7 @@ impl StatusTransition {
     ) -> StatusTransition {
         let from_code = match &from {
             None => Some(0),
-            Some(s) => code(&STATES, s).map(|c| c + 1),
+            Some(s) => code(&State::KNOWN, s).map(|c| c + 1),
         };
         let at_ms = match &at {
             None => Some(NO_TIME),
@@ -98,8 +79,8 @@ impl StatusTransition {
         };
         let known = (
             from_code,
-            code(&STATES, &to),
-            code(&SOURCES, &source),
+            code(&State::KNOWN, &to),
+            code(&Source::KNOWN, &source),
             at_ms,
         );
         let moves = match known {
@@ -118,7 +99,7 @@ impl StatusTransition {
     pub fn from(&self) -> Option<State> {
         match &self.moves {
             Moves::Known { from: 0, .. } => None,
-            Moves::Known { from, .. } => Some(STATES[usize::from(*from - 1)].clone()),
+            Moves::Known { from, .. } => Some(State::KNOWN[usize::from(*from - 1)].clone()),
             Moves::Rare(r) => r.0.clone(),
         }
     }
@@ -126,7 +107,7 @@ impl StatusTransition {
     /// The state it entered.
     pub fn to(&self) -> State {
         match &self.moves {
-            Moves::Known { to, .. } => STATES[usize::from(*to)].clone(),
+            Moves::Known { to, .. } => State::KNOWN[usize::from(*to)].clone(),
             Moves::Rare(r) => r.1.clone(),
         }
     }
@@ -134,7 +115,7 @@ impl StatusTransition {
     /// Who made it.
     pub fn source(&self) -> Source {
         match &self.moves {
-            Moves::Known { source, .. } => SOURCES[usize::from(*source)].clone(),
+            Moves::Known { source, .. } => Source::KNOWN[usize::from(*source)].clone(),
             Moves::Rare(r) => r.2.clone(),
         }
     }
