@@ -20,9 +20,12 @@ ALTER TABLE delivery_state
     ADD COLUMN head_at timestamptz,
     ADD COLUMN head_claimed_by text;
 
--- The one writer of `delivery_events`: whenever an update replaces or clears a row's head, the
--- head it replaced becomes history, in the same statement. Writers only ever set the new head
--- (a change of state) or clear it (a claim); none can overwrite a transition unrecorded.
+-- The one writer of `delivery_events`: whenever an update replaces or clears a row's head, or
+-- changes its state without writing a transition of its own (nothing in the state machine does;
+-- the flaws that bypass it on purpose do), the head it supersedes becomes history in the same
+-- statement, with the state it led to; in the second case the head is cleared, so it is never
+-- moved twice nor read with a state it did not lead to. Writers only ever set the new head (a
+-- change of state) or clear it (a claim); none can overwrite a transition unrecorded.
 CREATE FUNCTION delivery_head_to_history() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO delivery_events
@@ -35,11 +38,20 @@ BEGIN
          CASE WHEN OLD.head_from = 'sending' THEN OLD.claimed_from END,
          CASE WHEN OLD.head_from = 'sending' AND OLD.claimed_at IS NOT NULL
               THEN OLD.head_claimed_by END);
-    RETURN NULL;
+    IF NEW.head_at IS NOT DISTINCT FROM OLD.head_at THEN
+        NEW.head_from := NULL;
+        NEW.head_source := NULL;
+        NEW.head_detail := NULL;
+        NEW.head_outcome_class := NULL;
+        NEW.head_at := NULL;
+        NEW.head_claimed_by := NULL;
+    END IF;
+    RETURN NEW;
 END $$;
 
-CREATE TRIGGER delivery_head_to_history AFTER UPDATE ON delivery_state FOR EACH ROW
-    WHEN (OLD.head_source IS NOT NULL AND NEW.head_at IS DISTINCT FROM OLD.head_at)
+CREATE TRIGGER delivery_head_to_history BEFORE UPDATE ON delivery_state FOR EACH ROW
+    WHEN (OLD.head_source IS NOT NULL AND (NEW.head_at IS DISTINCT FROM OLD.head_at
+                                          OR NEW.state IS DISTINCT FROM OLD.state))
     EXECUTE FUNCTION delivery_head_to_history();
 
 -- Every transition of every delivery, one row each, as the contract's status API reports them.

@@ -1120,3 +1120,73 @@ async fn a_poll_under_way_at_the_horizon_still_records_its_answer() {
     drop(conn);
     pool.close().await;
 }
+
+/// The latest transition lives on the row until the next one moves it into `delivery_events`.
+/// A state change that writes no transition of its own (what the flaws that bypass the state
+/// machine do) still moves it, with the state it led to, and clears it: the history never reads
+/// a transition as leading to a state it did not lead to, and never holds one twice.
+#[tokio::test]
+async fn a_bypassing_state_change_moves_the_latest_transition_once() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 1).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let d = claim::claim(&mut conn, "w1", 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    let done = Transition {
+        delivery_id: d.id,
+        from: &[State::Sending],
+        to: State::Delivered,
+        source: Source::Worker,
+        detail: Some("attempt 1 accepted".into()),
+        fence: Fence::Lease {
+            owner: "w1".into(),
+            token: d.lease_token,
+        },
+        set: Updates::default(),
+    };
+    assert_eq!(
+        transition(&mut conn, &done).await.unwrap(),
+        Some(State::Sending)
+    );
+    let edges = || async {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT from_state, to_state, source FROM delivery_transitions \
+             ORDER BY event_id NULLS LAST, part",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|(f, t, s)| format!("{f}>{t} {s}"))
+            .collect::<Vec<_>>()
+    };
+    let ended = ["pending>sending worker", "sending>delivered worker"];
+    assert_eq!(edges().await, ended);
+    let events = || async {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM delivery_events")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        n
+    };
+    assert_eq!(events().await, 0, "the one attempt is on the row");
+    // As `restart-from-first` does: back to pending, bypassing the state machine.
+    sqlx::query("UPDATE delivery_state SET state = 'pending', lease_owner = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(edges().await, ended, "moved, still leading to delivered");
+    assert_eq!(events().await, 1);
+    let again = claim::claim(&mut conn, "w2", 1, LEASE).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        edges().await,
+        [&ended[..], &["pending>sending worker"]].concat()
+    );
+    assert_eq!(events().await, 1, "the claim found no head to move again");
+    drop(conn);
+    pool.close().await;
+}
