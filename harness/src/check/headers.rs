@@ -26,6 +26,7 @@
 //! Must never judge a header a stack adds on its own (`X-Mailer`, `List-Unsubscribe`…): only
 //! what the data could have put there.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use super::{Entry, Field, Name};
@@ -48,33 +49,38 @@ const ONCE: [&str; 6] = ["subject", "from", "to", "cc", "message-id", "date"];
 
 pub fn check(input: &Input) -> Verdict {
     let load = &input.scenario.load;
-    // The trickle's orders too: their recipients follow the batches' in one seeded sequence.
-    let people = recipients::of_run(input.scenario);
-    // Every recipient of the load, also of a batch the stack did not accept in time (nothing is
-    // expected for it, but a stack that took it late sends it to the load's own recipients).
-    let run_addresses: HashSet<String> = input
-        .expected
-        .iter()
-        .map(|e| e.address.to_ascii_lowercase())
-        .chain(people.iter().map(|r| r.email.to_ascii_lowercase()))
-        .collect();
-    let by_email: HashMap<String, &Recipient> = people
-        .iter()
-        .map(|r| (r.email.to_ascii_lowercase(), r))
-        .collect();
     // Each e-mail's Subject is its own batch's: `[load] template_edit` POSTs later batches with
     // an edited template, and a stack that renders at send time from the template as it is now
     // sends the edit to earlier batches too.
-    let edited: HashSet<String> = input
+    let edited: HashSet<Cow<str>> = input
         .expected
         .iter()
         .filter(|e| e.template_edited)
-        .map(|e| e.address.to_ascii_lowercase())
+        .map(|e| lower(&e.address))
         .collect();
     let subject_templates = [
         load.template_of(false).subject.clone(),
         load.template_of(true).subject.clone(),
     ];
+    // The run's people one at a time (the trickle's orders too: their recipients follow the
+    // batches' in one seeded sequence), keeping of each only its e-mail address and the subject
+    // its template renders for it.
+    let mut subject_of: HashMap<String, Option<Rendered>> = HashMap::new();
+    for person in recipients::of_run_each(input.scenario) {
+        let address = person.email.to_ascii_lowercase();
+        let template = &subject_templates[usize::from(edited.contains(address.as_str()))];
+        let rendered = Rendered::new(template, &person);
+        subject_of.insert(address, rendered);
+    }
+    // Every e-mail address of the load, also of a batch the stack did not accept in time (nothing
+    // is expected for it, but a stack that took it late sends it to the load's own recipients).
+    let expected_emails: HashSet<Cow<str>> = input
+        .expected
+        .iter()
+        .filter(|e| e.channel == Channel::Email)
+        .map(|e| lower(&e.address))
+        .collect();
+    let of_run = |a: &str| expected_emails.contains(a) || subject_of.contains_key(a);
 
     let mut findings = Findings::default();
     let (mut emails, mut subjects, mut sms) = (0u64, 0u64, 0u64);
@@ -86,16 +92,11 @@ pub fn check(input: &Input) -> Verdict {
                     continue;
                 };
                 emails += 1;
-                for (rule, what) in
-                    header_findings(&detail.headers, &detail.rcpt_to, &run_addresses)
-                {
+                for (rule, what) in header_findings(&detail.headers, &detail.rcpt_to, &of_run) {
                     findings.push(finding(e, rule, what));
                 }
                 let address = e.recipient.to_ascii_lowercase();
-                let person = by_email.get(&address);
-                let subject_template = &subject_templates[usize::from(edited.contains(&address))];
-                let rendered = person.and_then(|p| Rendered::new(subject_template, p));
-                if let Some(want) = rendered {
+                if let Some(want) = subject_of.get(&address).and_then(Option::as_ref) {
                     subjects += 1;
                     let got = e.subject().unwrap_or_default();
                     if !want.matches(got) {
@@ -187,11 +188,12 @@ pub(crate) fn judged_field(h: &HeaderField) -> bool {
 /// Fields whose addresses must be recipients of the run.
 const ADDRESS_LISTS: [&str; 3] = ["to", "cc", "bcc"];
 
-/// The header rules of one accepted message: (rule, details).
+/// The header rules of one accepted message: (rule, details). `of_run` tells a (lower-case)
+/// address of the run's recipients.
 fn header_findings(
     headers: &[Field],
     rcpt_to: &[Name],
-    run_addresses: &HashSet<String>,
+    of_run: &dyn Fn(&str) -> bool,
 ) -> Vec<(&'static str, Value)> {
     let mut out = Vec::new();
     let mut seen: HashMap<String, usize> = HashMap::new();
@@ -233,11 +235,20 @@ fn header_findings(
         .iter()
         .map(|a| ("RCPT TO".to_string(), a.to_string()));
     for (place, address) in envelope.chain(header_addresses) {
-        if !run_addresses.contains(&address.to_ascii_lowercase()) {
+        if !of_run(&address.to_ascii_lowercase()) {
             out.push(("extra_recipient", json!({"in": place, "extra": address})));
         }
     }
     out
+}
+
+/// `s` in lower case, borrowed when it already is.
+fn lower(s: &str) -> Cow<'_, str> {
+    if s.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(s.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(s)
+    }
 }
 
 /// The addr-specs of an address-list header value: quoted strings and comments dropped, then
@@ -372,7 +383,7 @@ mod tests {
 
     #[test]
     fn injected_headers_and_recipients_are_named() {
-        let run: HashSet<String> = ["r1@example.test".to_string()].into();
+        let run = |a: &str| a == "r1@example.test";
         let headers = [
             field("From", "ting@example.test"),
             field("To", "r1@example.test"),
