@@ -37,11 +37,20 @@ fn run_flawed(
     name: &str,
     sets: &[&str],
 ) -> (std::process::Output, tempfile::TempDir) {
+    run_py(&[("PY_STACK_FLAWS", &flaws.join(","))], name, sets)
+}
+
+/// Runs the shipped scenario `name` against py-stack with `envs` set for its processes.
+fn run_py(
+    envs: &[(&str, &str)],
+    name: &str,
+    sets: &[&str],
+) -> (std::process::Output, tempfile::TempDir) {
     require_psycopg();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let reports = tempfile::tempdir().expect("tempdir");
     let mut cmd = Command::new(bin());
-    cmd.env("PY_STACK_FLAWS", flaws.join(","));
+    cmd.envs(envs.iter().copied());
     cmd.arg("run")
         .arg(root.join("scenarios").join(format!("{name}.toml")))
         .arg("--stack")
@@ -164,5 +173,69 @@ fn python_stack_rendering_from_the_template_of_the_moment_fails_template_change(
         &["load.recipients=40"],
         "headers",
         "subject_changed",
+    );
+}
+
+/// A correct stack whose report path is slow (py-stack applying delivery reports one at a time,
+/// 250 ms each: ~300 reports take over a minute) is still taking reports in when the wait ends at
+/// three times a 2 s deadline: INCONCLUSIVE with the reports still due, never a FAIL
+/// (`callbacks_pending` once failed it though every report it answered was right).
+#[test]
+fn python_stack_taking_reports_slowly_is_inconclusive_not_failed() {
+    let (out, reports) = run_py(
+        &[("PY_STACK_REPORT_MS", "250")],
+        "callbacks-chaos",
+        &["load.recipients=40", "expect.quiescence=\"2s\""],
+    );
+    let report = report_in(&reports);
+    let q = verdict(&report, "quiescence");
+    let violated: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|v| v["status"] == "violated")
+        .collect();
+    assert!(
+        code(&out) == 4
+            && violated.is_empty()
+            && q["status"] == "insufficient"
+            && q["figures"]["still_settling"] == true
+            && q["figures"]["callbacks_pending"].as_u64() > Some(0),
+        "exit {}, quiescence {q:#}, violated {violated:#?} (reports in {:?}):\n{}",
+        code(&out),
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The other edge: a stack that answers no delivery report within the fakes' 2 s timeout
+/// (each takes a minute) has stopped taking them, however many are due: a stall, violated once
+/// nothing has settled and no report been answered for 10 s past the deadline (12 s: its sends
+/// are done in two or three, so the last progress is well over 10 s old by then). The fakes
+/// retry each report 50 times, so reports are still due then (given up on, the rows would be
+/// `awaiting_report`: unjudged, not this stall).
+#[test]
+fn python_stack_answering_no_report_in_time_fails_quiescence() {
+    let (out, reports) = run_py(
+        &[("PY_STACK_REPORT_MS", "60000")],
+        "callbacks-chaos",
+        &[
+            "load.recipients=20",
+            "expect.quiescence=\"12s\"",
+            "providers.sms.callbacks.max_retries=50",
+            "providers.smtp.events.max_retries=50",
+        ],
+    );
+    let report = report_in(&reports);
+    let q = verdict(&report, "quiescence");
+    assert!(
+        code(&out) == 1
+            && q["status"] == "violated"
+            && q["figures"]["still_settling"] == false
+            && rules_of(q).iter().any(|r| r == "callbacks_pending"),
+        "exit {}, quiescence {q:#} (reports in {:?}):\n{}",
+        code(&out),
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
     );
 }

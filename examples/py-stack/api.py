@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from urllib.parse import parse_qsl
@@ -18,7 +19,7 @@ from urllib.parse import parse_qsl
 import psycopg
 
 import render
-from common import TERMINAL, connect, env, flaw, log
+from common import TERMINAL, connect, env, env_int, flaw, log
 
 CHANNELS = ("line", "email", "sms")
 ADDRESS_FIELD = {"line": "line_user_id", "email": "email", "sms": "phone"}
@@ -389,10 +390,30 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/v1/batches":
             return self.handle_safely(lambda: API.post_batch(body))
         if path == "/v1/callbacks/email":
-            return self.handle_safely(lambda: (API.email_event(self.headers, body), None))
+            return self.handle_safely(lambda: slowly(lambda: API.email_event(self.headers, body)))
         if path.startswith("/v1/callbacks/sms/"):
-            return self.handle_safely(lambda: (API.sms_callback(path, self.headers, body), None))
+            return self.handle_safely(lambda: slowly(lambda: API.sms_callback(path, self.headers, body)))
         self.reply(404, {"error": "not found"})
+
+
+# Not a flaw, a timing: `PY_STACK_REPORT_MS=N` applies delivery reports one at a time, each taking
+# at least N ms, and answers 503 to a report that waited a second for its turn (a correct stack
+# with a slow report path that sheds what it cannot take; 0, the default, leaves them concurrent).
+REPORT_MS = env_int("PY_STACK_REPORT_MS", 0)
+REPORT_ONE_AT_A_TIME = threading.Lock()
+
+
+def slowly(apply):
+    """Applies one delivery report as `PY_STACK_REPORT_MS` says: its status and body."""
+    if REPORT_MS <= 0:
+        return apply(), None
+    if not REPORT_ONE_AT_A_TIME.acquire(timeout=1.0):
+        return 503, {"error": "busy: retry later"}
+    try:
+        time.sleep(REPORT_MS / 1000)
+        return apply(), None
+    finally:
+        REPORT_ONE_AT_A_TIME.release()
 
 
 def main():

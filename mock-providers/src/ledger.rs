@@ -194,6 +194,8 @@ pub struct LedgerEntry {
     /// TCP peer of the request (the sender's socket), for attributing it to a process.
     pub peer: Option<SocketAddr>,
     /// Callbacks only: the status reported, the variant, where it went and what the stack answered.
+    /// `callback_status` is also a poll's: the message status the read told the stack (a list
+    /// read: a failure status one of its messages showed, else the newest one's).
     pub callback_status: Option<String>,
     pub callback_variant: Option<CallbackVariant>,
     pub callback_url: Option<String>,

@@ -418,13 +418,28 @@ async fn status_moves_along_the_timeline() {
         .unwrap()
         .to_string();
     let r = w.sms_get(&format!("Messages/{sid}.json")).await;
+    let told = r.json["status"].as_str().unwrap().to_string();
     assert!(
-        ["undelivered", "failed"].contains(&r.json["status"].as_str().unwrap()),
+        ["undelivered", "failed"].contains(&told.as_str()),
         "{}",
         r.json
     );
     assert!(r.json["error_code"].is_u64());
     assert!(r.json["date_sent"].is_string());
+    // The ledger keeps what each read told the stack (a stack may learn the failure from it
+    // before any report arrives), beside the read's own HTTP status.
+    let listed = w
+        .sms_get(&format!("Messages.json?To={}", urlencode(&phone(9))))
+        .await;
+    assert_eq!(listed.json["messages"][0]["status"], told.as_str());
+    let polls: Vec<(String, Option<String>)> = w
+        .entries()
+        .iter()
+        .filter(|e| e.kind == EntryKind::Poll)
+        .map(|e| (e.status.clone(), e.callback_status.clone()))
+        .collect();
+    let want = Some(told);
+    assert_eq!(polls, [("200".into(), want.clone()), ("200".into(), want)]);
 }
 
 fn urlencode(s: &str) -> String {

@@ -190,7 +190,8 @@ fn failure_reports(ledger: &[Entry]) -> HashMap<(Provider, &str), u64> {
             {
                 e.callback_status.as_deref()
             }
-            EntryKind::Poll => Some(e.status.as_str()),
+            // The message status the read told the stack (`status` is the read's HTTP status).
+            EntryKind::Poll => e.callback_status.as_deref(),
             _ => None,
         };
         if matches!(status, Some("undelivered" | "failed" | "bounced")) {

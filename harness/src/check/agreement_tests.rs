@@ -235,7 +235,9 @@ fn a_correct_stack_at_each_edge_holds() {
                     mock_providers::ledger::EntryKind::Poll,
                     a.clone(),
                 );
-                p.status = "undelivered".into();
+                // As the fake records a read: its HTTP status, and the status it told.
+                p.status = "200".into();
+                p.callback_status = Some("undelivered".into());
                 p.seq = w.ledger.len() as u64;
                 w.ledger.push(std::sync::Arc::new(p));
                 w.status_row(

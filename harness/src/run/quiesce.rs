@@ -20,7 +20,8 @@ use crate::check::{EventKind, LostBatch, Quiescence, StatusAnswers, StatusDelive
 use crate::load::{Enqueued, TrickleRun};
 use crate::scenario::{Channel, Scenario};
 
-/// Past its deadline a run keeps waiting while some delivery settled within this long.
+/// Past its deadline a run keeps waiting while some delivery settled, or the stack answered a
+/// delivery report, within this long.
 const QUIESCENCE_PROGRESS: Duration = Duration::from_secs(10);
 
 /// The status API returns every delivery with its transitions (megabytes for a big batch): once
@@ -206,7 +207,7 @@ pub(super) async fn wait(
                 stopped_early: None,
             };
         }
-        deadline.note(open.len());
+        deadline.note(open.len(), tracker.answered_reports());
         if deadline.given_up(calm_since.is_some()) {
             // Open only for a delivery report the fakes did send and no longer have due
             // (delivered, or given up after its retries): the stack may be waiting for a report
@@ -224,7 +225,7 @@ pub(super) async fn wait(
             } else {
                 Vec::new()
             };
-            let still_settling = !open.is_empty() && deadline.progressing();
+            let still_settling = (!open.is_empty() || pending > 0) && deadline.progressing();
             break Quiescence {
                 reached: false,
                 at_ns: world.now_ns(),
@@ -351,11 +352,14 @@ fn snapshot(stack: &Stack, work: &Workload, pending: usize, t0: Instant) -> prog
 }
 
 /// `expect.quiescence` as a stall detector, not a throughput requirement: past it the wait goes
-/// on while fewer deliveries are open than QUIESCENCE_PROGRESS ago, up to three times it in all.
+/// on while the stack makes progress — fewer deliveries open, or more delivery reports answered,
+/// than QUIESCENCE_PROGRESS ago — up to three times it in all. A stack working through a backlog
+/// of reports (duplicates and stale ones for rows already settled among them) is slow, not stuck.
 struct Deadline {
     soft: Instant,
     hard: Instant,
     fewest_open: usize,
+    most_answered: u64,
     last_progress: Instant,
 }
 
@@ -366,14 +370,17 @@ impl Deadline {
             soft: now + quiescence,
             hard: now + quiescence * 3,
             fewest_open: usize::MAX,
+            most_answered: 0,
             last_progress: now,
         }
     }
 
-    /// Notes how many deliveries are open now.
-    fn note(&mut self, open: usize) {
-        if open < self.fewest_open {
-            (self.fewest_open, self.last_progress) = (open, Instant::now());
+    /// Notes how many deliveries are open now and how many report tries the stack has answered.
+    fn note(&mut self, open: usize, answered: u64) {
+        if open < self.fewest_open || answered > self.most_answered {
+            self.fewest_open = self.fewest_open.min(open);
+            self.most_answered = self.most_answered.max(answered);
+            self.last_progress = Instant::now();
         }
     }
 
@@ -385,7 +392,7 @@ impl Deadline {
         now >= self.soft && (!(calm || self.progressing()) || now >= self.hard)
     }
 
-    /// Whether some delivery settled within [`QUIESCENCE_PROGRESS`].
+    /// Whether some delivery settled, or a report was answered, within [`QUIESCENCE_PROGRESS`].
     fn progressing(&self) -> bool {
         self.last_progress.elapsed() < QUIESCENCE_PROGRESS
     }
@@ -413,6 +420,7 @@ mod tests {
             soft: now - Duration::from_secs(soft_ago),
             hard,
             fewest_open: 0,
+            most_answered: 0,
             last_progress: now - Duration::from_secs(progress_ago),
         }
     }
@@ -474,5 +482,19 @@ mod tests {
         // Before the soft deadline nothing gives up.
         let early = Deadline::new(Duration::from_secs(60));
         assert!(!early.given_up(false));
+    }
+
+    /// The same deliveries open, but the stack answered more delivery reports: it is working
+    /// through a backlog (a slow drain), not stalled. Reports it sheds or leaves unanswered are
+    /// not counted, so a stack that only answers 503 stalls.
+    #[test]
+    fn answering_more_reports_is_progress_even_with_the_same_deliveries_open() {
+        let mut d = past(20, 100, 11);
+        d.fewest_open = 7;
+        d.most_answered = 500;
+        d.note(7, 500);
+        assert!(d.given_up(false), "nothing new: a stall");
+        d.note(7, 501);
+        assert!(d.progressing() && !d.given_up(false));
     }
 }

@@ -30,6 +30,8 @@ pub struct Tracker {
     seen: Vec<Seen>,
     next_seq: u64,
     max_attempts: u32,
+    /// Delivery-report tries the stack answered (any status below 500): it took them in.
+    answered_reports: u64,
 }
 
 impl Tracker {
@@ -44,6 +46,7 @@ impl Tracker {
             seen: vec![Seen::default(); expected.len()],
             next_seq: 0,
             max_attempts,
+            answered_reports: 0,
         }
     }
 
@@ -61,6 +64,9 @@ impl Tracker {
     pub fn feed(&mut self, entries: &[Entry]) {
         for e in entries {
             self.next_seq = self.next_seq.max(e.seq + 1);
+            if e.kind == EntryKind::Callback {
+                self.answered_reports += u64::from(e.callback_response.is_some_and(|c| c < 500));
+            }
             if e.kind != EntryKind::Send {
                 continue;
             }
@@ -75,6 +81,13 @@ impl Tracker {
 
     pub fn next_seq(&self) -> u64 {
         self.next_seq
+    }
+
+    /// How many delivery-report tries the stack has answered so far (2xx, or a 4xx such as a
+    /// forged report's 403): not shed with a 5xx, not left unanswered. While this grows the stack
+    /// is working through the reports, however many are still due.
+    pub fn answered_reports(&self) -> u64 {
+        self.answered_reports
     }
 
     fn ledger_final(&self, i: usize) -> bool {
@@ -200,6 +213,21 @@ mod tests {
         e.seq = seq;
         e.outcome = outcome;
         Entry::alone(&e)
+    }
+
+    #[test]
+    fn report_tries_the_stack_answered_are_counted_and_shed_or_unanswered_ones_are_not() {
+        let mut t = Tracker::new(&[], 5);
+        let tried = |seq, code| {
+            let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Callback, "+1".to_string());
+            e.seq = seq;
+            e.callback_response = code;
+            Entry::alone(&e)
+        };
+        t.feed(&[tried(0, Some(200)), tried(1, Some(403))]);
+        t.feed(&[tried(2, Some(503)), tried(3, None)]);
+        assert_eq!(t.answered_reports(), 2);
+        assert_eq!(t.next_seq(), 4);
     }
 
     fn row(r: &str, state: &str) -> StatusDelivery {

@@ -18,13 +18,36 @@ use super::{authorized, twilio_error, SmsState};
 use crate::http::Reply;
 use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
 
-fn record_poll(st: &SmsState, peer: SocketAddr, recipient: &str, sid: Option<String>, status: u16) {
+/// Records one read: its HTTP status, and in `reported` the message status it told the stack
+/// (a stack that learns a failure from a poll rather than a report is right to record it).
+fn record_poll(
+    st: &SmsState,
+    peer: SocketAddr,
+    (recipient, sid): (&str, Option<String>),
+    status: u16,
+    reported: Option<&str>,
+) {
     let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Poll, recipient);
     d.outcome = Outcome::Info;
     d.status = status.to_string();
     d.message_id = sid;
     d.peer = Some(peer);
+    d.callback_status = reported.map(str::to_string);
     st.inner.hub.ledger.record(d);
+}
+
+/// Of a list read's messages, the failure one of them showed (`undelivered` before `failed`),
+/// else the newest one's status: what the read can have told the stack about that number.
+fn listed_status<'a>(statuses: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut first = None;
+    let mut failure = None;
+    for s in statuses {
+        first.get_or_insert(s);
+        if matches!(s, "undelivered" | "failed") && failure != Some("undelivered") {
+            failure = Some(s);
+        }
+    }
+    failure.or(first)
 }
 
 pub(super) async fn fetch(
@@ -35,17 +58,19 @@ pub(super) async fn fetch(
 ) -> Response {
     let cfg = st.inner.hub.sms.get();
     if !authorized(&cfg, &account, &headers) {
-        record_poll(&st, peer, "", None, 401);
+        record_poll(&st, peer, ("", None), 401, None);
         return twilio_error(401, 20003, "").into_response();
     }
     let sid = file.strip_suffix(".json").unwrap_or(&file);
     match st.inner.store.get(sid) {
         Some(msg) => {
-            record_poll(&st, peer, &msg.to, Some(msg.sid.clone()), 200);
-            Reply::serialized(200, &msg.resource(Instant::now())).into_response()
+            let resource = msg.resource(Instant::now());
+            let reported = Some(resource.status);
+            record_poll(&st, peer, (&msg.to, Some(msg.sid.clone())), 200, reported);
+            Reply::serialized(200, &resource).into_response()
         }
         None => {
-            record_poll(&st, peer, "", Some(sid.to_string()), 404);
+            record_poll(&st, peer, ("", Some(sid.to_string())), 404, None);
             twilio_error(404, 20404, "").into_response()
         }
     }
@@ -100,7 +125,7 @@ pub(super) async fn list(
 ) -> Response {
     let cfg = st.inner.hub.sms.get();
     if !authorized(&cfg, &account, &headers) {
-        record_poll(&st, peer, "", None, 401);
+        record_poll(&st, peer, ("", None), 401, None);
         return twilio_error(401, 20003, "").into_response();
     }
     let pairs: Vec<(String, String)> =
@@ -122,7 +147,7 @@ pub(super) async fn list(
             (_, Some(c)) => match parse_bound(v) {
                 Some(b) => dates.push((c, b)),
                 None => {
-                    record_poll(&st, peer, to.unwrap_or(""), None, 400);
+                    record_poll(&st, peer, (to.unwrap_or(""), None), 400, None);
                     return twilio_error(400, 20001, "").into_response();
                 }
             },
@@ -173,7 +198,8 @@ pub(super) async fn list(
     };
     let next = (start.saturating_add(page_size) < all.len()).then(|| page_uri(page + 1));
     let prev = (page > 0).then(|| page_uri(page - 1));
-    record_poll(&st, peer, to.unwrap_or(""), None, 200);
+    let reported = listed_status(messages.iter().map(|m| m.status));
+    record_poll(&st, peer, (to.unwrap_or(""), None), 200, reported);
     Reply::json(
         200,
         json!({
@@ -194,6 +220,19 @@ pub(super) async fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_read_tells_a_failure_any_of_its_messages_showed_else_the_newest_status() {
+        let told = |s: &[&'static str]| listed_status(s.iter().copied());
+        assert_eq!(told(&[]), None);
+        assert_eq!(told(&["delivered", "sent"]), Some("delivered"));
+        assert_eq!(told(&["sent", "failed"]), Some("failed"));
+        assert_eq!(
+            told(&["failed", "undelivered", "sent"]),
+            Some("undelivered")
+        );
+        assert_eq!(told(&["undelivered", "failed"]), Some("undelivered"));
+    }
 
     #[test]
     fn date_filters() {
