@@ -16,6 +16,7 @@ pub mod files;
 pub mod load;
 pub mod malloc;
 pub mod netchaos;
+pub mod others;
 pub mod report;
 pub mod run;
 pub mod scenario;

@@ -38,30 +38,55 @@ pub struct StallSummary {
     pub max_ms: u64,
     /// Stalls of 100 ms or more.
     pub over_100ms: u64,
+    /// The machine's cores (`crate::others`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores: Option<u32>,
+    /// CPU the machine spent on what is not the run (other processes, a hypervisor's steal), in
+    /// cores on average over the run (`crate::others`; an upper bound when a stack process left
+    /// the harness's process tree or the database is not the run's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub others_cores: Option<f64>,
 }
 
+/// Past this many cores busy with other work the summary line is printed without any stall.
+const OTHERS_WORTH_SAYING: f64 = 0.1;
+
 impl StallSummary {
-    pub fn of(stalls: &[Stall]) -> StallSummary {
+    pub fn of(stalls: &[Stall], others: Option<crate::others::Others>) -> StallSummary {
         let ms = |s: &Stall| (s.to_ns - s.from_ns) / 1_000_000;
         StallSummary {
             count: stalls.len() as u64,
             total_ms: stalls.iter().map(ms).sum(),
             max_ms: stalls.iter().map(ms).max().unwrap_or(0),
             over_100ms: stalls.iter().filter(|s| ms(s) >= 100).count() as u64,
+            cores: others.map(|o| o.cores),
+            others_cores: others.map(|o| (o.cores_busy * 100.0).round() / 100.0),
         }
     }
 }
 
 impl StallSummary {
-    /// One line for the terminal and summary.md, when the machine stalled at all.
+    /// One line for the terminal and summary.md, when the machine stalled or other work kept
+    /// it busy.
     pub fn line(&self) -> Option<String> {
-        (self.count > 0).then(|| {
+        let stalls = (self.count > 0).then(|| {
             format!(
                 "{} stalls of the machine over 20 ms ({} over 100 ms), {} ms in all, longest {} ms: \
                  time allowances grew by them",
                 self.count, self.over_100ms, self.total_ms, self.max_ms
             )
-        })
+        });
+        let others = match (self.others_cores, self.cores) {
+            (Some(busy), Some(cores)) if busy >= OTHERS_WORTH_SAYING => Some(format!(
+                "other work kept {busy:.2} of its {cores} cores busy on average (the run's \
+                 timings are the machine's as much as the stack's)"
+            )),
+            _ => None,
+        };
+        match (stalls, others) {
+            (Some(s), Some(o)) => Some(format!("{s}; {o}")),
+            (s, o) => s.or(o),
+        }
     }
 }
 
@@ -99,6 +124,8 @@ pub struct StallProbe {
     stop: Arc<AtomicBool>,
     stalls: Arc<Mutex<Vec<Stall>>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The machine's and the run's CPU when the probe started (`crate::others`).
+    others: Option<crate::others::Mark>,
 }
 
 impl StallProbe {
@@ -130,7 +157,13 @@ impl StallProbe {
             stop,
             stalls,
             thread,
+            others: crate::others::mark(),
         }
+    }
+
+    /// The CPU other work took from the machine since the probe started.
+    pub fn others(&self) -> Option<crate::others::Others> {
+        self.others.as_ref().and_then(crate::others::Mark::since)
     }
 
     /// The stalls seen so far.
@@ -191,15 +224,49 @@ mod tests {
     fn summaries_and_a_probe_that_starts_and_stops() {
         let start = std::time::Instant::now();
         let probe = StallProbe::start(move || start.elapsed().as_nanos() as u64);
-        // A summary of nothing is all zeros.
-        assert_eq!(StallSummary::of(&[]), StallSummary::default());
+        // A summary of nothing is all zeros, and says nothing.
+        assert_eq!(StallSummary::of(&[], None), StallSummary::default());
+        assert_eq!(StallSummary::default().line(), None);
         let s = [stall(0, 150), stall(500, 530)];
-        let sum = StallSummary::of(&s);
+        let sum = StallSummary::of(&s, None);
         assert_eq!(
             (sum.count, sum.total_ms, sum.max_ms, sum.over_100ms),
             (2, 180, 150, 1)
         );
+        assert!(probe.others().is_some_and(|o| o.cores >= 1));
         let got = probe.finish();
         assert!(got.iter().all(|s| s.to_ns > s.from_ns));
+    }
+
+    #[test]
+    fn other_work_on_the_machine_is_said_past_a_tenth_of_a_core() {
+        let busy = |cores_busy| {
+            StallSummary::of(
+                &[],
+                Some(crate::others::Others {
+                    cores: 2,
+                    cores_busy,
+                }),
+            )
+        };
+        assert_eq!(busy(0.05).line(), None);
+        let line = busy(1.234).line().expect("said");
+        assert!(
+            line.starts_with("other work kept 1.23 of its 2 cores busy"),
+            "{line}"
+        );
+        assert_eq!(busy(1.234).others_cores, Some(1.23));
+        let both = StallSummary::of(
+            &[stall(0, 150)],
+            busy(0.5).cores.map(|cores| crate::others::Others {
+                cores,
+                cores_busy: 0.5,
+            }),
+        );
+        let line = both.line().expect("said");
+        assert!(
+            line.contains("1 stalls") && line.contains("; other work kept 0.50"),
+            "{line}"
+        );
     }
 }

@@ -22,6 +22,8 @@ pub(super) struct Judged {
     pub timeline: Vec<TimelineEvent>,
     pub processes: Vec<ProcessRecord>,
     pub stalls: Vec<Stall>,
+    /// What other work took from the machine over the run (`crate::others`).
+    pub others: Option<crate::others::Others>,
     pub checks: Vec<Verdict>,
 }
 
@@ -51,6 +53,7 @@ pub(super) async fn stop_and_judge(
     let pids = world.pids();
     let timeline = world.timeline();
     let processes = stack.supervisor.records();
+    let others = probe.others();
     let stalls = probe.finish();
     let input = check::Input {
         scenario,
@@ -79,6 +82,7 @@ pub(super) async fn stop_and_judge(
         timeline,
         processes,
         stalls,
+        others,
         checks,
     }
 }
