@@ -151,6 +151,7 @@ impl World {
             sent_ns: ns(at_ms),
             acked_ns: ns(at_ms + 5),
             trickle,
+            latency_us: 5_000,
         });
     }
 

@@ -95,6 +95,7 @@ impl Enqueued {
             sent_ns: sent.sent_ns,
             acked_ns: sent.acked_ns,
             trickle,
+            latency_us: sent.latency_us.max(1),
         });
     }
 

@@ -226,6 +226,7 @@ mod tests {
             sent_ns: k,
             acked_ns: k + 1,
             trickle: true,
+            latency_us: 1_000,
         });
         one
     }

@@ -170,6 +170,11 @@ pub struct BatchEnqueue {
     /// One of the trickle's small orders (`[load] trickle`), not one of the batches.
     #[serde(default)]
     pub trickle: bool,
+    /// The enqueue latency measured (µs), ending at `acked_ns`: from the first POST the stack
+    /// was asked to answer, so shorter than `acked_ns - sent_ns` when the harness itself hung up
+    /// on the first answer (`[load] repeat` `lost_answer`). 0 in reports written before it.
+    #[serde(default)]
+    pub latency_us: u64,
 }
 
 /// A batch POSTed again with the same `batch_id` (`[load] repeat`), and what the stack answered.

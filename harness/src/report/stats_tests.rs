@@ -45,12 +45,14 @@ fn end_to_end_latency_runs_from_each_deliverys_own_batch() {
             sent_ns: 1_000_000_000,
             acked_ns: 1_050_000_000,
             trickle: false,
+            latency_us: 50_000,
         },
         BatchEnqueue {
             batch_id: "b2".into(),
             sent_ns: 60_000_000_000,
             acked_ns: 60_040_000_000,
             trickle: false,
+            latency_us: 40_000,
         },
     ];
     let ledger = [
