@@ -14,7 +14,9 @@
 //! machine that stopped running processes is not a new one. Rule **abandoned_in_flight**: a send of the process that arrived before it exited but that
 //! it hung up on before the provider answered (`client_hung_up`, answered after SIGTERM): it
 //! dropped a send in flight instead of finishing it, leaving its outcome unknowable to itself.
-//! Attempts are
+//! A request the harness itself held with no answer to give (a provider outage in `hang` mode,
+//! a partitioned link: its `fault`) is not one: no grace period can finish it, so hanging up
+//! is all a draining sender can do. Attempts are
 //! attributed by ledger seq → pid, and only within the process's lifetime, so a reused pid does not
 //! blame the wrong process; a hung-up request whose socket was already closed when the provider
 //! recorded it is attributed through another request on the same TCP connection (same local
@@ -31,12 +33,23 @@ use std::net::SocketAddr;
 
 use super::Entry;
 use mock_providers::ledger::EntryKind;
+use mock_providers::link::LinkFault;
+use mock_providers::outage::OutageMode;
 use serde_json::{json, Value};
 
 use super::common::{attempt_json, figures, gap_ms, ms, not_checked, Findings};
 use super::{Input, ProcessRecord, Verdict};
 
 pub const NAME: &str = "graceful_shutdown";
+
+/// Whether the harness held `e` with no answer ever to come (an outage in `hang` mode, a
+/// partitioned provider link): hanging up on it is not abandoning a send that could finish.
+fn held_unanswered(e: &Entry) -> bool {
+    e.fault.as_deref().is_some_and(|f| {
+        OutageMode::of_label(f) == Some(OutageMode::Hang)
+            || LinkFault::of_label(f) == Some(LinkFault::Partition)
+    })
+}
 
 pub fn check(input: &Input) -> Verdict {
     let termed: Vec<&ProcessRecord> = input
@@ -151,6 +164,7 @@ pub fn check(input: &Input) -> Verdict {
                     && e.client_hung_up
                     && e.mono_ns >= term
                     && alive.contains(&e.received_ns)
+                    && !held_unanswered(e)
             })
             .filter(|e| sent_by_p(e))
             .map(|e| {
@@ -244,7 +258,24 @@ mod tests {
     fn hang_ups_that_are_not_an_abandoned_drain_hold() {
         // (case, tweak): none of these is the terminated worker dropping a send in flight.
         type Tweak = fn(&mut World);
-        let cases: [(&str, Tweak); 3] = [
+        let cases: [(&str, Tweak); 5] = [
+            // The harness held them with no answer to come: hanging up is all a drain can do.
+            ("held by a provider outage in hang mode", |w| {
+                let a = addr("r5", Sms);
+                w.send(Sms, &a, Transient, 950)
+                    .pid(7)
+                    .latency(10_000)
+                    .fault("outage_hang")
+                    .hung_up();
+            }),
+            ("held by a partitioned provider link", |w| {
+                let a = addr("r5", Line);
+                w.send(Line, &a, Transient, 950)
+                    .pid(7)
+                    .latency(4_000)
+                    .fault("link_partition")
+                    .hung_up();
+            }),
             ("another worker's timeout", |w| {
                 let a = addr("r5", Sms);
                 w.send(Sms, &a, Transient, 950)
@@ -333,7 +364,7 @@ mod tests {
     #[test]
     fn each_rule_can_be_broken() {
         type Tweak = fn(&mut World);
-        let cases: [(&str, Tweak, &str); 7] = [
+        let cases: [(&str, Tweak, &str); 8] = [
             (
                 "killed",
                 |w| {
@@ -370,6 +401,18 @@ mod tests {
                 |w| {
                     let a = addr("r3", Sms);
                     w.send(Sms, &a, Accepted, 950).pid(7).latency(100).hung_up();
+                },
+                "abandoned_in_flight",
+            ),
+            (
+                "abandoned while a seeded fault was answering",
+                |w| {
+                    let a = addr("r3", Sms);
+                    w.send(Sms, &a, Transient, 950)
+                        .pid(7)
+                        .latency(100)
+                        .fault("http 503")
+                        .hung_up();
                 },
                 "abandoned_in_flight",
             ),

@@ -20,8 +20,8 @@
 //!   HTML-escaped (as every body is) or not (a subject is plain text): what is left is the text,
 //!   which must arrive whole — cut at an injected line break, it does not.
 //! - **sms_too_long**: an SMS sent with a body of more than 1,600 characters, the most a Twilio
-//!   message may carry (the fake refuses it for good, error 21617, so without this rule the
-//!   delivery would just end `permanent_failure`).
+//!   message may carry (the fake refuses it, error 21617, keeping the body it was sent; without
+//!   this rule the delivery would just end unsent).
 //!
 //! Must never judge a header a stack adds on its own (`X-Mailer`, `List-Unsubscribe`…): only
 //! what the data could have put there.
@@ -532,8 +532,10 @@ mod tests {
         w.send(Channel::Sms, &a, Outcome::Accepted, 10)
             .body(&"x".repeat(SMS_MAX_CHARS));
         assert_eq!(check(&w.input()).status, Status::Holds);
+        // As the fake records it: refused (400, error 21617), the body kept.
         let b = w.expect("r2", Channel::Sms);
-        w.send(Channel::Sms, &b, Outcome::Permanent, 10)
+        w.send(Channel::Sms, &b, Outcome::ProtocolError, 10)
+            .status("400")
             .body(&"x".repeat(SMS_MAX_CHARS + 1));
         let v = check(&w.input());
         assert_eq!(

@@ -73,9 +73,26 @@ const UNAVAILABLE_CODE: u32 = 20503;
 /// Twilio refuses a body longer than this (error 21617), however it would be segmented.
 pub const MAX_BODY_CHARS: usize = 1600;
 
-fn parse_form(raw: &[u8]) -> Result<Form, (u32, Option<String>)> {
+/// Why a create request was refused: Twilio's error code, and the `To` and `Body` it had.
+struct Refused {
+    code: u32,
+    to: Option<String>,
+    body: Option<String>,
+}
+
+impl Refused {
+    fn new(code: u32, to: Option<&String>) -> Refused {
+        Refused {
+            code,
+            to: to.cloned(),
+            body: None,
+        }
+    }
+}
+
+fn parse_form(raw: &[u8]) -> Result<Form, Refused> {
     let pairs: Vec<(String, String)> =
-        serde_urlencoded::from_bytes(raw).map_err(|_| (21000, None))?;
+        serde_urlencoded::from_bytes(raw).map_err(|_| Refused::new(21000, None))?;
     let get = |k: &str| {
         pairs
             .iter()
@@ -83,19 +100,23 @@ fn parse_form(raw: &[u8]) -> Result<Form, (u32, Option<String>)> {
             .map(|(_, v)| v.clone())
             .filter(|v| !v.is_empty())
     };
-    let to = get("To").ok_or((21604, None))?;
+    let to = get("To").ok_or(Refused::new(21604, None))?;
     let from = get("From");
     let messaging_service_sid = get("MessagingServiceSid");
     if from.is_none() && messaging_service_sid.is_none() {
-        return Err((21603, Some(to)));
+        return Err(Refused::new(21603, Some(&to)));
     }
-    let body = get("Body").ok_or((21602, Some(to.clone())))?;
+    let body = get("Body").ok_or_else(|| Refused::new(21602, Some(&to)))?;
     if body.chars().count() > MAX_BODY_CHARS {
-        return Err((21617, Some(to)));
+        // Kept: a stack that sends a message too long to be an SMS is judged by its length.
+        return Err(Refused {
+            body: Some(body),
+            ..Refused::new(21617, Some(&to))
+        });
     }
     let status_callback = get("StatusCallback");
     if status_callback.as_deref().is_some_and(|u| !callback_url(u)) {
-        return Err((21609, Some(to)));
+        return Err(Refused::new(21609, Some(&to)));
     }
     Ok(Form {
         to,
@@ -145,22 +166,24 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty() && cfg.idempotency);
-    let protocol_error = |to: &str, status: u16, code: u32| {
+    // `body`: the refused message's text when there was one (a body too long is judged by it).
+    let protocol_error = |to: &str, status: u16, code: u32, body: Option<String>| {
         let mut d = LedgerEntry::draft(Provider::Sms, EntryKind::Send, to);
         d.outcome = Outcome::ProtocolError;
         d.status = status.to_string();
         d.error = Some(code.to_string());
         d.peer = Some(peer);
         d.idempotency_key = key.clone();
+        d.body = body;
         hub.ledger.record(d);
         twilio_error(status, code, to)
     };
     if !authorized(&cfg, &account, &headers) {
-        return protocol_error("", 401, 20003);
+        return protocol_error("", 401, 20003, None);
     }
     let form = match parse_form(&raw) {
         Ok(f) => f,
-        Err((code, to)) => return protocol_error(to.as_deref().unwrap_or(""), 400, code),
+        Err(r) => return protocol_error(r.to.as_deref().unwrap_or(""), 400, r.code, r.body),
     };
 
     let received_ns = hub.ledger.now_ns();
