@@ -902,3 +902,52 @@ fn a_slow_stack_still_settling_at_the_hard_deadline_is_inconclusive_not_failed()
         .collect();
     assert!(violated.is_empty(), "{violated:#?}\n{}", text(&out));
 }
+
+/// A correct stack that learns an SMS failed by polling the provider before any report says so
+/// (the reference stack polls a message still `submitted`, here after 100 ms, reports off) is
+/// right to record `permanent_failure`: `agreement` must find what the poll told it in the
+/// ledger. The fake once kept only the read's HTTP status there, and such a stack failed
+/// `accepted_but_failed` (35 rows of a 20,000-recipient run whose reports were backlogged).
+#[test]
+fn an_sms_failure_learned_by_polling_is_not_accepted_but_failed() {
+    let reports = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(bin())
+        .env("TING_SMS_POLL_AFTER_MS", "100")
+        .arg("run")
+        .arg(repo().join("scenarios/callbacks-chaos.toml"))
+        .args(["--set", "load.recipients=100"])
+        .args(["--set", "providers.sms.callbacks.enabled=false"])
+        .args(["--set", "providers.sms.callbacks.fail_rate=\"40%\""])
+        .arg("--report-dir")
+        .arg(reports.path())
+        .output()
+        .expect("run ting-chaos");
+    let dir = std::fs::read_dir(reports.path())
+        .expect("reports")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.join("report.json").exists())
+        .expect("a report directory");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
+            .expect("JSON");
+    let status: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("status.json")).expect("status.json"))
+            .expect("JSON");
+    let failed_by_poll = status
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| {
+            r["transitions"].as_array().is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t["source"] == "poll" && t["to"] == "permanent_failure")
+            })
+        })
+        .count();
+    let agreement = verdict(&report, "agreement");
+    assert!(
+        failed_by_poll > 0 && agreement["status"] == "holds" && code(&out) == 0,
+        "{failed_by_poll} SMS failed by a poll; agreement {agreement:#}\n{}",
+        text(&out)
+    );
+}
