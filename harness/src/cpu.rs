@@ -13,7 +13,7 @@ pub const WARN_SHARE: f64 = 0.5;
 
 /// Clock ticks per second of `/proc/<pid>/stat`'s times: Linux's USER_HZ, 100 on every
 /// architecture it ships for (as `stack/src/bench/usage.rs` assumes too).
-const USER_HZ: f64 = 100.0;
+pub(crate) const USER_HZ: f64 = 100.0;
 
 /// A reading at the start of the run.
 #[derive(Debug, Clone, Copy)]
@@ -36,15 +36,34 @@ pub struct HarnessUsage {
     pub peak_rss_kib: Option<u64>,
 }
 
-/// utime + stime of `/proc/self/stat`'s text, in clock ticks. The command name (field 2) may hold
-/// spaces and parentheses, so fields are counted after its last `)`.
-fn ticks(stat: &str) -> Option<u64> {
+/// What the harness reads of one process's `/proc/<pid>/stat` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcStat {
+    pub ppid: u32,
+    /// utime + stime, in clock ticks.
+    pub ticks: u64,
+    /// cutime + cstime: the children it has reaped, in clock ticks.
+    pub children_ticks: u64,
+}
+
+/// Parses a `/proc/<pid>/stat` line. The command name (field 2) may hold spaces and
+/// parentheses, so fields are counted after its last `)`.
+pub(crate) fn parse_stat(stat: &str) -> Option<ProcStat> {
     let rest = &stat[stat.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    // After the name: state (3) … utime is field 14, stime 15.
-    let utime: u64 = f.nth(11)?.parse().ok()?;
-    let stime: u64 = f.next()?.parse().ok()?;
-    Some(utime + stime)
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state (3), ppid (4) … utime (14), stime (15), cutime (16), cstime (17);
+    // the children's times are signed in the kernel's format.
+    let field = |i: usize| -> Option<u64> { Some(f.get(i)?.parse::<i64>().ok()?.max(0) as u64) };
+    Some(ProcStat {
+        ppid: f.get(1)?.parse().ok()?,
+        ticks: field(11)? + field(12)?,
+        children_ticks: field(13)? + field(14)?,
+    })
+}
+
+/// utime + stime of a `/proc/<pid>/stat` line, in clock ticks.
+fn ticks(stat: &str) -> Option<u64> {
+    parse_stat(stat).map(|s| s.ticks)
 }
 
 /// `VmHWM` of `/proc/<pid>/status` (this process's when `None`), in KiB: the peak resident
@@ -141,6 +160,13 @@ mod tests {
         assert_eq!(ticks(stat), Some(325));
         assert_eq!(ticks("garbage"), None);
         assert_eq!(ticks("1 (x) S 1 2"), None);
+        let line = "42 (a ) b (c) S 7 42 42 0 -1 4194560 1 0 0 0 11 22 33 44 20 0 1 0 5 6 7";
+        let want = ProcStat {
+            ppid: 7,
+            ticks: 33,
+            children_ticks: 77,
+        };
+        assert_eq!(parse_stat(line), Some(want));
     }
 
     #[test]

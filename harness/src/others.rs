@@ -15,8 +15,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-/// Clock ticks per second of `/proc` times (Linux's USER_HZ: 100 wherever it ships).
-const USER_HZ: f64 = 100.0;
+use crate::cpu::{parse_stat, USER_HZ};
 
 /// A reading at the start of the run.
 #[derive(Debug, Clone, Copy)]
@@ -93,22 +92,6 @@ fn machine(stat: &str) -> Option<(u64, u32)> {
     Some((busy, u32::try_from(cores).ok()?.max(1)))
 }
 
-/// One process's line of `/proc/<pid>/stat`: its parent and its CPU ticks with those of the
-/// children it reaped. The name (field 2) may hold spaces and parentheses: fields are counted
-/// after its last `)`.
-fn parse_stat(stat: &str) -> Option<(u32, u64)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state (3), ppid (4) … utime (14), stime (15), cutime (16), cstime (17).
-    let ppid = f.get(1)?.parse().ok()?;
-    let ticks = f
-        .get(11..15)?
-        .iter()
-        .map(|v| v.parse::<i64>().ok().map(|t| t.max(0) as u64))
-        .sum::<Option<u64>>()?;
-    Some((ppid, ticks))
-}
-
 /// The CPU ticks of `root` and every process descended from it now.
 fn run_ticks(root: u32) -> Option<u64> {
     let mut parent_of: HashMap<u32, u32> = HashMap::new();
@@ -125,9 +108,10 @@ fn run_ticks(root: u32) -> Option<u64> {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        if let Some((ppid, ticks)) = parse_stat(&stat) {
-            parent_of.insert(pid, ppid);
-            ticks_of.insert(pid, ticks);
+        // Its own CPU and that of the children it reaped (a killed worker, a backend).
+        if let Some(s) = parse_stat(&stat) {
+            parent_of.insert(pid, s.ppid);
+            ticks_of.insert(pid, s.ticks + s.children_ticks);
         }
     }
     Some(descendants_ticks(root, &parent_of, &ticks_of))
@@ -172,13 +156,6 @@ mod tests {
         assert_eq!(machine(stat), Some((100 + 5 + 50 + 3 + 2 + 7, 2)));
         assert_eq!(machine("intr 1\n"), None);
         assert_eq!(machine("cpu  x y\n"), None);
-    }
-
-    #[test]
-    fn a_process_line_with_a_hostile_name_gives_its_parent_and_ticks() {
-        let line = "42 (a ) b (c) S 7 42 42 0 -1 4194560 1 0 0 0 11 22 33 44 20 0 1 0 5 6 7";
-        assert_eq!(parse_stat(line), Some((7, 11 + 22 + 33 + 44)));
-        assert_eq!(parse_stat("42 (short) S 7"), None);
     }
 
     #[test]
