@@ -110,6 +110,8 @@ pub struct Stats {
 pub struct ProviderStats {
     /// Send attempts by outcome (`accepted`, `idempotent_repeat`, `transient`, …).
     pub sends: BTreeMap<String, u64>,
+    /// Poll entries: one per read, and for a list read without `To` one more per failed
+    /// message it listed.
     pub polls: u64,
     /// Callback tries by answer class (`2xx`, `4xx`, `5xx`, `no_answer`).
     pub callbacks: BTreeMap<String, u64>,

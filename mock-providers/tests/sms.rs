@@ -437,14 +437,31 @@ async fn status_moves_along_the_timeline() {
         .sms_get(&format!("Messages.json?To={}", urlencode(&phone(9))))
         .await;
     assert_eq!(listed.json["messages"][0]["status"], told.as_str());
-    let polls: Vec<(String, Option<String>)> = w
+    // A list of every number's messages told this one's failure too: an entry names it.
+    let all = w.sms_get("Messages.json").await;
+    assert_eq!(all.json["messages"][0]["status"], told.as_str());
+    let polls: Vec<(String, String, Option<String>)> = w
         .entries()
         .iter()
         .filter(|e| e.kind == EntryKind::Poll)
-        .map(|e| (e.status.clone(), e.callback_status.clone()))
+        .map(|e| {
+            (
+                e.recipient.clone(),
+                e.status.clone(),
+                e.callback_status.clone(),
+            )
+        })
         .collect();
-    let want = Some(told);
-    assert_eq!(polls, [("200".into(), want.clone()), ("200".into(), want)]);
+    let (to, ok, want) = (phone(9), "200".to_string(), Some(told));
+    assert_eq!(
+        polls,
+        [
+            (to.clone(), ok.clone(), want.clone()),
+            (to.clone(), ok.clone(), want.clone()),
+            (String::new(), ok.clone(), want.clone()),
+            (to, ok, want),
+        ]
+    );
 }
 
 fn urlencode(s: &str) -> String {

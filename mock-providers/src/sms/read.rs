@@ -1,6 +1,8 @@
 //! `GET …/Messages/{Sid}.json` and `GET …/Messages.json?To=…&DateSent>=…`: what a stack uses to
 //! reconcile an uncertain send instead of blindly resending. Every read is a ledger entry
-//! (`EntryKind::Poll`), so a report can show who reconciled and when.
+//! (`EntryKind::Poll`), so a report can show who reconciled and when, with the message status
+//! it told; a list read without `To` adds one entry per failed message it listed (its number
+//! and sid), the one way the harness can know whose failure such a read told.
 //!
 //! Reads never change a message.
 
@@ -36,6 +38,11 @@ fn record_poll(
     st.inner.hub.ledger.record(d);
 }
 
+/// Whether a message status is a final failure.
+fn is_failure(status: &str) -> bool {
+    matches!(status, "undelivered" | "failed")
+}
+
 /// Of a list read's messages, the failure one of them showed (`undelivered` before `failed`),
 /// else the newest one's status: what the read can have told the stack about that number.
 fn listed_status<'a>(statuses: impl Iterator<Item = &'a str>) -> Option<&'a str> {
@@ -43,7 +50,7 @@ fn listed_status<'a>(statuses: impl Iterator<Item = &'a str>) -> Option<&'a str>
     let mut failure = None;
     for s in statuses {
         first.get_or_insert(s);
-        if matches!(s, "undelivered" | "failed") && failure != Some("undelivered") {
+        if is_failure(s) && failure != Some("undelivered") {
             failure = Some(s);
         }
     }
@@ -200,6 +207,19 @@ pub(super) async fn list(
     let prev = (page > 0).then(|| page_uri(page - 1));
     let reported = listed_status(messages.iter().map(|m| m.status));
     record_poll(&st, peer, (to.unwrap_or(""), None), 200, reported);
+    if to.is_none() {
+        // A read about no one number told each listed number's failure: recorded per message
+        // (by its sid), so the harness knows whose failure the stack may have learned from it.
+        for m in messages.iter().filter(|m| is_failure(m.status)) {
+            record_poll(
+                &st,
+                peer,
+                (m.to, Some(m.sid.to_string())),
+                200,
+                Some(m.status),
+            );
+        }
+    }
     Reply::json(
         200,
         json!({
