@@ -6,7 +6,8 @@
 //! `expect.order_e2e_p99` (nearest rank, over the orders whose deliveries were all accepted: a
 //! delivery never accepted is `no_loss`'s to judge, and a permanently bad address has no
 //! acceptance to wait for), each order's time less the machine's stalls inside it
-//! (`crate::stalls`, as every timed rule; `p99_ms` stays the measured one). A p99 needs at least [`MIN_ORDERS`] orders; fewer is not a pass.
+//! (`crate::stalls`, as every timed rule; `p99_ms` stays the measured one). A p99 needs at
+//! least [`MIN_ORDERS`] orders; fewer is not a pass.
 //! The counterexamples name the orders that waited longest: batch id, when it was enqueued, its
 //! first and last acceptance. Reads only the harness's own clock and the providers' ledger.
 

@@ -3,7 +3,8 @@
 //! Compares the p99 of the harness's measured `POST /v1/batches` latencies with
 //! `expect.enqueue_p99`, each less the machine's stalls inside its request (`crate::stalls`: the
 //! time allowance grows by them, as every timed rule's does; the measured p99 stays in the
-//! figures). Without an SLO the figures are still computed and the verdict is `NotChecked`. Judged: the enqueues measured; a p99 needs at least 100 (fewer is
+//! figures). Without an SLO the figures are still computed and the verdict is `NotChecked`.
+//! Judged: the enqueues measured; a p99 needs at least 100 (fewer is
 //! insufficient, unless more than one of them is already over the SLO: then the p99 is over it
 //! whatever the rest would have been). Must never use latencies the stack reports about itself.
 //!

@@ -66,6 +66,11 @@ pub struct SmsPlan {
 /// Twilio error codes for a message that did not arrive.
 const SMS_FAILURES: [(&str, u32); 2] = [("undelivered", 30003), ("failed", 30008)];
 
+/// Whether an SMS status is one of the final failures a message can end in.
+pub fn is_sms_failure(status: &str) -> bool {
+    SMS_FAILURES.iter().any(|(s, _)| *s == status)
+}
+
 fn uniform(rng: &mut impl Rng, min: Duration, max: Duration) -> Duration {
     if max <= min {
         return min;

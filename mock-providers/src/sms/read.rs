@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::store::API_VERSION;
 use super::{authorized, twilio_error, SmsState};
+use crate::callbacks::plan::is_sms_failure;
 use crate::http::Reply;
 use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
 
@@ -38,11 +39,6 @@ fn record_poll(
     st.inner.hub.ledger.record(d);
 }
 
-/// Whether a message status is a final failure.
-fn is_failure(status: &str) -> bool {
-    matches!(status, "undelivered" | "failed")
-}
-
 /// Of a list read's messages, the failure one of them showed (`undelivered` before `failed`),
 /// else the newest one's status: what the read can have told the stack about that number.
 fn listed_status<'a>(statuses: impl Iterator<Item = &'a str>) -> Option<&'a str> {
@@ -50,7 +46,7 @@ fn listed_status<'a>(statuses: impl Iterator<Item = &'a str>) -> Option<&'a str>
     let mut failure = None;
     for s in statuses {
         first.get_or_insert(s);
-        if is_failure(s) && failure != Some("undelivered") {
+        if is_sms_failure(s) && failure != Some("undelivered") {
             failure = Some(s);
         }
     }
@@ -210,7 +206,7 @@ pub(super) async fn list(
     if to.is_none() {
         // A read about no one number told each listed number's failure: recorded per message
         // (by its sid), so the harness knows whose failure the stack may have learned from it.
-        for m in messages.iter().filter(|m| is_failure(m.status)) {
+        for m in messages.iter().filter(|m| is_sms_failure(m.status)) {
             record_poll(
                 &st,
                 peer,
