@@ -181,11 +181,16 @@ mod tests {
     #[test]
     fn this_process_can_be_measured() {
         let start = mark().expect("/proc/self/stat");
+        // Busy for 20 ms of wall time whatever the build's speed (a release build ran a fixed
+        // loop in under the figures' resolution).
+        let t0 = std::time::Instant::now();
         let mut x = 0u64;
-        for i in 0..2_000_000u64 {
-            x = x.wrapping_add(i * i);
+        while t0.elapsed() < std::time::Duration::from_millis(20) {
+            for i in 0..10_000u64 {
+                x = x.wrapping_add(i * i);
+            }
+            x = std::hint::black_box(x);
         }
-        std::hint::black_box(x);
         let used = HarnessUsage::since(Some(start)).unwrap();
         assert!(used.cpu_s >= 0.0 && used.wall_s > 0.0, "{used:?}");
         assert!(used.peak_rss_kib.is_some_and(|k| k > 0), "{used:?}");

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod cpu;
 pub mod exit;
 pub mod files;
+pub mod jumps;
 pub mod load;
 pub mod malloc;
 pub mod netchaos;

@@ -17,6 +17,8 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::jumps::ClockJump;
+
 /// How long the probe sleeps between looks.
 pub const TICK: Duration = Duration::from_millis(10);
 /// A wake-up later than this is a stall (below it is ordinary timer and scheduler jitter).
@@ -46,13 +48,17 @@ pub struct StallSummary {
     /// the harness's process tree or the database is not the run's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub others_cores: Option<f64>,
+    /// Every jump of the wall clock against the run's clock (`crate::jumps`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clock_jumps: Vec<ClockJump>,
 }
 
 /// Past this many cores busy with other work the summary line is printed without any stall.
 const OTHERS_WORTH_SAYING: f64 = 0.1;
 
 impl StallSummary {
-    pub fn of(stalls: &[Stall], others: Option<crate::others::Others>) -> StallSummary {
+    pub fn of(seen: &Seen, others: Option<crate::others::Others>) -> StallSummary {
+        let stalls = &seen.stalls;
         let ms = |s: &Stall| (s.to_ns - s.from_ns) / 1_000_000;
         StallSummary {
             count: stalls.len() as u64,
@@ -61,6 +67,7 @@ impl StallSummary {
             over_100ms: stalls.iter().filter(|s| ms(s) >= 100).count() as u64,
             cores: others.map(|o| o.cores),
             others_cores: others.map(|o| (o.cores_busy * 100.0).round() / 100.0),
+            clock_jumps: seen.jumps.clone(),
         }
     }
 }
@@ -83,10 +90,11 @@ impl StallSummary {
             )),
             _ => None,
         };
-        match (stalls, others) {
-            (Some(s), Some(o)) => Some(format!("{s}; {o}")),
-            (s, o) => s.or(o),
-        }
+        let said: Vec<String> = [stalls, others, crate::jumps::line(&self.clock_jumps)]
+            .into_iter()
+            .flatten()
+            .collect();
+        (!said.is_empty()).then(|| said.join("; "))
     }
 }
 
@@ -119,10 +127,34 @@ pub fn extended(stalls: &[Stall], start_ns: u64, end_ns: u64) -> u64 {
     end
 }
 
+/// What the probe saw of the machine over the run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Seen {
+    pub stalls: Vec<Stall>,
+    pub jumps: Vec<ClockJump>,
+}
+
+impl Seen {
+    /// The stalls the time allowances grow by: the machine's, and the wall clock's backward jumps
+    /// (time the stack waited that its clock did not count).
+    pub fn allowance_stalls(&self) -> Vec<Stall> {
+        let mut all: Vec<Stall> = self
+            .stalls
+            .iter()
+            .copied()
+            .chain(crate::jumps::as_stalls(&self.jumps))
+            .collect();
+        all.sort_by_key(|s| s.from_ns);
+        all
+    }
+}
+
 /// The running probe; [`StallProbe::finish`] stops it and returns what it saw.
 pub struct StallProbe {
     stop: Arc<AtomicBool>,
     stalls: Arc<Mutex<Vec<Stall>>>,
+    /// The wall clock's jumps against the ledger clock (`crate::jumps`), seen on the same ticks.
+    jumps: Arc<Mutex<Vec<ClockJump>>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// The machine's and the run's CPU when the probe started (`crate::others`).
     others: Option<crate::others::Mark>,
@@ -133,12 +165,19 @@ impl StallProbe {
     pub fn start(now_ns: impl Fn() -> u64 + Send + 'static) -> StallProbe {
         let stop = Arc::new(AtomicBool::new(false));
         let stalls = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, stalls2) = (stop.clone(), stalls.clone());
+        let jumps = Arc::new(Mutex::new(Vec::new()));
+        let (stop2, stalls2, jumps2) = (stop.clone(), stalls.clone(), jumps.clone());
         let thread = std::thread::Builder::new()
             .name("stall-probe".into())
             .spawn(move || {
                 let (tick, min) = (TICK.as_nanos() as u64, MIN_STALL.as_nanos() as u64);
+                let mut watch = crate::jumps::Watch::default();
                 while !stop2.load(Ordering::Relaxed) {
+                    if let Some(j) = watch.look(&now_ns) {
+                        if let Ok(mut v) = jumps2.lock() {
+                            v.push(j);
+                        }
+                    }
                     let due = now_ns() + tick;
                     std::thread::sleep(TICK);
                     let woke = now_ns();
@@ -156,6 +195,7 @@ impl StallProbe {
         StallProbe {
             stop,
             stalls,
+            jumps,
             thread,
             others: crate::others::mark(),
         }
@@ -171,13 +211,16 @@ impl StallProbe {
         self.stalls.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
-    /// Stops the probe and returns every stall it saw.
-    pub fn finish(mut self) -> Vec<Stall> {
+    /// Stops the probe and returns every stall and clock jump it saw.
+    pub fn finish(mut self) -> Seen {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.snapshot()
+        Seen {
+            stalls: self.snapshot(),
+            jumps: self.jumps.lock().map(|v| v.clone()).unwrap_or_default(),
+        }
     }
 }
 
@@ -225,24 +268,30 @@ mod tests {
         let start = std::time::Instant::now();
         let probe = StallProbe::start(move || start.elapsed().as_nanos() as u64);
         // A summary of nothing is all zeros, and says nothing.
-        assert_eq!(StallSummary::of(&[], None), StallSummary::default());
+        assert_eq!(
+            StallSummary::of(&Seen::default(), None),
+            StallSummary::default()
+        );
         assert_eq!(StallSummary::default().line(), None);
-        let s = [stall(0, 150), stall(500, 530)];
-        let sum = StallSummary::of(&s, None);
+        let seen = Seen {
+            stalls: vec![stall(0, 150), stall(500, 530)],
+            jumps: Vec::new(),
+        };
+        let sum = StallSummary::of(&seen, None);
         assert_eq!(
             (sum.count, sum.total_ms, sum.max_ms, sum.over_100ms),
             (2, 180, 150, 1)
         );
         assert!(probe.others().is_some_and(|o| o.cores >= 1));
         let got = probe.finish();
-        assert!(got.iter().all(|s| s.to_ns > s.from_ns));
+        assert!(got.stalls.iter().all(|s| s.to_ns > s.from_ns));
     }
 
     #[test]
     fn other_work_on_the_machine_is_said_past_a_tenth_of_a_core() {
         let busy = |cores_busy| {
             StallSummary::of(
-                &[],
+                &Seen::default(),
                 Some(crate::others::Others {
                     cores: 2,
                     cores_busy,
@@ -256,8 +305,15 @@ mod tests {
             "{line}"
         );
         assert_eq!(busy(1.234).others_cores, Some(1.23));
+        let seen = Seen {
+            stalls: vec![stall(0, 150)],
+            jumps: vec![ClockJump {
+                at_ns: 2_000 * MS,
+                by_ns: -300 * MS as i64,
+            }],
+        };
         let both = StallSummary::of(
-            &[stall(0, 150)],
+            &seen,
             busy(0.5).cores.map(|cores| crate::others::Others {
                 cores,
                 cores_busy: 0.5,
@@ -265,8 +321,16 @@ mod tests {
         );
         let line = both.line().expect("said");
         assert!(
-            line.contains("1 stalls") && line.contains("; other work kept 0.50"),
+            line.contains("1 stalls")
+                && line.contains("; other work kept 0.50")
+                && line.contains("; the wall clock jumped 1 time"),
             "{line}"
+        );
+        assert_eq!(both.clock_jumps, seen.jumps);
+        // A backward jump is a stall to the allowances, after the machine's own.
+        assert_eq!(
+            seen.allowance_stalls(),
+            [stall(0, 150), stall(2_000, 2_300)]
         );
     }
 }

@@ -26,7 +26,8 @@
 //! - **resend_after_accept**: a send to the same address arriving after an accept the stack saw
 //!   (LINE same-key 409s, SMS / e-mail re-sends), even one still in flight: an accept whose
 //!   sender, the resend's sender (a woken zombie) and the database were not disturbed from a
-//!   lease before it until the resend. Every
+//!   lease before it until the resend, nor the machine's wall clock jumped forward then (the
+//!   stack's leases, timed by it, lapse at the jump: `crate::jumps`). Every
 //!   other send after the first accept is counted as explained (`resends_after_accept_explained`:
 //!   a resend with the LINE retry key after a lost answer is the correct design). Ledger-only, so
 //!   it is judged without a status API too.
@@ -99,6 +100,9 @@ struct Disturbances {
     /// Per pid, the spans its database link was partitioned (start, heal): an answer it heard
     /// then could not be recorded before the heal.
     cut_off: HashMap<u32, Vec<(u64, u64)>>,
+    /// When the wall clock jumped forward (`crate::jumps`): every lease the stack timed by it
+    /// may have lapsed at once, as if every process had been stopped.
+    clock: Vec<u64>,
 }
 
 impl Disturbances {
@@ -149,14 +153,21 @@ impl Disturbances {
                 by_pid.entry(p.pid).or_default().push(x);
             }
         }
+        let clock = input
+            .clock_jumps
+            .iter()
+            .filter(|j| j.forward())
+            .map(|j| j.at_ns)
+            .collect();
         Disturbances {
             by_pid,
             db,
             cut_off,
+            clock,
         }
     }
 
-    /// Whether `pid` or the database was disturbed within `[from, to]`.
+    /// Whether `pid`, the database or the wall clock was disturbed within `[from, to]`.
     fn any(&self, pid: u32, from: u64, to: u64) -> bool {
         let pid_hit = self
             .by_pid
@@ -166,7 +177,8 @@ impl Disturbances {
             .cut_off
             .get(&pid)
             .is_some_and(|v| v.iter().any(|(s, e)| *s <= to && *e >= from));
-        pid_hit || link_cut || self.db.iter().any(|(s, e)| *s <= to && *e >= from)
+        let jumped = self.clock.iter().any(|t| (from..=to).contains(t));
+        pid_hit || link_cut || jumped || self.db.iter().any(|(s, e)| *s <= to && *e >= from)
     }
 }
 
@@ -296,7 +308,7 @@ pub fn check(input: &Input) -> Verdict {
         "final states not checked (stack exposes no status API)".to_string()
     };
     let mut summary = format!(
-        "{states}; {} resends after a seen accept ({} explained by chaos)",
+        "{states}; {} resends after a seen accept ({} explained by chaos or a clock jump)",
         counts.total("resends_after_accept"),
         counts.total("resends_after_accept_explained"),
     );

@@ -366,6 +366,46 @@ fn a_resend_after_its_senders_link_was_partitioned_is_explained() {
     }
 }
 
+/// The wall clock jumped 8.3 s forward while an accept was on its way back (a guest paused and
+/// resumed): the lease the sender held, timed by that clock, lapsed at once and the rescuer's
+/// resend with the retry key (409) is the machine's doing. The same resend with the jump a
+/// lease before the accept, or backward, is not.
+#[test]
+fn a_resend_after_a_forward_clock_jump_is_explained() {
+    let lease = healthy().scenario.stack.lease.as_millis() as u64;
+    for (jump, explained) in [
+        (Some((2_950, 8_300)), true),
+        (Some((2_990 - lease - 100, 8_300)), false),
+        (Some((2_950, -8_300)), false),
+        (None, false),
+    ] {
+        let mut w = healthy();
+        let a = w.expect("r9", Line);
+        w.send(Line, &a, Accepted, 3_000).pid(7);
+        w.send(Line, &a, IdempotentRepeat, 4_000).pid(8);
+        w.status_row("r9", Line, None, &["sending", "delivered"]);
+        w.clock_jumps = jump
+            .map(|(at, by)| crate::jumps::ClockJump {
+                at_ns: ns(at),
+                by_ns: by * 1_000_000,
+            })
+            .into_iter()
+            .collect();
+        let v = check(&w.input());
+        let want = if explained {
+            Status::Holds
+        } else {
+            Status::Violated
+        };
+        assert_eq!(v.status, want, "{jump:?}: {v:#?}");
+        assert_eq!(
+            v.figures["resends_after_accept_explained"].as_u64(),
+            Some(u64::from(explained)),
+            "{jump:?}"
+        );
+    }
+}
+
 /// `status_unreadable`: a 2xx answer that is not the contract's is a violation with the answer
 /// as its counterexample, and so is an API no request ever got an answer from; a stack without
 /// a status API (404), one whose answers all read, and a run stopped early before any answer

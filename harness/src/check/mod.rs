@@ -35,6 +35,7 @@ mod state;
 mod testkit;
 mod transition;
 mod unknowns;
+mod wallclock;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -199,6 +200,9 @@ pub struct Input<'a> {
     /// When the machine stopped running processes on time ([`crate::stalls`]): time allowances
     /// grow by the stalls inside the window they judge.
     pub stalls: &'a [crate::stalls::Stall],
+    /// When the machine's wall clock, by which the stack times its leases and backoffs, jumped
+    /// against the ledger clock ([`crate::jumps`]; the backward ones are in `stalls` too).
+    pub clock_jumps: &'a [crate::jumps::ClockJump],
     /// The ledger's send attempts by delivery ([`Input::sends`]); `Default::default()`.
     pub(crate) sends: std::sync::OnceLock<common::Sends<'a>>,
 }

@@ -16,7 +16,9 @@
 //! Released means claimable again, whoever then gets to it and when:
 //! - the stack's status API records a transition out of `sending` after the answer to P's
 //!   request (by P itself, even a moment before the kill; by P after its SIGCONT; or by a
-//!   rescuer) — the moment it was recorded; or
+//!   rescuer) — the moment it was recorded, by the stack's wall clock placed on the ledger clock
+//!   (`wallclock`: by the ledger's own stamps and the clock's jumps, so a slewed or stepped
+//!   clock does not move a release past the kill); or
 //! - the ledger shows a next attempt, or a final answer to the request in flight at T.
 //!
 //! A released delivery then waits for its backoff and for the queue: that wait is reported as a
@@ -56,20 +58,14 @@ use super::common::{
     attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, Findings,
     Sends, ANSWER_RECORD_WINDOW_NS,
 };
+use super::wallclock::WallClock;
 use super::{Expected, Input, State, TimelineEvent, Verdict};
 
 pub const NAME: &str = "recovery";
 
-/// How far the stack's transition times (milliseconds, its clock) and the ledger's wall-clock
-/// offset (milliseconds) may disagree with the ledger's own clock.
+/// How far the stack's transition times (milliseconds, its clock) placed on the ledger clock
+/// (`WallClock`, from entries stamped to the millisecond) may disagree with it.
 const CLOCK_TOLERANCE_NS: u64 = 2_000_000;
-
-/// Ledger-clock nanoseconds → wall-clock milliseconds offset, from any ledger entry.
-fn wall_offset_ms(input: &Input) -> Option<i64> {
-    let e = input.ledger.first()?;
-    let wall = e.wall_ms?;
-    Some(wall - (e.mono_ns / 1_000_000) as i64)
-}
 
 /// One recorded transition of a delivery, on the ledger clock.
 struct Moved {
@@ -82,10 +78,10 @@ struct Moved {
 /// no status API, no row for it, or no timed transition (then only the ledger can tell).
 fn timed_transitions(
     input: &Input,
-    offset: Option<i64>,
+    clock: Option<&WallClock>,
     e: Option<&&Expected>,
 ) -> Option<Vec<Moved>> {
-    let (offset, e, rows) = (offset?, e?, input.status?);
+    let (clock, e, rows) = (clock?, e?, input.status?);
     let row = rows
         .iter()
         .find(|d| *d.recipient == *e.recipient && d.channel == e.channel)?;
@@ -93,12 +89,9 @@ fn timed_transitions(
         .transitions
         .iter()
         .filter_map(|tr| {
-            let at = tr.at()?.millis()?;
             // A time centuries past the run (a stack's clock or format gone wrong) is no
             // time on the ledger clock: left out, as an untimed transition is.
-            let at_ns = u64::try_from((at - offset).max(0))
-                .ok()?
-                .checked_mul(1_000_000)?;
+            let at_ns = clock.ledger_ns(tr.at()?.millis()?)?;
             Some(Moved {
                 from: tr.from(),
                 to: tr.to(),
@@ -198,7 +191,7 @@ pub fn check(input: &Input) -> Verdict {
     let max = input.scenario.expect.max_attempts as usize;
     let mut findings = Findings::default();
     let mut n = Tally::default();
-    let offset = wall_offset_ms(input);
+    let clock = WallClock::of(input.ledger, input.clock_jumps);
     let under_way = super::availability::resumed_mid_send(input);
 
     for ev in &events {
@@ -281,7 +274,7 @@ pub fn check(input: &Input) -> Verdict {
             let on_ledger = next_attempt.into_iter().chain(final_answer).min();
             // The stack's own release, recorded after the answer to P's request.
             let e = expected.get(&(provider, address));
-            let moved = timed_transitions(input, offset, e);
+            let moved = timed_transitions(input, clock.as_ref(), e);
             // P's request (or, for an unknown sender, the one in flight with none known).
             let mine = all.iter().rfind(|s| {
                 s.received_ns <= t
@@ -343,7 +336,7 @@ pub fn check(input: &Input) -> Verdict {
             &expected,
             ev,
             &under_way,
-            offset,
+            clock.as_ref(),
             &mut n,
             &mut findings,
         );
@@ -393,7 +386,7 @@ fn zombies(
     expected: &HashMap<(Provider, &str), &Expected>,
     ev: &TimelineEvent,
     under_way: &HashSet<u64>,
-    offset: Option<i64>,
+    clock: Option<&WallClock>,
     n: &mut Tally,
     findings: &mut Findings,
 ) {
@@ -423,7 +416,7 @@ fn zombies(
         });
         let Some(first) = first else { continue };
         let e = expected.get(&(s.provider, s.recipient.as_str()));
-        let claimed_anew = timed_transitions(input, offset, e).is_some_and(|moved| {
+        let claimed_anew = timed_transitions(input, clock, e).is_some_and(|moved| {
             let after = woke_at.max(first.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS));
             moved
                 .iter()

@@ -349,6 +349,38 @@ fn a_release_recorded_after_the_answer_counts_even_before_the_kill() {
     assert_eq!(v.figures["slowest_recovery_ms"], 1_100.0);
 }
 
+/// The wall clock jumped 8 s forward at 970 ms (a guest paused and resumed): 7 recorded its
+/// transient answer for r6 at 995 ms by the ledger clock, 8,995 ms by its own, and every entry
+/// after the jump is stamped 8 s on. Placed by the ledger's own stamps and the jump, that release
+/// came before the kill; placed by one offset from the run's start, as before, it came 8 s after
+/// it, past the deadline, and a correct stack was failed `no_progress` (restart-midway at 20,000
+/// recipients on a guest that was paused mid-run).
+#[test]
+fn a_release_stamped_after_a_clock_jump_is_placed_by_the_jump() {
+    let mut w = kill_rescued();
+    late_retry(&mut w);
+    w.timed_row(
+        "r6",
+        Sms,
+        &[("sending", "worker", 940), ("retryable", "worker", 8_995)],
+    );
+    backlog(&mut w, 2_500, 9_000, 400);
+    for k in 0..w.entries().len() {
+        let e = w.entry_mut(k);
+        if e.mono_ns > ns(970) {
+            e.wall = wall(e.mono_ns / 1_000_000 + 8_000);
+        }
+    }
+    w.clock_jumps = vec![crate::jumps::ClockJump {
+        at_ns: ns(970),
+        by_ns: 8_000_000_000,
+    }];
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    assert_eq!(v.figures["released_before_kill"], 1);
+    assert_eq!(v.figures["slowest_wait_after_release_ms"], 8_005.0);
+}
+
 /// First attempts of other deliveries every `every` ms from `from` to `to`.
 fn backlog(w: &mut World, from: u64, to: u64, every: u64) {
     for (i, at) in (from..=to).step_by(every as usize).enumerate() {

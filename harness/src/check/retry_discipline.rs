@@ -42,6 +42,9 @@
 //! - **retry_after_ignored**: the gap (as above, from the failed attempt's arrival) is shorter than
 //!   the `Retry-After` the provider sent (the ledger records the header as sent: whole seconds for
 //!   LINE and Twilio).
+//! - Both "too soon" rules add to the gap the wall clock's forward jumps inside it
+//!   (`crate::jumps`): the stack waits by its clock, and a jump is time that clock counted and
+//!   the ledger's did not. A backward jump is a stall to the cap rule.
 //! - Neither gap rule judges a retry after a failure whose answer never reached the stack, and
 //!   such a failure does not count toward the floor's step: its sender hung up before the answer
 //!   (`client_hung_up`) or was SIGKILLed or SIGSTOPped between the attempt's arrival and
@@ -221,7 +224,16 @@ pub fn check(input: &Input) -> Verdict {
             n.retries += 1;
             // From the start of one attempt to the start of the next: a stack may time its gap
             // from either end of the failed attempt, and the floor holds under both readings.
-            let gap = next.received_ns as i128 - prev.received_ns as i128;
+            // Plus the wall clock's forward jumps between them: time the stack's timers counted
+            // and the ledger's clock did not (`crate::jumps`).
+            let jumped =
+                crate::jumps::forward_ns(input.clock_jumps, prev.received_ns, next.received_ns);
+            let gap = next.received_ns as i128 - prev.received_ns as i128 + jumped as i128;
+            let credit = |c: &mut Value| {
+                if jumped > 0 {
+                    c["clock_jumped_ms"] = json!(jumped as f64 / 1e6);
+                }
+            };
             let step = k.max(1);
             let fl = floor(input, step);
             // A retry that arrived before the failure was answered: two in flight at once.
@@ -230,12 +242,14 @@ pub fn check(input: &Input) -> Verdict {
                 let mut c = pair(e, "gap_below_floor", prev, next, input);
                 c["failure_no"] = json!(step);
                 c["floor_ms"] = json!(fl.as_secs_f64() * 1e3);
+                credit(&mut c);
                 findings.push(c);
             }
             if let Some(ra) = prev.retry_after_ms {
                 if gap < ra as i128 * 1_000_000 {
                     let mut c = pair(e, "retry_after_ignored", prev, next, input);
                     c["retry_after_ms"] = json!(ra);
+                    credit(&mut c);
                     findings.push(c);
                 }
             }

@@ -130,6 +130,43 @@ fn one_attempt_after_a_lost_permanent_answer_is_reconciliation() {
     }
 }
 
+/// The wall clock jumped forward while a stack waited out a Retry-After: to the stack the full
+/// second passed, 811 ms of it on the ledger clock and the rest in the jump (a guest paused and
+/// resumed). Credited; the same gap with the jump elsewhere, too small, or backward is not.
+#[test]
+fn a_forward_clock_jump_inside_a_gap_counts_as_waited() {
+    let build = |jump: Option<(u64, i64)>| {
+        let mut w = World::new();
+        let a = w.expect("r1", Line);
+        w.send(Line, &a, Transient, 1_000)
+            .status("503")
+            .retry_after(1_000);
+        w.send(Line, &a, Accepted, 1_811);
+        w.clock_jumps = jump
+            .map(|(at, by)| crate::jumps::ClockJump {
+                at_ns: ns(at),
+                by_ns: by * 1_000_000,
+            })
+            .into_iter()
+            .collect();
+        check(&w.input())
+    };
+    let v = build(Some((1_400, 424)));
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    assert_eq!(v.figures["retries_checked"], 1);
+    for (case, jump) in [
+        ("no jump", None),
+        ("a jump before the failed attempt", Some((900, 424))),
+        ("a jump too small", Some((1_400, 150))),
+        ("a backward jump", Some((1_400, -424))),
+    ] {
+        let v = build(jump);
+        assert_eq!(rules(&v), ["retry_after_ignored"], "{case}: {v:#?}");
+    }
+    let v = build(Some((1_400, 150)));
+    assert_eq!(v.counterexamples[0]["clock_jumped_ms"], 150.0, "{v:#?}");
+}
+
 #[test]
 fn each_rule_can_be_broken() {
     // (case, attempt start times, last outcome, tweak, rules expected)

@@ -83,6 +83,7 @@ pub struct World {
     pub lost_batches: Vec<crate::check::LostBatch>,
     pub status_answers: crate::check::StatusAnswers,
     pub stalls: Vec<crate::stalls::Stall>,
+    pub clock_jumps: Vec<crate::jumps::ClockJump>,
     attempts: HashMap<(Provider, String), u32>,
 }
 
@@ -119,6 +120,7 @@ impl World {
             lost_batches: Vec::new(),
             status_answers: Default::default(),
             stalls: Vec::new(),
+            clock_jumps: Vec::new(),
             attempts: HashMap::new(),
         }
     }
@@ -368,6 +370,7 @@ impl World {
             lost_batches: &self.lost_batches,
             status_answers: &self.status_answers,
             stalls: &self.stalls,
+            clock_jumps: &self.clock_jumps,
             sends: Default::default(),
         }
     }

@@ -9,6 +9,9 @@
 //! - **chaos on the holder**: the process that made the attempt was SIGKILLed, SIGSTOPped, or
 //!   SIGTERMed and then killed when its grace period ran out (`grace_exceeded`); or its database
 //!   went away under it (`db_terminate`, `db_restart`: every process at once);
+//! - **the machine's wall clock jumped forward** (`crate::jumps`) in that window: the lease
+//!   the holder had, timed by that clock, lapsed at once and the row may have been rescued as
+//!   `unknown` under a live sender;
 //! - **the provider cut the answer**: it committed or dropped the attempt and closed the
 //!   connection before answering (`accept_then_drop`, `drop_mid_data`), or the sender's link
 //!   was reset under it (`link_refuse`, `link_reset`), or the sender hung up
@@ -57,6 +60,9 @@ pub enum ExcuseKind {
     ChaosUnattributed,
     /// The provider cut the answer (dropped the connection), or the sender hung up before it.
     Provider,
+    /// The machine's wall clock jumped forward while an attempt was in flight: the lease its
+    /// sender held, timed by that clock, lapsed at once (`crate::jumps`).
+    ClockJump,
 }
 
 impl ExcuseKind {
@@ -65,6 +71,7 @@ impl ExcuseKind {
             ExcuseKind::Chaos => "chaos",
             ExcuseKind::ChaosUnattributed => "chaos_unattributed",
             ExcuseKind::Provider => "provider",
+            ExcuseKind::ClockJump => "clock_jump",
         }
     }
 }
@@ -119,11 +126,18 @@ fn event_words(ev: &TimelineEvent) -> String {
 pub fn excuse(input: &Input, attempts: &[&Entry]) -> Option<Excuse> {
     let lease = input.scenario.stack.lease.as_nanos() as u64;
     let heartbeat = input.scenario.stack.heartbeat.as_nanos() as u64;
+    // When an event can have cut attempt `a` short: from a lease before it arrived to a lease
+    // and a heartbeat after its answer.
+    let window = |a: &Entry| {
+        (
+            a.received_ns.saturating_sub(lease),
+            a.mono_ns + lease + heartbeat,
+        )
+    };
     // Latest attempt first: the one in flight last is the one the stack could not settle.
     for a in attempts.iter().rev() {
         let pid = input.pids.get(&a.seq).copied();
-        let from = a.received_ns.saturating_sub(lease);
-        let to = a.mono_ns + lease + heartbeat;
+        let (from, to) = window(a);
         let hit = input
             .timeline
             .iter()
@@ -140,6 +154,24 @@ pub fn excuse(input: &Input, attempts: &[&Entry]) -> Option<Excuse> {
                     ms(a.mono_ns)
                 ),
                 event: Some(event_json(ev)),
+            });
+        }
+    }
+    for a in attempts.iter().rev() {
+        let (from, to) = window(a);
+        if let Some(j) = crate::jumps::forward_within(input.clock_jumps, from, to) {
+            return Some(Excuse {
+                kind: ExcuseKind::ClockJump,
+                because: format!(
+                    "the wall clock jumped {:+.0} ms at {:.1} ms while attempt #{} (arrived \
+                     {:.1} ms, answered {:.1} ms) was in flight: the lease timed by it lapsed",
+                    j.by_ns as f64 / 1e6,
+                    ms(j.at_ns),
+                    a.attempt,
+                    ms(a.received_ns),
+                    ms(a.mono_ns)
+                ),
+                event: None,
             });
         }
     }
@@ -207,7 +239,7 @@ mod tests {
     #[test]
     fn excuses_at_both_edges() {
         // Base lease 1 s, heartbeat 200 ms (testkit::BASE).
-        let cases: [Case; 16] = [
+        let cases: [Case; 19] = [
             (
                 "kill between request and answer",
                 |w| {
@@ -356,6 +388,42 @@ mod tests {
                 |w| {
                     w.event(EventKind::Sigkill, Some(8), 50);
                     w.send(Email, &addr("r1", Email), Transient, 2_000).pid(7);
+                },
+                None,
+                "",
+            ),
+            (
+                "the wall clock jumped forward while the attempt was in flight",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Accepted, 100).pid(7);
+                    w.clock_jumps = vec![crate::jumps::ClockJump {
+                        at_ns: ns(400),
+                        by_ns: 8_300_000_000,
+                    }];
+                },
+                Some("clock_jump"),
+                "the wall clock jumped +8300 ms at 400.0 ms while attempt #1",
+            ),
+            (
+                "a forward jump long before the attempt",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Accepted, 2_000).pid(7);
+                    w.clock_jumps = vec![crate::jumps::ClockJump {
+                        at_ns: ns(500),
+                        by_ns: 8_300_000_000,
+                    }];
+                },
+                None,
+                "",
+            ),
+            (
+                "a backward jump while it was in flight",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Accepted, 100).pid(7);
+                    w.clock_jumps = vec![crate::jumps::ClockJump {
+                        at_ns: ns(400),
+                        by_ns: -8_300_000_000,
+                    }];
                 },
                 None,
                 "",

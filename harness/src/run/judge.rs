@@ -11,7 +11,7 @@ use super::Resources;
 use crate::check::{self, Entry, ProcessRecord, TimelineEvent, Verdict};
 use crate::report::phases::PhaseClock;
 use crate::scenario::Scenario;
-use crate::stalls::{Stall, StallProbe};
+use crate::stalls::{Seen, StallProbe};
 
 /// The frozen record of the run and what the checkers made of it.
 pub(super) struct Judged {
@@ -21,7 +21,8 @@ pub(super) struct Judged {
     pub pids: HashMap<u64, u32>,
     pub timeline: Vec<TimelineEvent>,
     pub processes: Vec<ProcessRecord>,
-    pub stalls: Vec<Stall>,
+    /// The machine's stalls and the wall clock's jumps over the run.
+    pub seen: Seen,
     /// What other work took from the machine over the run (`crate::others`).
     pub others: Option<crate::others::Others>,
     pub checks: Vec<Verdict>,
@@ -54,7 +55,8 @@ pub(super) async fn stop_and_judge(
     let timeline = world.timeline();
     let processes = stack.supervisor.records();
     let others = probe.others();
-    let stalls = probe.finish();
+    let seen = probe.finish();
+    let stalls = seen.allowance_stalls();
     let input = check::Input {
         scenario,
         expected: &work.expected,
@@ -71,6 +73,7 @@ pub(super) async fn stop_and_judge(
         lost_batches: &settled.lost_batches,
         status_answers: &settled.status_answers,
         stalls: &stalls,
+        clock_jumps: &seen.jumps,
         sends: Default::default(),
     };
     let checks = check::run_all(&input);
@@ -81,7 +84,7 @@ pub(super) async fn stop_and_judge(
         pids,
         timeline,
         processes,
-        stalls,
+        seen,
         others,
         checks,
     }

@@ -90,7 +90,7 @@ pub(super) async fn report(
         pids,
         timeline,
         processes,
-        stalls,
+        seen,
         others,
         checks,
     } = judged;
@@ -128,7 +128,7 @@ pub(super) async fn report(
     report.sends_by_pid = report::sends_by_pid(&entries, &pids);
     report.sends_unattributed = Some(report::sends_unattributed(&entries, &pids));
     report.sends_sender_gone = Some(stack.world.sends_sender_gone());
-    report.machine = Some(crate::stalls::StallSummary::of(&stalls, others));
+    report.machine = Some(crate::stalls::StallSummary::of(&seen, others));
     report.harness = crate::cpu::HarnessUsage::since(cpu_mark);
     report.latency = Some(report::latency(
         &entries,
