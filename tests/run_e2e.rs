@@ -951,3 +951,45 @@ fn an_sms_failure_learned_by_polling_is_not_accepted_but_failed() {
         text(&out)
     );
 }
+
+/// A scenario whose SMS delivery reports fall due 7–8 s after each acceptance (duplicates and
+/// stale ones later still), with a 2 s `expect.quiescence`: the fakes' own schedule, not the
+/// stack's lateness. The deadline counts from the last planned report and a correct stack
+/// passes. It used to be judged unsettled on `quiescence` and made inconclusive: the wait ended
+/// at three times the deadline (6 s) while the reports the stack was waiting for had not been
+/// sent yet (the reference stack's own poll put off here, so only the reports settle its SMS).
+#[test]
+fn delivery_reports_planned_after_the_deadline_move_it() {
+    let reports = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(bin())
+        .env("TING_SMS_POLL_AFTER_MS", "60000")
+        .arg("run")
+        .arg(repo().join("scenarios/callbacks-chaos.toml"))
+        .args(["--set", "load.recipients=40"])
+        .args(["--set", "providers.sms.callbacks.delay_min=\"7s\""])
+        .args(["--set", "providers.sms.callbacks.delay_max=\"8s\""])
+        .args(["--set", "expect.quiescence=\"2s\""])
+        .arg("--report-dir")
+        .arg(reports.path())
+        .output()
+        .expect("run ting-chaos");
+    let dir = std::fs::read_dir(reports.path())
+        .expect("reports")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.join("report.json").exists())
+        .expect("a report directory");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
+            .expect("JSON");
+    let q = verdict(&report, "quiescence");
+    assert!(
+        code(&out) == 0 && q["status"] == "holds",
+        "quiescence {q:#}\n{}",
+        text(&out)
+    );
+    let moved = q["figures"]["deadline_ms"].as_u64().expect("deadline_ms");
+    assert!(
+        moved > 9_000,
+        "the deadline counts from the last report: {q:#}"
+    );
+}

@@ -189,6 +189,12 @@ impl Providers {
         self.hub.pending_callbacks()
     }
 
+    /// The latest time the fakes planned to first try a delivery report: the stack cannot have
+    /// settled what a report will tell it before then.
+    pub fn reports_scheduled_until(&self) -> Option<std::time::Instant> {
+        self.hub.callbacks.scheduled_until()
+    }
+
     /// Resolves once no delivery report is due.
     pub async fn callbacks_quiesced(&self) {
         self.hub.callbacks.quiesced().await

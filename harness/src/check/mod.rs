@@ -158,6 +158,10 @@ pub struct Quiescence {
     /// on while deliveries keep settling (at most twice the deadline more).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub past_deadline_ms: Option<u64>,
+    /// The deadline the wait applied, from its start, when the fakes' own delivery reports were
+    /// planned later than `expect.quiescence` allows for: it counts from the last of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
     /// Not reached, and deliveries were still settling when the wait ended at its hard deadline
     /// (three times `expect.quiescence`): a slow stack the run did not see finish, not a stuck
     /// one. What is still open is then unjudged (`insufficient`), not lost.

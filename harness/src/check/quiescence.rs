@@ -7,7 +7,10 @@
 //! Judged: every expected delivery (needs one).
 //!
 //! Past the deadline the harness waits on while deliveries keep settling (a slow stack is not a
-//! stuck one), at most twice the deadline more: settling then holds, and says how late.
+//! stuck one), at most twice the deadline more: settling then holds, and says how late. The
+//! deadline counts from the wait's start, or from the fakes' last planned delivery report when
+//! a scenario schedules reports later than that (`deadline_ms`): until then the stack could not
+//! have settled what they tell it.
 //!
 //! A run still settling when the wait ends at its hard deadline (some delivery settled, or the
 //! stack answered a delivery report, within the last 10 s) is a slow stack the run did not see
@@ -33,7 +36,11 @@ pub fn check(input: &Input) -> Verdict {
     let q = input.quiescence;
     let mut findings = Findings::default();
     findings.judged("open_delivery", input.expected.len() as u64);
-    let deadline_ms = input.scenario.expect.quiescence.as_millis() as u64;
+    // The deadline the wait applied: `expect.quiescence`, or counted from the fakes' last
+    // planned delivery report when that came later (the harness's schedule, not the stack's).
+    let deadline_ms = q
+        .deadline_ms
+        .unwrap_or(input.scenario.expect.quiescence.as_millis() as u64);
     let figs = figures(json!({
         "reached": q.reached,
         "at_ms": ms(q.at_ns),
@@ -180,6 +187,24 @@ mod tests {
         assert_eq!(v.status, Status::Holds);
         assert!(v.summary.contains("4200 ms past the"), "{}", v.summary);
         assert_eq!(v.figures["past_deadline_ms"], 4_200);
+    }
+
+    /// The deadline the wait applied, moved by the fakes' own late reports, is the one named.
+    #[test]
+    fn a_deadline_moved_by_late_reports_is_the_one_judged_and_named() {
+        let mut w = World::new();
+        w.expect("r1", crate::scenario::Channel::Sms);
+        w.quiescence.reached = false;
+        w.quiescence.open = vec!["r1/sms".into()];
+        w.quiescence.deadline_ms = Some(16_000);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated);
+        assert!(
+            v.summary.contains("not settled within 16000 ms"),
+            "{}",
+            v.summary
+        );
+        assert_eq!(v.figures["deadline_ms"], 16_000);
     }
 
     /// A slow stack still settling at the hard deadline is inconclusive, also while it still has

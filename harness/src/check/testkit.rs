@@ -113,6 +113,7 @@ impl World {
                 open: Vec::new(),
                 awaiting_report: Vec::new(),
                 past_deadline_ms: None,
+                deadline_ms: None,
                 still_settling: false,
                 callbacks_pending: 0,
                 stopped_early: None,

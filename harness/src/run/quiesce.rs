@@ -7,7 +7,9 @@
 //! the calm began, agreeing that nothing is open, or — without one — the calm itself lasting a
 //! lease and a heartbeat. What "final" means is [`settle::Tracker`]'s, the same classification `no_loss`
 //! uses. A stack still settling at the deadline is slow, not stuck: the wait goes on while it
-//! makes progress, up to three times the deadline.
+//! makes progress, up to three times the deadline. The deadline counts from the fakes' last
+//! planned delivery report when that is later than the wait's start ([`Deadline::not_before`]):
+//! the stack is never timed on reports it has not been sent.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -103,6 +105,7 @@ pub(super) async fn wait(
                 open: tracker.open(&work.expected, None, &reporting),
                 awaiting_report: Vec::new(),
                 past_deadline_ms: None,
+                deadline_ms: None,
                 still_settling: false,
                 callbacks_pending: 0,
                 stopped_early: stopped_early.clone(),
@@ -202,10 +205,18 @@ pub(super) async fn wait(
                 open,
                 awaiting_report: Vec::new(),
                 past_deadline_ms: deadline.past_ms(),
+                deadline_ms: deadline.moved_ms(),
                 still_settling: false,
                 callbacks_pending: pending,
                 stopped_early: None,
             };
+        }
+        if let Some(last) = res
+            .providers
+            .as_ref()
+            .and_then(|p| p.reports_scheduled_until())
+        {
+            deadline.not_before(last);
         }
         deadline.note(open.len(), tracker.answered_reports());
         if deadline.given_up(calm_since.is_some()) {
@@ -232,6 +243,7 @@ pub(super) async fn wait(
                 open,
                 awaiting_report,
                 past_deadline_ms: deadline.past_ms(),
+                deadline_ms: deadline.moved_ms(),
                 still_settling,
                 callbacks_pending: pending,
                 stopped_early: None,
@@ -356,6 +368,8 @@ fn snapshot(stack: &Stack, work: &Workload, pending: usize, t0: Instant) -> prog
 /// than QUIESCENCE_PROGRESS ago — up to three times it in all. A stack working through a backlog
 /// of reports (duplicates and stale ones for rows already settled among them) is slow, not stuck.
 struct Deadline {
+    start: Instant,
+    quiescence: Duration,
     soft: Instant,
     hard: Instant,
     fewest_open: usize,
@@ -367,12 +381,29 @@ impl Deadline {
     fn new(quiescence: Duration) -> Deadline {
         let now = Instant::now();
         Deadline {
+            start: now,
+            quiescence,
             soft: now + quiescence,
             hard: now + quiescence * 3,
             fewest_open: usize::MAX,
             most_answered: 0,
             last_progress: now,
         }
+    }
+
+    /// Counts the deadline from the fakes' last planned delivery report when that is later than
+    /// the wait's start: a report scheduled past the deadline (a scenario's `delay_max` longer
+    /// than its `expect.quiescence`) is the harness's own schedule, and the stack gets the whole
+    /// `expect.quiescence` after it, as after the load.
+    fn not_before(&mut self, last_report: Instant) {
+        self.soft = self.soft.max(last_report + self.quiescence);
+        self.hard = self.hard.max(self.soft + self.quiescence * 2);
+    }
+
+    /// The soft deadline from the wait's start, when the fakes' own reports moved it.
+    fn moved_ms(&self) -> Option<u64> {
+        let at = self.soft.duration_since(self.start);
+        (at > self.quiescence).then_some(at.as_millis() as u64)
     }
 
     /// Notes how many deliveries are open now and how many report tries the stack has answered.
@@ -417,6 +448,8 @@ mod tests {
             now - Duration::from_secs((-hard_in) as u64)
         };
         Deadline {
+            start: now - Duration::from_secs(soft_ago + 60),
+            quiescence: Duration::from_secs(60),
             soft: now - Duration::from_secs(soft_ago),
             hard,
             fewest_open: 0,
@@ -482,6 +515,31 @@ mod tests {
         // Before the soft deadline nothing gives up.
         let early = Deadline::new(Duration::from_secs(60));
         assert!(!early.given_up(false));
+    }
+
+    /// A scenario whose delivery reports fall due after `expect.quiescence` (its `delay_max`
+    /// longer than the deadline): the stack gets the whole deadline after the last of them, as
+    /// after the load.
+    #[test]
+    fn the_fakes_own_late_reports_move_the_deadline() {
+        let q = Duration::from_secs(2);
+        let mut d = Deadline::new(q);
+        let start = d.start;
+        // Reports planned by the wait's start (during the load): nothing moves.
+        d.not_before(start);
+        assert_eq!(
+            (d.soft, d.hard, d.moved_ms()),
+            (start + q, start + q * 3, None)
+        );
+        d.not_before(start + Duration::from_secs(14));
+        assert_eq!(d.soft, start + Duration::from_secs(16));
+        assert_eq!(d.hard, start + Duration::from_secs(20));
+        assert_eq!(d.moved_ms(), Some(16_000));
+        // Before it, nothing gives up, whatever the stack is doing.
+        assert!(!d.given_up(false));
+        // An earlier report never moves it back.
+        d.not_before(start + Duration::from_secs(3));
+        assert_eq!(d.soft, start + Duration::from_secs(16));
     }
 
     /// The same deliveries open, but the stack answered more delivery reports: it is working

@@ -66,6 +66,9 @@ struct Core {
     /// Bumped by [`Dispatcher::cancel_all`]: a job of an earlier epoch never begins, and a try
     /// in flight drops out when it moves.
     epoch: watch::Sender<u64>,
+    /// The latest time a report was scheduled to be first tried (retries not included: they
+    /// follow the stack's answers, not the plan).
+    last_due: Mutex<Option<Instant>>,
 }
 
 impl Core {
@@ -141,6 +144,7 @@ impl Dispatcher {
             sms: Lane::default(),
             email: Lane::default(),
             epoch: watch::Sender::new(0),
+            last_due: Mutex::new(None),
         });
         let (closed, _) = watch::channel(());
         if let Some(h) = &handle {
@@ -163,6 +167,18 @@ impl Dispatcher {
     /// Reports scheduled and not yet finished (including ones waiting for a retry).
     pub fn pending(&self) -> usize {
         self.inner.core.pending.get()
+    }
+
+    /// The latest time any report was scheduled to be first tried: until then the fakes still
+    /// have reports of their own plan to send, whatever the stack does.
+    pub fn scheduled_until(&self) -> Option<std::time::Instant> {
+        let last = *self
+            .inner
+            .core
+            .last_due
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        last.map(Instant::into_std)
     }
 
     /// Resolves once no report is pending.
@@ -265,6 +281,11 @@ impl Dispatcher {
         let core = &self.inner.core;
         let lane = core.lane(message.provider);
         let (now, epoch) = (Instant::now(), core.epoch());
+        let latest = planned.iter().map(|p| now + p.at).max();
+        if let Some(latest) = latest {
+            let mut last = core.last_due.lock().unwrap_or_else(|p| p.into_inner());
+            *last = (*last).max(Some(latest));
+        }
         for p in planned {
             let due = now + p.at;
             let report = Report::new(message.clone(), p);
