@@ -993,3 +993,39 @@ fn delivery_reports_planned_after_the_deadline_move_it() {
         "the deadline counts from the last report: {q:#}"
     );
 }
+
+/// An SMS outage that hangs every send for 8 s, against a 2 s `expect.quiescence`: the
+/// scenario holds the stack up past its own deadline, so the deadline counts from the end of
+/// the outage, and the sends it held (the reference stack's timeout set to 1 s here) are the
+/// stack waiting on a provider, not a stall. It used to end at three times the deadline (6 s)
+/// in the middle of the outage: inconclusive, with the outage "not applied".
+#[test]
+fn an_outage_longer_than_the_deadline_moves_it() {
+    let reports = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(bin())
+        .env("TING_PROVIDER_TIMEOUT_MS", "1000")
+        .arg("run")
+        .arg(repo().join("scenarios/provider-outage.toml"))
+        .args(["--set", "load.recipients=40"])
+        .args(["--set", "chaos[0].for=\"8s\""])
+        .args(["--set", "expect.quiescence=\"2s\""])
+        .arg("--report-dir")
+        .arg(reports.path())
+        .output()
+        .expect("run ting-chaos");
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let dir = std::fs::read_dir(reports.path())
+        .expect("reports")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.join("report.json").exists())
+        .expect("a report directory");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
+            .expect("JSON");
+    let q = verdict(&report, "quiescence");
+    let moved = q["figures"]["deadline_ms"].as_u64().expect("deadline_ms");
+    assert!(
+        moved >= 8_000,
+        "the deadline counts from the outage's end: {q:#}"
+    );
+}

@@ -382,6 +382,19 @@ struct Inner {
     hooks: std::sync::RwLock<Vec<std::sync::Arc<dyn Hook>>>,
     /// The budget of [`Ledger::on_connect`], in nanoseconds.
     connect_hook_timeout_ns: std::sync::atomic::AtomicU64,
+    /// Send requests a hanging outage holds unanswered right now ([`Ledger::holding`]).
+    held: std::sync::atomic::AtomicUsize,
+}
+
+/// One held request, counted until dropped ([`Ledger::holding`]).
+pub(crate) struct Holding(std::sync::Arc<Inner>);
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0
+            .held
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The shared, append-only ledger of all three providers. Cheap to clone.
@@ -407,6 +420,7 @@ impl Ledger {
                 connect_hook_timeout_ns: std::sync::atomic::AtomicU64::new(
                     CONNECT_HOOK_TIMEOUT.as_nanos() as u64,
                 ),
+                held: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -453,6 +467,21 @@ impl Ledger {
             .read()
             .expect("ledger hooks poisoned")
             .clone()
+    }
+
+    /// Counts one send request held unanswered (a `hang` outage) until the guard is dropped.
+    /// Such a request outlives its outage: only its sender ends it, by its own timeout.
+    pub(crate) fn holding(&self) -> Holding {
+        self.inner
+            .held
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Holding(self.inner.clone())
+    }
+
+    /// Send requests held unanswered right now: while any is, the stack is waiting on a provider
+    /// (for its own timeout), not stalled.
+    pub fn held_requests(&self) -> usize {
+        self.inner.held.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Monotonic nanoseconds since the ledger was created.

@@ -79,7 +79,10 @@ pub(crate) async fn answer(
     hub.outage_hit(provider);
     let hung_up = match outage.mode {
         OutageMode::Unavailable => crate::http::client_gone(),
-        OutageMode::Hang => hold_until_hung_up().await,
+        OutageMode::Hang => {
+            let _held = hub.ledger.holding();
+            hold_until_hung_up().await
+        }
     };
     let status = if hung_up { NO_ANSWER } else { "503" };
     (status.to_string(), hung_up)

@@ -159,7 +159,8 @@ pub struct Quiescence {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub past_deadline_ms: Option<u64>,
     /// The deadline the wait applied, from its start, when the fakes' own delivery reports were
-    /// planned later than `expect.quiescence` allows for: it counts from the last of them.
+    /// planned, or a chaos action ran, later than `expect.quiescence` allows for: it counts from
+    /// the last of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
     /// Not reached, and deliveries were still settling when the wait ended at its hard deadline

@@ -8,12 +8,13 @@
 //!
 //! Past the deadline the harness waits on while deliveries keep settling (a slow stack is not a
 //! stuck one), at most twice the deadline more: settling then holds, and says how late. The
-//! deadline counts from the wait's start, or from the fakes' last planned delivery report when
-//! a scenario schedules reports later than that (`deadline_ms`): until then the stack could not
-//! have settled what they tell it.
+//! deadline counts from the wait's start, or from the fakes' last planned delivery report or the
+//! end of the last chaos action when a scenario schedules those later (`deadline_ms`): until
+//! then the stack could not have settled what they hold up.
 //!
-//! A run still settling when the wait ends at its hard deadline (some delivery settled, or the
-//! stack answered a delivery report, within the last 10 s) is a slow stack the run did not see
+//! A run still settling when the wait ends at its hard deadline (some delivery settled, the
+//! stack answered a delivery report, or a hung provider held its requests — it waits for its own
+//! timeout — within the last 10 s) is a slow stack the run did not see
 //! finish, not a stuck one: `insufficient`, with how many deliveries were still open and reports
 //! still due — never `holds`, never `violated` (a correct stack that is slower than the scenario
 //! assumed, e.g. one that sheds a flood of reports with 503 and takes them as it can, must not
@@ -37,7 +38,8 @@ pub fn check(input: &Input) -> Verdict {
     let mut findings = Findings::default();
     findings.judged("open_delivery", input.expected.len() as u64);
     // The deadline the wait applied: `expect.quiescence`, or counted from the fakes' last
-    // planned delivery report when that came later (the harness's schedule, not the stack's).
+    // planned delivery report or the last chaos action when those came later (the harness's
+    // schedule, not the stack's).
     let deadline_ms = q
         .deadline_ms
         .unwrap_or(input.scenario.expect.quiescence.as_millis() as u64);
@@ -76,8 +78,9 @@ pub fn check(input: &Input) -> Verdict {
     if q.still_settling {
         let summary = format!(
             "not judged: still settling when the wait ended {} ms past the {deadline_ms} ms \
-             deadline ({} deliveries open, {} callbacks due; a delivery settled or a callback \
-             was answered within 10 s): slow, not stuck; raise expect.quiescence to see it finish",
+             deadline ({} deliveries open, {} callbacks due; a delivery settled, a callback \
+             was answered or a provider held the stack's requests within 10 s): slow, not \
+             stuck; raise expect.quiescence to see it finish",
             q.past_deadline_ms.unwrap_or(0),
             q.open.len(),
             q.callbacks_pending

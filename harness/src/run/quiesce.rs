@@ -8,8 +8,9 @@
 //! lease and a heartbeat. What "final" means is [`settle::Tracker`]'s, the same classification `no_loss`
 //! uses. A stack still settling at the deadline is slow, not stuck: the wait goes on while it
 //! makes progress, up to three times the deadline. The deadline counts from the fakes' last
-//! planned delivery report when that is later than the wait's start ([`Deadline::not_before`]):
-//! the stack is never timed on reports it has not been sent.
+//! planned delivery report and from the end of the last chaos action when those are later than
+//! the wait's start ([`Deadline::not_before`]): the stack is never timed on reports it has not
+//! been sent, nor through an outage the scenario holds it in.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -211,14 +212,26 @@ pub(super) async fn wait(
                 stopped_early: None,
             };
         }
-        if let Some(last) = res
+        // The harness's own schedule is not the stack's lateness: its deadline counts from the
+        // fakes' last planned report and from the end of the last chaos action.
+        let last_report = res
             .providers
             .as_ref()
-            .and_then(|p| p.reports_scheduled_until())
-        {
+            .and_then(|p| p.reports_scheduled_until());
+        if let Some(last) = last_report {
             deadline.not_before(last);
         }
+        if stack.chaos.busy() {
+            deadline.not_before(Instant::now());
+        }
         deadline.note(open.len(), tracker.answered_reports());
+        if res
+            .providers
+            .as_ref()
+            .is_some_and(|p| p.ledger.held_requests() > 0)
+        {
+            deadline.waiting_on_providers();
+        }
         if deadline.given_up(calm_since.is_some()) {
             // Open only for a delivery report the fakes did send and no longer have due
             // (delivered, or given up after its retries): the stack may be waiting for a report
@@ -365,8 +378,10 @@ fn snapshot(stack: &Stack, work: &Workload, pending: usize, t0: Instant) -> prog
 
 /// `expect.quiescence` as a stall detector, not a throughput requirement: past it the wait goes
 /// on while the stack makes progress — fewer deliveries open, or more delivery reports answered,
-/// than QUIESCENCE_PROGRESS ago — up to three times it in all. A stack working through a backlog
-/// of reports (duplicates and stale ones for rows already settled among them) is slow, not stuck.
+/// than QUIESCENCE_PROGRESS ago, or a provider holding its requests unanswered — up to three
+/// times it in all. A stack working through a backlog of reports (duplicates and stale ones for
+/// rows already settled among them), or waiting out its timeouts on requests a hung provider
+/// holds, is slow, not stuck.
 struct Deadline {
     start: Instant,
     quiescence: Duration,
@@ -391,12 +406,13 @@ impl Deadline {
         }
     }
 
-    /// Counts the deadline from the fakes' last planned delivery report when that is later than
-    /// the wait's start: a report scheduled past the deadline (a scenario's `delay_max` longer
-    /// than its `expect.quiescence`) is the harness's own schedule, and the stack gets the whole
-    /// `expect.quiescence` after it, as after the load.
-    fn not_before(&mut self, last_report: Instant) {
-        self.soft = self.soft.max(last_report + self.quiescence);
+    /// Counts the deadline from `t` when that is later than the wait's start: the fakes' last
+    /// planned delivery report, or a moment a chaos action was still running. Either is the
+    /// harness's own schedule (a scenario's `delay_max` or an outage's `for` longer than its
+    /// `expect.quiescence`), and the stack gets the whole `expect.quiescence` after it, as after
+    /// the load.
+    fn not_before(&mut self, t: Instant) {
+        self.soft = self.soft.max(t + self.quiescence);
         self.hard = self.hard.max(self.soft + self.quiescence * 2);
     }
 
@@ -413,6 +429,13 @@ impl Deadline {
             self.most_answered = self.most_answered.max(answered);
             self.last_progress = Instant::now();
         }
+    }
+
+    /// A provider holds requests unanswered (a `hang` outage outlives its window: each held
+    /// request ends only when its sender's own timeout does): the stack is waiting on it, which
+    /// is progress as far as a stall is concerned.
+    fn waiting_on_providers(&mut self) {
+        self.last_progress = Instant::now();
     }
 
     /// Whether to stop waiting. `calm`: nothing is open or due and the run is only waiting out
@@ -540,6 +563,17 @@ mod tests {
         // An earlier report never moves it back.
         d.not_before(start + Duration::from_secs(3));
         assert_eq!(d.soft, start + Duration::from_secs(16));
+    }
+
+    /// A hung provider holding the stack's requests past its outage (each ends at the stack's own
+    /// timeout) is the stack waiting on it: progress as far as a stall is concerned, so the wait
+    /// is not given up before the hard deadline, and the run is still settling there.
+    #[test]
+    fn requests_a_provider_holds_are_no_stall() {
+        let mut d = past(20, 100, 11);
+        assert!(d.given_up(false), "nothing moving: a stall");
+        d.waiting_on_providers();
+        assert!(d.progressing() && !d.given_up(false));
     }
 
     /// The same deliveries open, but the stack answered more delivery reports: it is working

@@ -184,11 +184,13 @@ async fn hold(
             }
         }
     };
+    let held = ctx.ledger.holding();
     let hung_up = tokio::select! {
         _ = drain => true,
         _ = shutdown.wait_for(|stop| *stop) => false,
         _ = tokio::time::sleep(crate::outage::MAX_HOLD) => false,
     };
+    drop(held);
     for mut d in action.records {
         d.client_hung_up = hung_up;
         if !hung_up {
