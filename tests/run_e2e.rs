@@ -903,21 +903,24 @@ fn a_slow_stack_still_settling_at_the_hard_deadline_is_inconclusive_not_failed()
     assert!(violated.is_empty(), "{violated:#?}\n{}", text(&out));
 }
 
-/// A correct stack that learns an SMS failed by polling the provider before any report says so
-/// (the reference stack polls a message still `submitted`, here after 100 ms, reports off) is
-/// right to record `permanent_failure`: `agreement` must find what the poll told it in the
-/// ledger. The fake once kept only the read's HTTP status there, and such a stack failed
-/// `accepted_but_failed` (35 rows of a 20,000-recipient run whose reports were backlogged).
-#[test]
-fn an_sms_failure_learned_by_polling_is_not_accepted_but_failed() {
+/// A shipped scenario run with `env` set and `args` after it: the output, the report
+/// directory's `report.json`, and the directory (kept until the [`tempfile::TempDir`] goes).
+fn run_shipped(
+    scenario: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (
+    std::process::Output,
+    serde_json::Value,
+    std::path::PathBuf,
+    tempfile::TempDir,
+) {
     let reports = tempfile::tempdir().expect("tempdir");
     let out = std::process::Command::new(bin())
-        .env("TING_SMS_POLL_AFTER_MS", "100")
+        .envs(env.iter().copied())
         .arg("run")
-        .arg(repo().join("scenarios/callbacks-chaos.toml"))
-        .args(["--set", "load.recipients=100"])
-        .args(["--set", "providers.sms.callbacks.enabled=false"])
-        .args(["--set", "providers.sms.callbacks.fail_rate=\"40%\""])
+        .arg(repo().join("scenarios").join(scenario))
+        .args(args)
         .arg("--report-dir")
         .arg(reports.path())
         .output()
@@ -926,10 +929,32 @@ fn an_sms_failure_learned_by_polling_is_not_accepted_but_failed() {
         .expect("reports")
         .map(|e| e.expect("entry").path())
         .find(|p| p.join("report.json").exists())
-        .expect("a report directory");
+        .unwrap_or_else(|| panic!("no report directory\n{}", text(&out)));
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
             .expect("JSON");
+    (out, report, dir, reports)
+}
+
+/// A correct stack that learns an SMS failed by polling the provider before any report says so
+/// (the reference stack polls a message still `submitted`, here after 100 ms, reports off) is
+/// right to record `permanent_failure`: `agreement` must find what the poll told it in the
+/// ledger. The fake once kept only the read's HTTP status there, and such a stack failed
+/// `accepted_but_failed` (35 rows of a 20,000-recipient run whose reports were backlogged).
+#[test]
+fn an_sms_failure_learned_by_polling_is_not_accepted_but_failed() {
+    let (out, report, dir, _reports) = run_shipped(
+        "callbacks-chaos.toml",
+        &[("TING_SMS_POLL_AFTER_MS", "100")],
+        &[
+            "--set",
+            "load.recipients=100",
+            "--set",
+            "providers.sms.callbacks.enabled=false",
+            "--set",
+            "providers.sms.callbacks.fail_rate=\"40%\"",
+        ],
+    );
     let status: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("status.json")).expect("status.json"))
             .expect("JSON");
@@ -960,27 +985,20 @@ fn an_sms_failure_learned_by_polling_is_not_accepted_but_failed() {
 /// sent yet (the reference stack's own poll put off here, so only the reports settle its SMS).
 #[test]
 fn delivery_reports_planned_after_the_deadline_move_it() {
-    let reports = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(bin())
-        .env("TING_SMS_POLL_AFTER_MS", "60000")
-        .arg("run")
-        .arg(repo().join("scenarios/callbacks-chaos.toml"))
-        .args(["--set", "load.recipients=40"])
-        .args(["--set", "providers.sms.callbacks.delay_min=\"7s\""])
-        .args(["--set", "providers.sms.callbacks.delay_max=\"8s\""])
-        .args(["--set", "expect.quiescence=\"2s\""])
-        .arg("--report-dir")
-        .arg(reports.path())
-        .output()
-        .expect("run ting-chaos");
-    let dir = std::fs::read_dir(reports.path())
-        .expect("reports")
-        .map(|e| e.expect("entry").path())
-        .find(|p| p.join("report.json").exists())
-        .expect("a report directory");
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
-            .expect("JSON");
+    let (out, report, _dir, _reports) = run_shipped(
+        "callbacks-chaos.toml",
+        &[("TING_SMS_POLL_AFTER_MS", "60000")],
+        &[
+            "--set",
+            "load.recipients=40",
+            "--set",
+            "providers.sms.callbacks.delay_min=\"7s\"",
+            "--set",
+            "providers.sms.callbacks.delay_max=\"8s\"",
+            "--set",
+            "expect.quiescence=\"2s\"",
+        ],
+    );
     let q = verdict(&report, "quiescence");
     assert!(
         code(&out) == 0 && q["status"] == "holds",
@@ -1001,27 +1019,19 @@ fn delivery_reports_planned_after_the_deadline_move_it() {
 /// in the middle of the outage: inconclusive, with the outage "not applied".
 #[test]
 fn an_outage_longer_than_the_deadline_moves_it() {
-    let reports = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(bin())
-        .env("TING_PROVIDER_TIMEOUT_MS", "1000")
-        .arg("run")
-        .arg(repo().join("scenarios/provider-outage.toml"))
-        .args(["--set", "load.recipients=40"])
-        .args(["--set", "chaos[0].for=\"8s\""])
-        .args(["--set", "expect.quiescence=\"2s\""])
-        .arg("--report-dir")
-        .arg(reports.path())
-        .output()
-        .expect("run ting-chaos");
+    let (out, report, _dir, _reports) = run_shipped(
+        "provider-outage.toml",
+        &[("TING_PROVIDER_TIMEOUT_MS", "1000")],
+        &[
+            "--set",
+            "load.recipients=40",
+            "--set",
+            "chaos[0].for=\"8s\"",
+            "--set",
+            "expect.quiescence=\"2s\"",
+        ],
+    );
     assert_eq!(code(&out), 0, "{}", text(&out));
-    let dir = std::fs::read_dir(reports.path())
-        .expect("reports")
-        .map(|e| e.expect("entry").path())
-        .find(|p| p.join("report.json").exists())
-        .expect("a report directory");
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
-            .expect("JSON");
     let q = verdict(&report, "quiescence");
     let moved = q["figures"]["deadline_ms"].as_u64().expect("deadline_ms");
     assert!(

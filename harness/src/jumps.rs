@@ -12,18 +12,16 @@
 //! [`Watch`] (the stall probe's thread, `crate::stalls`) reads both clocks every tick and
 //! records each step of [`MIN_JUMP`] or more. Rules read the steps through these helpers:
 //! - a **forward** jump is time the stack's clock counted and the ledger's did not: a gap the
-//!   stack had to wait is credited with the jumps inside it ([`forward_ns`]), and leases the
-//!   stack timed may have lapsed at the jump ([`forward_within`]: a rescue that follows is the
-//!   machine's doing, as a kill's is chaos's);
-//! - a **backward** jump is time the stack waited that its clock did not count: to the time
-//!   allowances it is a stall of the machine ([`as_stalls`]).
+//!   stack had to wait is credited with the jumps inside it ([`forward_ns`]), and a jump of at
+//!   least `lease − heartbeat` may have lapsed the leases the stack timed ([`lapsing`]: a rescue
+//!   that follows is the machine's doing, as a kill's is chaos's);
+//! - a **backward** jump is time the stack waited that its clock did not count: the allowances
+//!   the stack times by that clock (the retry cap, `recovery`'s lease) grow by it ([`back_ns`]).
 //!
 //! Only the machine is measured: a stack that reads a clock wrongly gets no credit.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-use crate::stalls::Stall;
 
 /// A step of the wall clock against the ledger clock smaller than this is not recorded (an NTP
 /// slew moves it microseconds per tick).
@@ -33,13 +31,19 @@ pub const MIN_JUMP_NS: i64 = 50_000_000;
 /// thread was descheduled between them, and the offset read would be off by as much.
 const READ_WINDOW_NS: i64 = 1_000_000;
 
-/// One step of the wall clock: at `at_ns` on the ledger clock, the wall clock moved `by_ns`
-/// more than the ledger clock did (negative: it went back).
+/// One step of the wall clock: at `at_ns` on the ledger clock (when the probe saw it, at most a
+/// tick after it happened), the wall clock moved `by_ns` more than the ledger clock did
+/// (negative: it went back), and read `wall_ms` (milliseconds since the Unix epoch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ClockJump {
     pub at_ns: u64,
     pub by_ns: i64,
+    #[serde(default)]
+    pub wall_ms: i64,
 }
+
+/// Jumps kept at most: a clock that flaps for ever must not fill the report.
+pub const MAX_JUMPS: usize = 1_000;
 
 impl ClockJump {
     pub fn forward(&self) -> bool {
@@ -69,9 +73,11 @@ impl Watch {
     pub fn step(&mut self, at_ns: u64, offset_ns: i128) -> Option<ClockJump> {
         let last = self.offset_ns.replace(offset_ns)?;
         let by = offset_ns - last;
+        let clamp = |v: i128| v.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
         (by.abs() >= MIN_JUMP_NS as i128).then(|| ClockJump {
             at_ns,
-            by_ns: by.clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+            by_ns: clamp(by),
+            wall_ms: clamp((at_ns as i128 + offset_ns) / 1_000_000),
         })
     }
 }
@@ -85,27 +91,36 @@ fn wall_ns() -> Option<i128> {
 
 /// Nanoseconds the wall clock jumped forward within `[from_ns, to_ns]`.
 pub fn forward_ns(jumps: &[ClockJump], from_ns: u64, to_ns: u64) -> u64 {
-    jumps
-        .iter()
-        .filter(|j| j.forward() && (from_ns..=to_ns).contains(&j.at_ns))
-        .map(|j| j.by_ns.unsigned_abs())
-        .sum()
+    sum(jumps, from_ns, to_ns, ClockJump::forward)
 }
 
-/// The largest forward jump within `[from_ns, to_ns]`.
-pub fn forward_within(jumps: &[ClockJump], from_ns: u64, to_ns: u64) -> Option<&ClockJump> {
+/// Nanoseconds the wall clock went back within `[from_ns, to_ns]`: time the stack waited that its
+/// clock did not count, which widens an allowance the stack times by it (the retry cap,
+/// `recovery`'s lease) like a stall.
+pub fn back_ns(jumps: &[ClockJump], from_ns: u64, to_ns: u64) -> u64 {
+    sum(jumps, from_ns, to_ns, |j| !j.forward())
+}
+
+fn sum(jumps: &[ClockJump], from_ns: u64, to_ns: u64, which: impl Fn(&ClockJump) -> bool) -> u64 {
     jumps
         .iter()
-        .filter(|j| j.forward() && (from_ns..=to_ns).contains(&j.at_ns))
+        .filter(|j| which(j) && (from_ns..=to_ns).contains(&j.at_ns))
+        .fold(0u64, |n, j| n.saturating_add(j.by_ns.unsigned_abs()))
+}
+
+/// The largest forward jump within `[from_ns, to_ns]` of at least `at_least_ns`: one that can
+/// have lapsed a lease the stack renews every heartbeat takes `lease − heartbeat`.
+pub fn lapsing(
+    jumps: &[ClockJump],
+    from_ns: u64,
+    to_ns: u64,
+    at_least_ns: u64,
+) -> Option<&ClockJump> {
+    jumps
+        .iter()
+        .filter(|j| j.forward() && j.by_ns.unsigned_abs() >= at_least_ns)
+        .filter(|j| (from_ns..=to_ns).contains(&j.at_ns))
         .max_by_key(|j| j.by_ns)
-}
-
-/// The backward jumps as stalls: from the jump, as long as the clock went back.
-pub fn as_stalls(jumps: &[ClockJump]) -> impl Iterator<Item = Stall> + '_ {
-    jumps.iter().filter(|j| !j.forward()).map(|j| Stall {
-        from_ns: j.at_ns,
-        to_ns: j.at_ns.saturating_add(j.by_ns.unsigned_abs()),
-    })
 }
 
 /// One line for the summary: how often, how far and where the wall clock jumped.
@@ -131,6 +146,7 @@ mod tests {
         ClockJump {
             at_ns: at_ms * 1_000_000,
             by_ns: by_ms * 1_000_000,
+            wall_ms: 0,
         }
     }
 
@@ -150,17 +166,14 @@ mod tests {
             );
         }
         let base = 1_000 * MS + 999 * 20_000;
-        assert_eq!(
-            w.step(10_000_000_000, base + 8_300 * MS),
-            Some(ClockJump {
-                at_ns: 10_000_000_000,
-                by_ns: 8_300_000_000
-            })
-        );
-        assert_eq!(
-            w.step(10_010_000_000, base + 8_300 * MS - 60 * MS),
-            Some(jump(10_010, -60))
-        );
+        let got = w.step(10_000_000_000, base + 8_300 * MS).expect("a jump");
+        assert_eq!((got.at_ns, got.by_ns), (10_000_000_000, 8_300_000_000));
+        // The wall clock's reading after it: the ledger time plus the new offset.
+        assert_eq!(got.wall_ms, ((10_000 * MS + base + 8_300 * MS) / MS) as i64);
+        let back = w
+            .step(10_010_000_000, base + 8_300 * MS - 60 * MS)
+            .expect("a jump");
+        assert_eq!((back.at_ns, back.by_ns), (10_010_000_000, -60_000_000));
         assert_eq!(
             w.step(10_020_000_000, base + 8_300 * MS - 60 * MS - 49 * MS),
             None
@@ -179,23 +192,24 @@ mod tests {
     }
 
     #[test]
-    fn forward_jumps_credit_a_window_and_backward_ones_are_stalls() {
+    fn forward_jumps_credit_a_window_and_backward_ones_widen_allowances() {
         let js = [jump(1_000, 400), jump(5_000, -300), jump(9_000, 8_000)];
         assert_eq!(forward_ns(&js, 0, 10_000_000_000), 8_400_000_000);
         assert_eq!(forward_ns(&js, 1_500_000_000, 8_000_000_000), 0);
+        assert_eq!(back_ns(&js, 0, 10_000_000_000), 300_000_000);
+        assert_eq!(back_ns(&js, 5_100_000_000, 10_000_000_000), 0);
+        // Only a jump big enough to lapse a lease renewed every heartbeat.
+        let at_least = |ms: u64| lapsing(&js, 0, 10_000_000_000, ms * 1_000_000).map(|j| j.by_ns);
+        assert_eq!(at_least(1_500), Some(8_000_000_000));
+        assert_eq!(at_least(300), Some(8_000_000_000));
+        assert_eq!(lapsing(&js, 0, 2_000_000_000, 1_500_000_000), None);
         assert_eq!(
-            forward_within(&js, 0, 10_000_000_000).map(|j| j.by_ns),
-            Some(8_000_000_000)
+            lapsing(&js, 0, 2_000_000_000, 300_000_000).map(|j| j.by_ns),
+            Some(400_000_000)
         );
-        assert_eq!(forward_within(&js, 2_000_000_000, 8_000_000_000), None);
-        let stalls: Vec<Stall> = as_stalls(&js).collect();
-        assert_eq!(
-            stalls,
-            [Stall {
-                from_ns: 5_000_000_000,
-                to_ns: 5_300_000_000
-            }]
-        );
+        // Absurd jumps saturate, never overflow.
+        let huge = [jump(1, i64::MAX / 1_000_000); 3];
+        assert_eq!(forward_ns(&huge, 0, u64::MAX), u64::MAX);
         let line = line(&js).expect("said");
         assert!(
             line.starts_with("the wall clock jumped 3 times") && line.contains("+8000 ms at 9.0 s"),

@@ -382,18 +382,21 @@ struct Inner {
     hooks: std::sync::RwLock<Vec<std::sync::Arc<dyn Hook>>>,
     /// The budget of [`Ledger::on_connect`], in nanoseconds.
     connect_hook_timeout_ns: std::sync::atomic::AtomicU64,
-    /// Send requests a hanging outage holds unanswered right now ([`Ledger::holding`]).
-    held: std::sync::atomic::AtomicUsize,
+    /// Send requests a hanging outage holds unanswered right now, by a number of their own,
+    /// with when the hold began ([`Ledger::holding`]).
+    held: std::sync::Mutex<Held>,
 }
 
+/// The held requests: the last number given, and when each still held began.
+type Held = (u64, std::collections::HashMap<u64, std::time::Instant>);
+
 /// One held request, counted until dropped ([`Ledger::holding`]).
-pub(crate) struct Holding(std::sync::Arc<Inner>);
+pub(crate) struct Holding(std::sync::Arc<Inner>, u64);
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        self.0
-            .held
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        let mut held = self.0.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.1.remove(&self.1);
     }
 }
 
@@ -420,7 +423,7 @@ impl Ledger {
                 connect_hook_timeout_ns: std::sync::atomic::AtomicU64::new(
                     CONNECT_HOOK_TIMEOUT.as_nanos() as u64,
                 ),
-                held: std::sync::atomic::AtomicUsize::new(0),
+                held: std::sync::Mutex::new((0, std::collections::HashMap::new())),
             }),
         }
     }
@@ -472,16 +475,19 @@ impl Ledger {
     /// Counts one send request held unanswered (a `hang` outage) until the guard is dropped.
     /// Such a request outlives its outage: only its sender ends it, by its own timeout.
     pub(crate) fn holding(&self) -> Holding {
-        self.inner
-            .held
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Holding(self.inner.clone())
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.0 += 1;
+        let id = held.0;
+        held.1.insert(id, std::time::Instant::now());
+        Holding(self.inner.clone(), id)
     }
 
-    /// Send requests held unanswered right now: while any is, the stack is waiting on a provider
-    /// (for its own timeout), not stalled.
-    pub fn held_requests(&self) -> usize {
-        self.inner.held.load(std::sync::atomic::Ordering::Relaxed)
+    /// Send requests held unanswered right now that have been held for less than `within`: while
+    /// any is, the stack is waiting on a provider for its own timeout, not stalled (one held for
+    /// longer is a client without a timeout).
+    pub fn held_requests(&self, within: Duration) -> usize {
+        let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.1.values().filter(|t| t.elapsed() < within).count()
     }
 
     /// Monotonic nanoseconds since the ledger was created.

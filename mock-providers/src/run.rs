@@ -189,10 +189,10 @@ impl Providers {
         self.hub.pending_callbacks()
     }
 
-    /// The latest time the fakes planned to first try a delivery report: the stack cannot have
-    /// settled what a report will tell it before then.
-    pub fn reports_scheduled_until(&self) -> Option<std::time::Instant> {
-        self.hub.callbacks.scheduled_until()
+    /// When the fakes' planned delivery reports fall due: the stack cannot have settled what a
+    /// report will tell it before it is sent.
+    pub fn report_plan(&self) -> Option<crate::callbacks::ReportPlan> {
+        self.hub.callbacks.report_plan()
     }
 
     /// Resolves once no delivery report is due.

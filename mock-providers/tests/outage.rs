@@ -18,6 +18,9 @@ use mock_providers::ledger::{Outcome, Provider};
 use mock_providers::outage::{Outage, OutageMode};
 use serde_json::json;
 
+/// Long enough for every hold of a test to count.
+const HELD: Duration = Duration::from_secs(60);
+
 async fn put_outage(w: &World, provider: &str, outage: serde_json::Value) -> u16 {
     w.http
         .put(format!(
@@ -96,10 +99,10 @@ async fn hang_never_answers_and_records_the_hang_up() {
     };
     // While the request is held the ledger counts it (the harness's wait reads that as a stack
     // waiting on a provider, not a stall); its sender's timeout ends it.
-    let (held, ()) = tokio::join!(send(), until(20, || w.p.ledger.held_requests() == 1));
+    let (held, ()) = tokio::join!(send(), until(20, || w.p.ledger.held_requests(HELD) == 1));
     assert!(held.unwrap_err().is_timeout());
     until(20, || !w.entries().is_empty()).await;
-    assert_eq!(w.p.ledger.held_requests(), 0);
+    assert_eq!(w.p.ledger.held_requests(HELD), 0);
     let e = &w.entries()[0];
     assert_eq!(e.fault.as_deref(), Some("outage_hang"), "{e:?}");
     assert_eq!(
@@ -182,11 +185,15 @@ async fn smtp_hang_never_answers_the_rcpt_and_records_the_hang_up() {
     .unwrap();
     let (reply, ()) = tokio::join!(
         smtp_up_to_rcpt(&w, "b@example.com", Duration::from_millis(300)),
-        until(20, || w.p.ledger.held_requests() == 1)
+        until(20, || w.p.ledger.held_requests(HELD) == 1)
     );
     assert_eq!(reply, None, "a hung RCPT was answered");
     until(20, || !w.entries().is_empty()).await;
-    assert_eq!(w.p.ledger.held_requests(), 0, "the hang-up ends the hold");
+    assert_eq!(
+        w.p.ledger.held_requests(HELD),
+        0,
+        "the hang-up ends the hold"
+    );
     let e = &w.entries()[0];
     assert_eq!(e.recipient, "b@example.com");
     assert_eq!(e.fault.as_deref(), Some("outage_hang"), "{e:?}");

@@ -26,8 +26,10 @@
 //! - **resend_after_accept**: a send to the same address arriving after an accept the stack saw
 //!   (LINE same-key 409s, SMS / e-mail re-sends), even one still in flight: an accept whose
 //!   sender, the resend's sender (a woken zombie) and the database were not disturbed from a
-//!   lease before it until the resend, nor the machine's wall clock jumped forward then (the
-//!   stack's leases, timed by it, lapse at the jump: `crate::jumps`). Every
+//!   lease before it until the resend, nor the machine's wall clock jumped forward by `lease −
+//!   heartbeat` or more from a lease before it to a lease after its answer (the stack's leases,
+//!   timed by that clock, lapse at such a jump: `crate::jumps`). The same jump unmakes "seen"
+//!   for the state rules, as a kill of its sender does. Every
 //!   other send after the first accept is counted as explained (`resends_after_accept_explained`:
 //!   a resend with the LINE retry key after a lost answer is the correct design). Ledger-only, so
 //!   it is judged without a status API too.
@@ -100,8 +102,9 @@ struct Disturbances {
     /// Per pid, the spans its database link was partitioned (start, heal): an answer it heard
     /// then could not be recorded before the heal.
     cut_off: HashMap<u32, Vec<(u64, u64)>>,
-    /// When the wall clock jumped forward (`crate::jumps`): every lease the stack timed by it
-    /// may have lapsed at once, as if every process had been stopped.
+    /// When the wall clock jumped forward by `lease − heartbeat` or more (`crate::jumps`): every
+    /// lease the stack timed by it may have lapsed at once, as if every process had been
+    /// stopped.
     clock: Vec<u64>,
 }
 
@@ -153,10 +156,12 @@ impl Disturbances {
                 by_pid.entry(p.pid).or_default().push(x);
             }
         }
+        let stack = &input.scenario.stack;
+        let lapses = stack.lease.saturating_sub(stack.heartbeat).as_nanos() as u64;
         let clock = input
             .clock_jumps
             .iter()
-            .filter(|j| j.forward())
+            .filter(|j| j.forward() && j.by_ns.unsigned_abs() >= lapses)
             .map(|j| j.at_ns)
             .collect();
         Disturbances {
@@ -167,7 +172,7 @@ impl Disturbances {
         }
     }
 
-    /// Whether `pid`, the database or the wall clock was disturbed within `[from, to]`.
+    /// Whether `pid` or the database was disturbed within `[from, to]`.
     fn any(&self, pid: u32, from: u64, to: u64) -> bool {
         let pid_hit = self
             .by_pid
@@ -177,8 +182,12 @@ impl Disturbances {
             .cut_off
             .get(&pid)
             .is_some_and(|v| v.iter().any(|(s, e)| *s <= to && *e >= from));
-        let jumped = self.clock.iter().any(|t| (from..=to).contains(t));
-        pid_hit || link_cut || jumped || self.db.iter().any(|(s, e)| *s <= to && *e >= from)
+        pid_hit || link_cut || self.db.iter().any(|(s, e)| *s <= to && *e >= from)
+    }
+
+    /// Whether the wall clock jumped far enough to lapse a lease within `[from, to]`.
+    fn lapsed(&self, from: u64, to: u64) -> bool {
+        self.clock.iter().any(|t| (from..=to).contains(t))
     }
 }
 
@@ -236,11 +245,11 @@ pub fn check(input: &Input) -> Verdict {
         // The first accept the stack saw.
         let seen = attempts.iter().find(|s| {
             answered_accept(s, input).is_some_and(|pid| {
-                !dist.any(
-                    pid,
+                let (from, to) = (
                     s.received_ns.saturating_sub(lease),
                     s.mono_ns.saturating_add(lease),
-                )
+                );
+                !dist.any(pid, from, to) && !dist.lapsed(from, to)
             })
         });
         resends(input, e, attempts, &dist, lease, &mut counts, &mut findings);
@@ -440,9 +449,13 @@ fn resends(
                 .get(&r.seq)
                 .is_some_and(|p| dist.any(*p, from(a), r.received_ns))
         };
+        // A jump that lapsed the accepting attempt's lease: from a lease before it until a lease
+        // after its answer (a jump after the stack recorded the accept cannot cause a resend).
+        let lapsed = |a: &Entry| dist.lapsed(from(a), a.mono_ns.saturating_add(lease));
         let seen = attempts[..i].iter().find(|a| {
-            answered_accept(a, input)
-                .is_some_and(|pid| !dist.any(pid, from(a), r.received_ns) && !resender_disturbed(a))
+            answered_accept(a, input).is_some_and(|pid| {
+                !dist.any(pid, from(a), r.received_ns) && !resender_disturbed(a) && !lapsed(a)
+            })
         });
         match seen {
             Some(a) => {

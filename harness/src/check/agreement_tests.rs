@@ -368,14 +368,19 @@ fn a_resend_after_its_senders_link_was_partitioned_is_explained() {
 
 /// The wall clock jumped 8.3 s forward while an accept was on its way back (a guest paused and
 /// resumed): the lease the sender held, timed by that clock, lapsed at once and the rescuer's
-/// resend with the retry key (409) is the machine's doing. The same resend with the jump a
-/// lease before the accept, or backward, is not.
+/// resend with the retry key (409) is the machine's doing. The same resend with the jump out of
+/// that attempt's lease, too small to lapse a lease, or backward, is not.
 #[test]
 fn a_resend_after_a_forward_clock_jump_is_explained() {
     let lease = healthy().scenario.stack.lease.as_millis() as u64;
     for (jump, explained) in [
         (Some((2_950, 8_300)), true),
+        // A lease before the accept arrived, or a lease after its answer: it cannot have lapsed
+        // the lease that attempt held (the resend is at 4 s).
         (Some((2_990 - lease - 100, 8_300)), false),
+        (Some((3_000 + lease + 200, 8_300)), false),
+        // Too small to lapse a lease renewed every heartbeat (lease − heartbeat = 800 ms).
+        (Some((2_950, 700)), false),
         (Some((2_950, -8_300)), false),
         (None, false),
     ] {
@@ -384,13 +389,9 @@ fn a_resend_after_a_forward_clock_jump_is_explained() {
         w.send(Line, &a, Accepted, 3_000).pid(7);
         w.send(Line, &a, IdempotentRepeat, 4_000).pid(8);
         w.status_row("r9", Line, None, &["sending", "delivered"]);
-        w.clock_jumps = jump
-            .map(|(at, by)| crate::jumps::ClockJump {
-                at_ns: ns(at),
-                by_ns: by * 1_000_000,
-            })
-            .into_iter()
-            .collect();
+        if let Some((at, by)) = jump {
+            w.clock_jump(at, by);
+        }
         let v = check(&w.input());
         let want = if explained {
             Status::Holds

@@ -206,7 +206,7 @@ pub struct Input<'a> {
     /// grow by the stalls inside the window they judge.
     pub stalls: &'a [crate::stalls::Stall],
     /// When the machine's wall clock, by which the stack times its leases and backoffs, jumped
-    /// against the ledger clock ([`crate::jumps`]; the backward ones are in `stalls` too).
+    /// against the ledger clock ([`crate::jumps`]).
     pub clock_jumps: &'a [crate::jumps::ClockJump],
     /// The ledger's send attempts by delivery ([`Input::sends`]); `Default::default()`.
     pub(crate) sends: std::sync::OnceLock<common::Sends<'a>>,

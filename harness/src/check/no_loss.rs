@@ -7,7 +7,8 @@
 //! transient or protocol errors), and **unknown** (the status API says `unknown`: held for a human;
 //! without a status API, the last attempt's answer never reached its sender), allowed up to
 //! `expect.max_unknown` and only when explained ([`super::unknowns`]: chaos hit the process
-//! holding the attempt while it was in flight, or the provider cut the answer). An unknown nothing
+//! holding the attempt while it was in flight, the wall clock jumped forward far enough to lapse
+//! its lease then (`crate::jumps`), or the provider cut the answer). An unknown nothing
 //! explains is **unexplained_unknown**, a violation whatever `max_unknown` says: the customer got
 //! nothing and no fault of the run's making can account for it. Anything else is **lost**: no attempt at all, or fewer
 //! failures than allowed and then silence. When the run did not reach quiescence, such deliveries

@@ -11,7 +11,8 @@
 //! judged like a kill, and when the only worker was killed the clock starts at its replacement.
 //! When the last answer before T was a transient failure, the nominal backoff (plus jitter, or a
 //! longer `Retry-After` as sent) from that answer also extends the deadline, and so does every
-//! stall of the machine between T and the deadline (`crate::stalls`).
+//! stall of the machine between T and the deadline (`crate::stalls`), and every backward jump of
+//! the wall clock the stack times its lease by (`crate::jumps`).
 //!
 //! Released means claimable again, whoever then gets to it and when:
 //! - the stack's status API records a transition out of `sending` after the answer to P's
@@ -259,7 +260,9 @@ pub fn check(input: &Input) -> Verdict {
                 deadline = deadline.max(last.mono_ns + gap + slack);
             }
             // A machine that stopped running processes after T gives the stack that much longer.
-            let deadline = crate::stalls::extended(input.stalls, t, deadline);
+            // The stack times the lease by the wall clock: a backward jump lengthens it.
+            let deadline = crate::stalls::extended(input.stalls, t, deadline)
+                .saturating_add(crate::jumps::back_ns(input.clock_jumps, t, deadline));
             // Progress on the ledger: a later attempt's arrival, or a final answer to one in
             // flight at T.
             let next_attempt = all

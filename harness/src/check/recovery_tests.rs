@@ -371,10 +371,7 @@ fn a_release_stamped_after_a_clock_jump_is_placed_by_the_jump() {
             e.wall = wall(e.mono_ns / 1_000_000 + 8_000);
         }
     }
-    w.clock_jumps = vec![crate::jumps::ClockJump {
-        at_ns: ns(970),
-        by_ns: 8_000_000_000,
-    }];
+    w.clock_jump(970, 8_000);
     let v = check(&w.input());
     assert_eq!(v.status, Status::Holds, "{v:#?}");
     assert_eq!(v.figures["released_before_kill"], 1);

@@ -44,7 +44,7 @@
 //!   LINE and Twilio).
 //! - Both "too soon" rules add to the gap the wall clock's forward jumps inside it
 //!   (`crate::jumps`): the stack waits by its clock, and a jump is time that clock counted and
-//!   the ledger's did not. A backward jump is a stall to the cap rule.
+//!   the ledger's did not. The cap rule counts a backward jump inside the gap like a stall.
 //! - Neither gap rule judges a retry after a failure whose answer never reached the stack, and
 //!   such a failure does not count toward the floor's step: its sender hung up before the answer
 //!   (`client_hung_up`) or was SIGKILLed or SIGSTOPped between the attempt's arrival and
@@ -369,7 +369,13 @@ fn above_cap(
     n.cap_judged += 1;
     let slack = input.scenario.expect.retry_cap_slack.as_nanos() as u64;
     // Time the stack could not have sent in: the database down, the machine stalled.
-    let stalled = crate::stalls::stalled_ns(input.stalls, prev.mono_ns, next.received_ns);
+    let stalled = crate::stalls::stalled_ns(input.stalls, prev.mono_ns, next.received_ns)
+        // And the wall clock going back: time the stack waited that its clock did not count.
+        .saturating_add(crate::jumps::back_ns(
+            input.clock_jumps,
+            prev.mono_ns,
+            next.received_ns,
+        ));
     // And time a provider outage held it up (`check::outages`; may overlap the rest, which only
     // widens the allowance inside chaos the scenario asked for).
     let out = outages.out_ns(prev.provider, prev.mono_ns, next.received_ns);

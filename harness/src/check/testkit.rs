@@ -336,6 +336,17 @@ impl World {
         self.processes.last_mut().expect("just pushed")
     }
 
+    /// The wall clock jumped `by_ms` (negative: back) at `at_ms` on the ledger clock.
+    pub fn clock_jump(&mut self, at_ms: u64, by_ms: i64) {
+        let after = chrono::DateTime::parse_from_rfc3339(&wall(at_ms.saturating_add_signed(by_ms)))
+            .map_or(0, |w| w.timestamp_millis());
+        self.clock_jumps.push(crate::jumps::ClockJump {
+            at_ns: ns(at_ms),
+            by_ns: by_ms * 1_000_000,
+            wall_ms: after,
+        });
+    }
+
     /// The `i`th ledger entry, to tweak in place.
     pub fn entry_mut(&mut self, i: usize) -> &mut LedgerEntry {
         Arc::make_mut(&mut self.ledger[i])

@@ -9,9 +9,9 @@
 //! - **chaos on the holder**: the process that made the attempt was SIGKILLed, SIGSTOPped, or
 //!   SIGTERMed and then killed when its grace period ran out (`grace_exceeded`); or its database
 //!   went away under it (`db_terminate`, `db_restart`: every process at once);
-//! - **the machine's wall clock jumped forward** (`crate::jumps`) in that window: the lease
-//!   the holder had, timed by that clock, lapsed at once and the row may have been rescued as
-//!   `unknown` under a live sender;
+//! - **the machine's wall clock jumped forward** by `lease − heartbeat` or more (`crate::jumps`)
+//!   in that window: the lease the holder had, timed by that clock and renewed every heartbeat,
+//!   lapsed at once and the row may have been rescued as `unknown` under a live sender;
 //! - **the provider cut the answer**: it committed or dropped the attempt and closed the
 //!   connection before answering (`accept_then_drop`, `drop_mid_data`), or the sender's link
 //!   was reset under it (`link_refuse`, `link_reset`), or the sender hung up
@@ -159,7 +159,8 @@ pub fn excuse(input: &Input, attempts: &[&Entry]) -> Option<Excuse> {
     }
     for a in attempts.iter().rev() {
         let (from, to) = window(a);
-        if let Some(j) = crate::jumps::forward_within(input.clock_jumps, from, to) {
+        let lapses = lease.saturating_sub(heartbeat);
+        if let Some(j) = crate::jumps::lapsing(input.clock_jumps, from, to, lapses) {
             return Some(Excuse {
                 kind: ExcuseKind::ClockJump,
                 because: format!(
@@ -239,7 +240,7 @@ mod tests {
     #[test]
     fn excuses_at_both_edges() {
         // Base lease 1 s, heartbeat 200 ms (testkit::BASE).
-        let cases: [Case; 19] = [
+        let cases: [Case; 20] = [
             (
                 "kill between request and answer",
                 |w| {
@@ -396,10 +397,7 @@ mod tests {
                 "the wall clock jumped forward while the attempt was in flight",
                 |w| {
                     w.send(Email, &addr("r1", Email), Accepted, 100).pid(7);
-                    w.clock_jumps = vec![crate::jumps::ClockJump {
-                        at_ns: ns(400),
-                        by_ns: 8_300_000_000,
-                    }];
+                    w.clock_jump(400, 8_300);
                 },
                 Some("clock_jump"),
                 "the wall clock jumped +8300 ms at 400.0 ms while attempt #1",
@@ -408,10 +406,16 @@ mod tests {
                 "a forward jump long before the attempt",
                 |w| {
                     w.send(Email, &addr("r1", Email), Accepted, 2_000).pid(7);
-                    w.clock_jumps = vec![crate::jumps::ClockJump {
-                        at_ns: ns(500),
-                        by_ns: 8_300_000_000,
-                    }];
+                    w.clock_jump(500, 8_300);
+                },
+                None,
+                "",
+            ),
+            (
+                "a forward jump too small to lapse a lease renewed every heartbeat",
+                |w| {
+                    w.send(Email, &addr("r1", Email), Accepted, 100).pid(7);
+                    w.clock_jump(400, 700);
                 },
                 None,
                 "",
@@ -420,10 +424,7 @@ mod tests {
                 "a backward jump while it was in flight",
                 |w| {
                     w.send(Email, &addr("r1", Email), Accepted, 100).pid(7);
-                    w.clock_jumps = vec![crate::jumps::ClockJump {
-                        at_ns: ns(400),
-                        by_ns: -8_300_000_000,
-                    }];
+                    w.clock_jump(400, -8_300);
                 },
                 None,
                 "",

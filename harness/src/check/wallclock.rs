@@ -17,27 +17,16 @@ pub struct WallClock {
 }
 
 impl WallClock {
-    /// The ledger's entries that carry a wall time, and a point right after each of the clock's
-    /// `jumps` (the last entry before it moved by the jump: the ledger may have recorded nothing
-    /// for a while after it); `None` when no entry has a wall time.
+    /// The ledger's entries that carry a wall time, and the wall clock's reading at each of its
+    /// `jumps`; `None` when no entry has a wall time.
     pub fn of(ledger: &[Entry], jumps: &[ClockJump]) -> Option<WallClock> {
         let mut points: Vec<(i64, u64)> = ledger
             .iter()
             .filter_map(|e| Some((e.wall_ms?, e.mono_ns)))
             .collect();
-        // In ledger order (the order of the ledger clock), for the jumps' look-back.
-        points.sort_unstable_by_key(|p| p.1);
-        let after_jumps: Vec<(i64, u64)> = jumps
-            .iter()
-            .filter_map(|j| {
-                let i = points.partition_point(|p| p.1 <= j.at_ns).checked_sub(1)?;
-                let (w, m) = points[i];
-                let ms = |ns: i128| i64::try_from(ns / 1_000_000).ok();
-                let wall = w.checked_add(ms(j.at_ns as i128 - m as i128)?)?;
-                Some((wall.checked_add(ms(j.by_ns as i128)?)?, j.at_ns))
-            })
-            .collect();
-        points.extend(after_jumps);
+        // The wall clock's reading at each jump, as the probe saw it: the ledger may have
+        // recorded nothing for a while after it.
+        points.extend(jumps.iter().map(|j| (j.wall_ms, j.at_ns)));
         points.sort_unstable();
         points.dedup_by_key(|p| p.0);
         (!points.is_empty()).then_some(WallClock { points })
@@ -124,6 +113,7 @@ mod tests {
         let jump = ClockJump {
             at_ns: 250 * MS,
             by_ns: 8_000_000_000,
+            wall_ms: epoch_ms(8_250),
         };
         let c = WallClock::of(w.entries(), &[jump]).expect("entries");
         // Stamped 20 ms after the jump by the stack's clock: 270 ms, not clamped to 550 ms.

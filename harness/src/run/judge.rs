@@ -56,7 +56,6 @@ pub(super) async fn stop_and_judge(
     let processes = stack.supervisor.records();
     let others = probe.others();
     let seen = probe.finish();
-    let stalls = seen.allowance_stalls();
     let input = check::Input {
         scenario,
         expected: &work.expected,
@@ -72,7 +71,7 @@ pub(super) async fn stop_and_judge(
         quiescence: &settled.quiescence,
         lost_batches: &settled.lost_batches,
         status_answers: &settled.status_answers,
-        stalls: &stalls,
+        stalls: &seen.stalls,
         clock_jumps: &seen.jumps,
         sends: Default::default(),
     };

@@ -27,6 +27,11 @@ use crate::scenario::{Channel, Scenario};
 /// delivery report, within this long.
 const QUIESCENCE_PROGRESS: Duration = Duration::from_secs(10);
 
+/// A request a `hang` outage has held for less than this is the stack waiting on a provider for
+/// its own timeout; one held longer is a client without a timeout (the contract requires one),
+/// and no longer counts as progress.
+const HOLD_IS_WAITING: Duration = Duration::from_secs(30);
+
 /// The status API returns every delivery with its transitions (megabytes for a big batch): once
 /// a second is plenty, and keeps the poll from competing with the stack for the CPU.
 const STATUS_EVERY: Duration = Duration::from_secs(1);
@@ -214,22 +219,22 @@ pub(super) async fn wait(
         }
         // The harness's own schedule is not the stack's lateness: its deadline counts from the
         // fakes' last planned report and from the end of the last chaos action.
-        let last_report = res
-            .providers
-            .as_ref()
-            .and_then(|p| p.reports_scheduled_until());
-        if let Some(last) = last_report {
-            deadline.not_before(last);
+        // The plan moves the deadline as far as its longest delay from the wait's start, never
+        // further: reports planned for sends the stack keeps making (a stack that resends for
+        // ever) must not hold the wait open for ever.
+        let plan = res.providers.as_ref().and_then(|p| p.report_plan());
+        if let Some(plan) = plan {
+            deadline.not_before(plan.last_due.min(deadline.start + plan.longest));
         }
         if stack.chaos.busy() {
             deadline.not_before(Instant::now());
         }
         deadline.note(open.len(), tracker.answered_reports());
-        if res
+        let held = res
             .providers
             .as_ref()
-            .is_some_and(|p| p.ledger.held_requests() > 0)
-        {
+            .map(|p| p.ledger.held_requests(HOLD_IS_WAITING));
+        if held.is_some_and(|n| n > 0) {
             deadline.waiting_on_providers();
         }
         if deadline.given_up(calm_since.is_some()) {

@@ -67,8 +67,17 @@ struct Core {
     /// in flight drops out when it moves.
     epoch: watch::Sender<u64>,
     /// The latest time a report was scheduled to be first tried (retries not included: they
-    /// follow the stack's answers, not the plan).
-    last_due: Mutex<Option<Instant>>,
+    /// follow the stack's answers, not the plan), and the longest delay any was planned at.
+    plan: Mutex<Option<ReportPlan>>,
+}
+
+/// When the fakes' planned delivery reports fall due ([`Dispatcher::report_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportPlan {
+    /// The latest first try planned so far.
+    pub last_due: std::time::Instant,
+    /// The longest delay, from its message, any report was planned at.
+    pub longest: Duration,
 }
 
 impl Core {
@@ -144,7 +153,7 @@ impl Dispatcher {
             sms: Lane::default(),
             email: Lane::default(),
             epoch: watch::Sender::new(0),
-            last_due: Mutex::new(None),
+            plan: Mutex::new(None),
         });
         let (closed, _) = watch::channel(());
         if let Some(h) = &handle {
@@ -169,16 +178,16 @@ impl Dispatcher {
         self.inner.core.pending.get()
     }
 
-    /// The latest time any report was scheduled to be first tried: until then the fakes still
-    /// have reports of their own plan to send, whatever the stack does.
-    pub fn scheduled_until(&self) -> Option<std::time::Instant> {
-        let last = *self
+    /// The latest time any report was scheduled to be first tried (until then the fakes still
+    /// have reports of their own plan to send, whatever the stack does), and the longest delay
+    /// one was planned at.
+    pub fn report_plan(&self) -> Option<ReportPlan> {
+        *self
             .inner
             .core
-            .last_due
+            .plan
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        last.map(Instant::into_std)
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Resolves once no report is pending.
@@ -192,6 +201,7 @@ impl Dispatcher {
         core.epoch.send_modify(|e| *e += 1);
         core.sms.clear();
         core.email.clear();
+        *core.plan.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Schedules the status callbacks of an accepted SMS, if callbacks are on. `plan` is the
@@ -281,10 +291,19 @@ impl Dispatcher {
         let core = &self.inner.core;
         let lane = core.lane(message.provider);
         let (now, epoch) = (Instant::now(), core.epoch());
-        let latest = planned.iter().map(|p| now + p.at).max();
-        if let Some(latest) = latest {
-            let mut last = core.last_due.lock().unwrap_or_else(|p| p.into_inner());
-            *last = (*last).max(Some(latest));
+        if let Some(longest) = planned.iter().map(|p| p.at).max() {
+            let mut plan = core.plan.lock().unwrap_or_else(|p| p.into_inner());
+            let due = (now + longest).into_std();
+            *plan = Some(match *plan {
+                None => ReportPlan {
+                    last_due: due,
+                    longest,
+                },
+                Some(p) => ReportPlan {
+                    last_due: p.last_due.max(due),
+                    longest: p.longest.max(longest),
+                },
+            });
         }
         for p in planned {
             let due = now + p.at;
