@@ -18,7 +18,10 @@
 //! - a **backward** jump is time the stack waited that its clock did not count: the allowances
 //!   the stack times by that clock (the retry cap, `recovery`'s lease) grow by it ([`back_ns`]).
 //!
-//! Only the machine is measured: a stack that reads a clock wrongly gets no credit.
+//! Only the machine is measured: a stack that reads a clock wrongly gets no credit. The credits
+//! assume the stack's clock is this machine's; a `DATABASE_URL` server elsewhere keeps a clock of
+//! its own, and a jump seen here may not have moved it. A jump is noticed at most a tick (10 ms)
+//! after it happened (`at_ns`).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
