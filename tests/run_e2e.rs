@@ -1027,6 +1027,10 @@ fn an_outage_longer_than_the_deadline_moves_it() {
             "load.recipients=40",
             "--set",
             "chaos[0].for=\"8s\"",
+            // The SMTP outage at 50% is not this test's: with 40 recipients every e-mail can be
+            // accepted before it begins (seen on a loaded machine), which is inconclusive.
+            "--set",
+            "chaos[1].optional=true",
             "--set",
             "expect.quiescence=\"2s\"",
         ],
