@@ -208,6 +208,29 @@ fn python_stack_taking_reports_slowly_is_inconclusive_not_failed() {
     );
 }
 
+/// A stack that drains its channels one after another, every e-mail first, has sent all of
+/// them by a third of all deliveries: an SMTP outage "at 50%" counted over every delivery met no
+/// e-mail and left this correct stack INCONCLUSIVE ("no send met it"). A provider action counts
+/// its own channel's progress, so both outages meet sends (the SMS hang comes at a quarter of
+/// the SMS, sent last) and the run passes.
+#[test]
+fn python_stack_draining_one_channel_first_meets_both_outages() {
+    let (out, reports) = run_py(
+        &[("PY_STACK_CHANNEL_ORDER", "email,line,sms")],
+        "provider-outage",
+        &["load.recipients=200", "load.batches=4"],
+    );
+    let report = report_in(&reports);
+    let steps = report["chaos_steps"].as_array().expect("chaos_steps");
+    assert!(
+        code(&out) == 0 && steps.len() == 2 && steps.iter().all(|s| s["count"].as_u64() > Some(0)),
+        "exit {}, chaos {steps:#?} (reports in {:?}):\n{}",
+        code(&out),
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// The other edge: a stack that answers no delivery report within the fakes' 2 s timeout
 /// (each takes a minute) has stopped taking them, however many are due: a stall, violated once
 /// nothing has settled and no report been answered for 10 s past the deadline (12 s: its sends

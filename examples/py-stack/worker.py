@@ -52,8 +52,19 @@ held = {}  # delivery id -> [token, local deadline (monotonic)]
 COLUMNS = ("id", "from_state", "channel", "address", "subject", "body_text", "body_html",
            "retry_key", "message_id", "created_at", "attempts", "inflight", "token")
 
+# Not a flaw, a design: `PY_STACK_CHANNEL_ORDER=email,line,sms` drains the channels one after
+# another in that order (after priority): each channel's due rows are claimed before any of the
+# next one's, as a stack with a queue per channel and strict priorities between them would.
+CHANNEL_ORDER = [c.strip() for c in env("PY_STACK_CHANNEL_ORDER", "").split(",") if c.strip()]
+if any(c not in ("line", "email", "sms") for c in CHANNEL_ORDER):
+    raise SystemExit(f"py-stack: PY_STACK_CHANNEL_ORDER={','.join(CHANNEL_ORDER)!r} names a "
+                     "channel other than line, email and sms")
+BY_CHANNEL = (f"array_position(ARRAY[{', '.join(repr(c) for c in CHANNEL_ORDER)}]::text[], "
+              "channel), " if CHANNEL_ORDER else "")
+
 # flaw(prio-after-due-time): the priority only breaks ties between rows due at the same instant.
-CLAIM_ORDER = "next_at, prio, id" if flaw("prio-after-due-time") else "prio, next_at, id"
+CLAIM_ORDER = (f"next_at, prio, {BY_CHANNEL}id" if flaw("prio-after-due-time")
+               else f"prio, {BY_CHANNEL}next_at, id")
 
 CLAIM = f"""
 WITH c AS (

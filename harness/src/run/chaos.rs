@@ -15,7 +15,7 @@ mod log;
 mod provider;
 mod provider_link;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,7 +32,7 @@ use log::StepLog;
 use super::world::World;
 use crate::check::EventKind;
 use crate::report::chaos_steps::{ChaosOutcome, ChaosStepResult};
-use crate::scenario::{ChaosAction, ChaosStep, Target, Trigger};
+use crate::scenario::{Channel, ChaosAction, ChaosStep, Target, Trigger};
 
 /// How long a signalled process or the restarted cluster has to show the action's effect.
 const OBSERVE_WITHIN: Duration = Duration::from_secs(10);
@@ -47,8 +47,8 @@ pub struct Chaos {
     armed: Mutex<HashMap<u64, usize>>,
     rng: Mutex<rand_chacha::ChaCha8Rng>,
     db: DbHandle,
-    /// Deliveries the providers can accept (progress denominator).
-    acceptable: u64,
+    /// Deliveries the providers can accept, per channel (progress denominators).
+    acceptable: BTreeMap<Channel, u64>,
     /// Trigger tasks (time, progress), aborted when the run settles.
     triggers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Tasks started by actions (stop-then-continue, delayed restarts, held transactions).
@@ -67,7 +67,7 @@ pub struct Chaos {
 }
 
 impl Chaos {
-    pub fn new(world: Arc<World>, db: DbHandle, acceptable: u64) -> Arc<Chaos> {
+    pub fn new(world: Arc<World>, db: DbHandle, acceptable: BTreeMap<Channel, u64>) -> Arc<Chaos> {
         let steps = world.scenario.chaos.clone();
         let seed = world.scenario.seed;
         Arc::new(Chaos {
@@ -78,7 +78,7 @@ impl Chaos {
             armed: Mutex::default(),
             rng: Mutex::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xC4A0_5EED)),
             db,
-            acceptable: acceptable.max(1),
+            acceptable,
             triggers: Mutex::default(),
             tasks: Mutex::default(),
             aims: aim::Aims::default(),
@@ -162,22 +162,42 @@ impl Chaos {
                             .await;
                     }
                     Trigger::Progress(p) => {
-                        let goal = (p * me.acceptable as f64).ceil() as u64;
+                        let of = me.steps[i].provider();
+                        let goal = (p * me.progress_of(of).1 as f64).ceil() as u64;
                         loop {
                             let notified = me.world.progress.notified();
-                            if me.world.accepted_total() >= goal {
+                            if me.progress_of(of).0 >= goal {
                                 break;
                             }
                             let _ =
                                 tokio::time::timeout(Duration::from_millis(100), notified).await;
                         }
-                        let why = format!("progress {:.0}% ({goal} accepted)", p * 100.0);
+                        let whose = of.map_or(String::new(), |p| format!(" of {}", p.as_str()));
+                        let why = format!("progress {:.0}%{whose} ({goal} accepted)", p * 100.0);
                         me.execute(i, None, &why).await;
                     }
                     Trigger::OnAccept { .. } => {}
                 }
             });
             self.triggers.lock().unwrap().push(task);
+        }
+    }
+
+    /// (accepted, acceptable) so far: of `provider`'s own channel for a provider action, so that
+    /// an outage "at 50%" meets that provider's sends in whatever order a stack works through its
+    /// channels (a stack that sends every e-mail first has none left at 50% of all deliveries);
+    /// of every delivery otherwise.
+    fn progress_of(&self, provider: Option<Provider>) -> (u64, u64) {
+        match provider {
+            Some(p) => {
+                let channel = Channel::ALL.into_iter().find(|c| c.provider() == p);
+                let acceptable = channel.and_then(|c| self.acceptable.get(&c)).copied();
+                (self.world.accepted_on(p), acceptable.unwrap_or(0))
+            }
+            None => (
+                self.world.accepted_total(),
+                self.acceptable.values().sum::<u64>().max(1),
+            ),
         }
     }
 

@@ -294,6 +294,16 @@ pub struct ChaosStep {
     pub provider_link: Option<ProviderLinkFault>,
 }
 
+impl ChaosStep {
+    /// The provider a provider action acts on (`provider_outage` and the provider-link actions);
+    /// `None` for every other action.
+    pub fn provider(&self) -> Option<mock_providers::ledger::Provider> {
+        self.provider_fault
+            .map(|f| f.provider)
+            .or(self.provider_link.map(|l| l.provider))
+    }
+}
+
 /// A fault on a stack process's database link (`harness/src/netchaos`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

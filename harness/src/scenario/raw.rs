@@ -458,7 +458,9 @@ pub struct RawOnAccept {
 pub struct RawChaos {
     /// Elapsed time since the load started.
     pub at: Option<HumanDuration>,
-    /// Share of expected deliveries the providers have accepted.
+    /// Share of expected deliveries the providers have accepted; for a provider action
+    /// (`provider` set), of that provider's own channel's deliveries, so that the step meets that
+    /// provider's sends in whatever order a stack works through its channels.
     pub progress: Option<Ratio>,
     /// The Nth accepted send on a channel; fires before the provider answers.
     pub on_accept: Option<RawOnAccept>,
