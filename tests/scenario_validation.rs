@@ -135,6 +135,8 @@ fn cross_field_errors_point_at_the_key() {
         ("action = \"sigkill\"", "action = \"sigstop\"", "action", 15, 1, "`sigstop` needs `for`", None),
         ("target = 2", "target = 2\nfor = \"1s\"", "for", 17, 1, "`for` only applies to `sigstop`, `db_idle_tx`, `db_partition`, `db_latency`, `db_bandwidth`, `provider_outage` and the provider-link actions, not `sigkill`", None),
         ("progress = \"40%\"", "on_accept = { channel = \"sms\", nth = 0 }", "nth", 14, 32, "counts from 1", None),
+        // 100 recipients: the 101st accept on a channel never comes.
+        ("progress = \"40%\"", "on_accept = { channel = \"sms\", nth = 101 }", "nth", 14, 32, "[load] sends 100 deliveries on `sms`: the step could never fire", None),
         ("progress = \"40%\"", "on_accept = { channel = \"email\", nth = 2 }", "channel", 14, 15, "does not send on", None),
         ("action = \"sigkill\"", "action = \"db_restart\"\nrestart_after = \"1s\"", "restart_after", 16, 1, "worker actions only", None),
         // The database-link actions: each takes its own keys, in range.

@@ -694,6 +694,13 @@ impl Ledger {
             .collect()
     }
 
+    /// Forgets the attempt numbers and keeps everything else: for a ledger whose providers have
+    /// stopped for good (a run's, before it judges), where no send will ask for one again and a
+    /// hundred thousand recipients' counters are only memory.
+    pub fn forget_attempts(&self) {
+        *self.inner.attempts.lock().expect("ledger poisoned") = std::collections::HashMap::new();
+    }
+
     /// Forgets every entry and attempt number (control API `POST /_mock/reset`). Entry numbers
     /// are not reused: the next entry's `seq` follows the last one recorded before the reset.
     pub fn clear(&self) {
@@ -721,6 +728,18 @@ mod tests {
 
     fn entry(to: &str) -> Draft {
         LedgerEntry::draft(Provider::Line, EntryKind::Send, to)
+    }
+
+    #[test]
+    fn forgetting_attempts_keeps_the_entries() {
+        let ledger = Ledger::new();
+        assert_eq!(ledger.next_attempt(Provider::Line, "U1"), 1);
+        assert_eq!(ledger.next_attempt(Provider::Line, "U1"), 2);
+        ledger.record(entry("U1"));
+        ledger.forget_attempts();
+        assert_eq!(ledger.len(), 1, "entries stay");
+        assert_eq!(ledger.next_seq(), 1);
+        assert!(ledger.inner.attempts.lock().unwrap().is_empty());
     }
 
     #[test]

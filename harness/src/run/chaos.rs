@@ -99,6 +99,11 @@ impl Chaos {
         *self.hub.lock().unwrap() = Some(hub);
     }
 
+    /// Lets go of the fakes (they have stopped): their stores are freed once nothing holds them.
+    pub fn forget_hub(&self) {
+        self.hub.lock().unwrap().take();
+    }
+
     fn hub(&self) -> Option<Arc<mock_providers::hub::Hub>> {
         self.hub.lock().unwrap().clone()
     }

@@ -44,6 +44,14 @@ pub(super) async fn stop_and_judge(
         .shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1)))
         .await;
     res.supervisor = None;
+    // Nothing the fakes do from here on can reach a checker (the stack is stopped; a report
+    // still due could only meet a closed port): they stop too, and their stores (every SMS, LINE
+    // retry key and attempt counter of the run) are freed before judging builds its indexes.
+    if let Some(providers) = res.providers.take() {
+        providers.shutdown().await;
+    }
+    stack.chaos.forget_hub();
+    stack.world.ledger.forget_attempts();
     clock.lap(|p| &mut p.stop_s);
     // What the wait freed (the status view replaced, answers parsed) goes back before judging
     // builds its indexes: the run's peak is here.
@@ -51,7 +59,7 @@ pub(super) async fn stop_and_judge(
     let world = &stack.world;
     world.resolve_pending();
     let entries = world.journal.freeze();
-    let pids = world.pids();
+    let pids = world.take_pids();
     let timeline = world.timeline();
     let processes = stack.supervisor.records();
     let others = probe.others();

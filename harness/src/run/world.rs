@@ -168,8 +168,10 @@ impl World {
             .map(|e| e.mono_ns)
     }
 
-    pub fn pids(&self) -> HashMap<u64, u32> {
-        self.pids.lock().unwrap().clone()
+    /// Takes the attribution of every send (ledger seq → pid), leaving none: for judging, once
+    /// the stack has stopped and nothing sends any more (a copy would be a second map as big).
+    pub fn take_pids(&self) -> HashMap<u64, u32> {
+        std::mem::take(&mut *self.pids.lock().unwrap())
     }
 
     /// Attributes send `seq` from `peer`: at once from the connection table when its connection

@@ -35,6 +35,19 @@ pub(super) fn validate_chaos(
                     ),
                 ));
             }
+            if o.nth > load.recipients {
+                // The trickle's orders are not counted: only the campaign's accepts are.
+                return Err(err(
+                    "on_accept.nth",
+                    format!(
+                        "`on_accept.nth` is {} but [load] sends {} deliveries on `{}`: the step \
+                         could never fire",
+                        o.nth,
+                        load.recipients,
+                        o.channel.as_str()
+                    ),
+                ));
+            }
             Trigger::OnAccept {
                 channel: o.channel,
                 nth: o.nth,
