@@ -4,6 +4,7 @@
 pub mod recipients;
 mod repeat;
 mod retry;
+mod stream_json;
 mod trickle;
 
 use std::sync::Arc;
@@ -548,7 +549,7 @@ pub async fn fetch_batch_status(
     if let Some(cursor) = since {
         req = req.query(&[("since", cursor)]);
     }
-    let mut resp = req.send().await.context("status API request")?;
+    let resp = req.send().await.context("status API request")?;
     let status = resp.status();
     if matches!(status.as_u16(), 404 | 405 | 501) {
         return Ok(StatusAnswer::NotFound);
@@ -556,27 +557,22 @@ pub async fn fetch_batch_status(
     if !status.is_success() {
         anyhow::bail!("status API answered HTTP {status}");
     }
-    let head =
-        |body: &[u8]| String::from_utf8_lossy(&body[..body.len().min(BODY_HEAD)]).into_owned();
-    let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.context("status API body")? {
-        if body.len() + chunk.len() > cap {
-            return Ok(StatusAnswer::Unreadable {
-                http_status: status.as_u16(),
-                error: format!(
-                    "the answer is longer than {cap} bytes, more than the whole list of this                      run's deliveries can take"
-                ),
-                body_head: head(&body),
-            });
-        }
-        body.extend_from_slice(&chunk);
-    }
-    match serde_json::from_slice::<StatusPage>(&body) {
+    let head = |body: &[u8]| String::from_utf8_lossy(body).into_owned();
+    match stream_json::parse::<StatusPage>(resp, cap, BODY_HEAD).await {
         Ok(page) => Ok(StatusAnswer::Page(page)),
-        Err(e) => Ok(StatusAnswer::Unreadable {
+        Err(stream_json::Failed::TooLong { head: first }) => Ok(StatusAnswer::Unreadable {
             http_status: status.as_u16(),
-            error: format!("not the contract's answer: {e}"),
-            body_head: head(&body),
+            error: format!(
+                "the answer is longer than {cap} bytes, more than the whole list of this run's \
+                 deliveries can take"
+            ),
+            body_head: head(&first),
         }),
+        Err(stream_json::Failed::Parse { error, head: first }) => Ok(StatusAnswer::Unreadable {
+            http_status: status.as_u16(),
+            error: format!("not the contract's answer: {error}"),
+            body_head: head(&first),
+        }),
+        Err(stream_json::Failed::Transport(e)) => Err(anyhow::anyhow!("status API body: {e}")),
     }
 }

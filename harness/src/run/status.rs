@@ -676,7 +676,8 @@ mod tests {
     }
 
     /// `fetch_batch_status` at the boundary, against a server answering each way a stack might:
-    /// the contract's answer, 404, a 2xx that is not JSON or not its shape, `attempts` past a
+    /// the contract's answer (whole, or a few bytes at a time), one cut off by the connection
+    /// (no answer to use), 404, a 2xx that is not JSON or not its shape, `attempts` past a
     /// u32, an answer that never ends (cut at the cap), a 5xx and a redirect (no answer to use).
     #[tokio::test]
     async fn every_answer_of_the_status_api_is_read_or_refused_at_the_boundary() {
@@ -695,6 +696,28 @@ mod tests {
                         let chunks = futures::stream::repeat_with(|| {
                             Ok::<_, std::io::Error>(axum::body::Bytes::from_static(&[b' '; 64 << 10]))
                         });
+                        return Response::new(Body::from_stream(chunks));
+                    }
+                    // The contract's answer a few bytes at a time, as a big one arrives.
+                    "trickled" => {
+                        let text = r#"{"deliveries": [{"key": "k", "recipient": "r1", "channel": "line", "state": "exploded"}]}"#;
+                        let chunks: Vec<Result<axum::body::Bytes, std::io::Error>> = text
+                            .as_bytes()
+                            .chunks(7)
+                            .map(|c| Ok(axum::body::Bytes::copy_from_slice(c)))
+                            .collect();
+                        return Response::new(Body::from_stream(futures::stream::iter(chunks)));
+                    }
+                    // The connection fails half-way through the answer.
+                    "cut" => {
+                        let start = futures::stream::iter([Ok::<_, std::io::Error>(
+                            axum::body::Bytes::from_static(br#"{"deliveries": [{"key": "#),
+                        )]);
+                        let reset = futures::stream::once(async {
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                            Err(std::io::Error::other("reset"))
+                        });
+                        let chunks = futures::StreamExt::chain(start, reset);
                         return Response::new(Body::from_stream(chunks));
                     }
                     "missing" => return Response::builder().status(StatusCode::NOT_FOUND).body(Body::empty()).unwrap(),
@@ -716,6 +739,8 @@ mod tests {
         // error, or a failure's message)
         let cases = [
             ("good", "page"),
+            ("trickled", "page"),
+            ("cut", "status API body"),
             ("missing", "not found"),
             ("html", "not the contract's answer: expected value at line 1 column 1"),
             ("shape", "not the contract's answer: invalid type: string \"all of them\", expected a sequence"),

@@ -1,0 +1,102 @@
+//! Parsing a JSON answer while it arrives: the body's chunks are handed to `serde_json` on a
+//! blocking thread as they come, so an answer of tens of megabytes (a status answer for a batch
+//! of 10,000 deliveries with their histories) is never held whole, only the value it parses to.
+//! Must give the answers of reading the whole body and parsing it: the same value, the same
+//! parse errors, a body longer than the cap or cut off by the connection told apart (a body
+//! that is not JSON is named so as soon as the parser sees it, even if it would go on past the
+//! cap).
+
+use std::io::Read;
+
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+/// Chunks of the body in flight between the reader and the parser at most.
+const IN_FLIGHT: usize = 4;
+
+/// How reading a body ended, when it did not end in a value.
+#[derive(Debug)]
+pub enum Failed {
+    /// More than the cap arrived; `head` is the first bytes of the body.
+    TooLong { head: Vec<u8> },
+    /// Not JSON, or not the shape asked for; `head` is the first bytes of the body.
+    Parse {
+        error: serde_json::Error,
+        head: Vec<u8>,
+    },
+    /// The connection failed before the body ended: there is no answer to judge.
+    Transport(String),
+}
+
+/// Parses `resp`'s body as a `T` while it arrives, reading at most `cap` bytes, and keeping the
+/// first `head` bytes to show when it is not a `T`.
+pub async fn parse<T: DeserializeOwned + Send + 'static>(
+    mut resp: reqwest::Response,
+    cap: usize,
+    head: usize,
+) -> Result<T, Failed> {
+    let (tx, rx) = mpsc::channel::<bytes::Bytes>(IN_FLIGHT);
+    let parser = tokio::task::spawn_blocking(move || {
+        let reader = std::io::BufReader::new(Chunks {
+            rx,
+            current: bytes::Bytes::new(),
+        });
+        serde_json::from_reader::<_, T>(reader)
+    });
+    let mut first: Vec<u8> = Vec::new();
+    let mut read = 0usize;
+    let mut cut: Option<Failed> = None;
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                read = read.saturating_add(chunk.len());
+                if first.len() < head {
+                    let take = (head - first.len()).min(chunk.len());
+                    first.extend_from_slice(&chunk[..take]);
+                }
+                if read > cap {
+                    cut = Some(Failed::TooLong { head: Vec::new() });
+                    break;
+                }
+                if tx.send(chunk).await.is_err() {
+                    break; // The parser has stopped: it has its answer or its error.
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                cut = Some(Failed::Transport(format!("{e:#}")));
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let parsed = parser.await;
+    match (cut, parsed) {
+        (Some(Failed::TooLong { .. }), _) => Err(Failed::TooLong { head: first }),
+        (Some(failed), _) => Err(failed),
+        (None, Ok(Ok(value))) => Ok(value),
+        (None, Ok(Err(error))) => Err(Failed::Parse { error, head: first }),
+        (None, Err(join)) => Err(Failed::Transport(format!("the parser stopped: {join}"))),
+    }
+}
+
+/// The body's chunks as a `Read`, for the parser's blocking thread.
+struct Chunks {
+    rx: mpsc::Receiver<bytes::Bytes>,
+    current: bytes::Bytes,
+}
+
+impl Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        bytes::Buf::advance(&mut self.current, n);
+        Ok(n)
+    }
+}
