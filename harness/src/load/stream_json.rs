@@ -28,6 +28,12 @@ pub enum Failed {
     Transport(String),
 }
 
+/// Why reading a body stopped before its end.
+enum Cut {
+    OverCap,
+    Transport(String),
+}
+
 /// Parses `resp`'s body as a `T` while it arrives, reading at most `cap` bytes, and keeping the
 /// first `head` bytes to show when it is not a `T`.
 pub async fn parse<T: DeserializeOwned + Send + 'static>(
@@ -45,7 +51,7 @@ pub async fn parse<T: DeserializeOwned + Send + 'static>(
     });
     let mut first: Vec<u8> = Vec::new();
     let mut read = 0usize;
-    let mut cut: Option<Failed> = None;
+    let mut cut: Option<Cut> = None;
     loop {
         match resp.chunk().await {
             Ok(Some(chunk)) => {
@@ -55,7 +61,7 @@ pub async fn parse<T: DeserializeOwned + Send + 'static>(
                     first.extend_from_slice(&chunk[..take]);
                 }
                 if read > cap {
-                    cut = Some(Failed::TooLong { head: Vec::new() });
+                    cut = Some(Cut::OverCap);
                     break;
                 }
                 if tx.send(chunk).await.is_err() {
@@ -64,7 +70,7 @@ pub async fn parse<T: DeserializeOwned + Send + 'static>(
             }
             Ok(None) => break,
             Err(e) => {
-                cut = Some(Failed::Transport(format!("{e:#}")));
+                cut = Some(Cut::Transport(format!("{e:#}")));
                 break;
             }
         }
@@ -72,8 +78,8 @@ pub async fn parse<T: DeserializeOwned + Send + 'static>(
     drop(tx);
     let parsed = parser.await;
     match (cut, parsed) {
-        (Some(Failed::TooLong { .. }), _) => Err(Failed::TooLong { head: first }),
-        (Some(failed), _) => Err(failed),
+        (Some(Cut::OverCap), _) => Err(Failed::TooLong { head: first }),
+        (Some(Cut::Transport(e)), _) => Err(Failed::Transport(e)),
         (None, Ok(Ok(value))) => Ok(value),
         (None, Ok(Err(error))) => Err(Failed::Parse { error, head: first }),
         (None, Err(join)) => Err(Failed::Transport(format!("the parser stopped: {join}"))),
