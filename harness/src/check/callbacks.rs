@@ -120,7 +120,7 @@ pub fn check(input: &Input) -> Verdict {
             continue;
         };
         let acked = cb
-            .callback_response
+            .callback_response()
             .is_some_and(|c| (200..300).contains(&c));
         match cb.callback_variant {
             Some(CallbackVariant::Genuine) if is_final_report(status) => {
@@ -146,7 +146,7 @@ pub fn check(input: &Input) -> Verdict {
                             "message_id": id,
                             "signature": if v == CallbackVariant::Unsigned { "none" } else { "wrong key" },
                             "claimed": status,
-                            "answered": cb.callback_response,
+                            "answered": cb.callback_response(),
                             "at_ms": ms(cb.mono_ns),
                         }));
                     }
@@ -297,20 +297,20 @@ pub fn check(input: &Input) -> Verdict {
 /// connection slot while the stack answered earlier reports (p99, max) and the stack's answer
 /// time (p99) over the answered tries.
 fn delivery_timing(cbs: &[&Entry]) -> Value {
-    let unanswered = |cb: &&&Entry| cb.callback_response.is_none();
-    let begun_late = |cb: &&&Entry| u64::from(cb.callback_late_ms.unwrap_or(0)) > HARNESS_LATE_MS;
+    let unanswered = |cb: &&&Entry| cb.callback_response().is_none();
+    let begun_late = |cb: &&&Entry| u64::from(cb.callback_late_ms().unwrap_or(0)) > HARNESS_LATE_MS;
     let mut late: Vec<u64> = cbs
         .iter()
-        .filter_map(|c| c.callback_late_ms.map(u64::from))
+        .filter_map(|c| c.callback_late_ms().map(u64::from))
         .collect();
     let mut queued: Vec<u64> = cbs
         .iter()
-        .filter_map(|c| c.callback_queued_ms.map(u64::from))
+        .filter_map(|c| c.callback_queued_ms().map(u64::from))
         .collect();
     let mut took: Vec<u64> = cbs
         .iter()
-        .filter(|c| c.callback_response.is_some())
-        .filter_map(|c| c.callback_took_ms.map(u64::from))
+        .filter(|c| c.callback_response().is_some())
+        .filter_map(|c| c.callback_took_ms().map(u64::from))
         .collect();
     json!({
         "tries": cbs.len(),
@@ -336,7 +336,7 @@ fn p99(v: &mut [u64]) -> Option<u64> {
 /// (provider, message id): (status, when acknowledged).
 fn late_non_final<'a>(cbs: &[&'a Entry]) -> HashMap<(Provider, &'a str), Vec<(&'a str, u64)>> {
     let acked = |cb: &&&Entry| {
-        cb.callback_response
+        cb.callback_response()
             .is_some_and(|c| (200..300).contains(&c))
             && cb
                 .callback_variant

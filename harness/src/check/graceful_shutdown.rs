@@ -69,7 +69,7 @@ pub fn check(input: &Input) -> Verdict {
     // TCP peer → (arrival, pid) of the attributed sends it carried.
     let mut by_peer: HashMap<SocketAddr, Vec<(u64, u32)>> = HashMap::new();
     for e in input.ledger.iter().filter(|e| e.kind == EntryKind::Send) {
-        if let (Some(peer), Some(pid)) = (e.peer, input.pids.get(&e.seq)) {
+        if let (Some(peer), Some(pid)) = (e.peer(), input.pids.get(&e.seq)) {
             by_peer.entry(peer).or_default().push((e.received_ns, *pid));
         }
     }
@@ -115,7 +115,7 @@ pub fn check(input: &Input) -> Verdict {
         let limit = crate::stalls::extended(input.stalls, term, term + allowance.as_nanos() as u64);
         let alive = p.started_ns..=p.exited_ns.unwrap_or(u64::MAX);
         // A send began when its request (SMTP: its transaction) reached the provider.
-        let began = |e: &Entry| e.started_ns.unwrap_or(e.received_ns);
+        let began = |e: &Entry| e.started_ns().unwrap_or(e.received_ns);
         for e in input.ledger.iter().filter(|e| {
             e.kind == EntryKind::Send && began(e) > limit && alive.contains(&e.received_ns)
         }) {
@@ -151,10 +151,13 @@ pub fn check(input: &Input) -> Verdict {
         }
         let sent_by_p = |e: &Entry| match input.pids.get(&e.seq) {
             Some(pid) => *pid == p.pid,
-            None => e.peer.and_then(|peer| by_peer.get(&peer)).is_some_and(|v| {
-                v.iter()
-                    .any(|(at, pid)| *pid == p.pid && alive.contains(at))
-            }),
+            None => e
+                .peer()
+                .and_then(|peer| by_peer.get(&peer))
+                .is_some_and(|v| {
+                    v.iter()
+                        .any(|(at, pid)| *pid == p.pid && alive.contains(at))
+                }),
         };
         let abandoned: Vec<Value> = input
             .ledger

@@ -174,15 +174,27 @@ fn finding(e: &Entry, rule: &str, what: Value) -> Value {
     c
 }
 
-/// Whether a header rule of this file can flag `h` whatever the run: a field RFC 5322 allows
-/// once, an address list, the injected header, or a value with a control character. The ledger
-/// keeps only these in memory ([`super::Entry`]); [`header_findings`] finds nothing in the rest.
-pub(crate) fn judged_field(h: &HeaderField) -> bool {
-    let name = h.name.to_ascii_lowercase();
-    ONCE.contains(&name.as_str())
-        || ADDRESS_LISTS.contains(&name.as_str())
-        || name == INJECTED_HEADER.to_ascii_lowercase()
-        || h.value.chars().any(|c| c.is_control() && c != '\t')
+/// The fields of one message's header a rule of this file can flag, whatever the run: an
+/// address list, the injected header, a value with a control character, and a field RFC 5322
+/// allows once when the message has it more than once. The ledger keeps only these in memory
+/// ([`super::Entry`]); [`header_findings`] finds nothing in the rest (a `Subject` or
+/// `Message-ID` written once, with no control character, is left out: each e-mail has its own).
+pub(crate) fn judged_fields(headers: &[HeaderField]) -> impl Iterator<Item = &HeaderField> {
+    let repeated = |name: &str| {
+        ONCE.contains(&name)
+            && headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case(name))
+                .nth(1)
+                .is_some()
+    };
+    headers.iter().filter(move |h| {
+        let name = h.name.to_ascii_lowercase();
+        ADDRESS_LISTS.contains(&name.as_str())
+            || name == INJECTED_HEADER.to_ascii_lowercase()
+            || h.value.chars().any(|c| c.is_control() && c != '\t')
+            || repeated(&name)
+    })
 }
 
 /// Fields whose addresses must be recipients of the run.

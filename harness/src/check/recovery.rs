@@ -256,7 +256,7 @@ pub fn check(input: &Input) -> Verdict {
                     .filter(|s| s.outcome == Outcome::Transient)
                     .count() as u32;
                 let gap = backoff.nominal_gap(k).as_nanos() as f64 * (1.0 + backoff.jitter);
-                let gap = (gap as u64).max(last.retry_after_ms.unwrap_or(0) * 1_000_000);
+                let gap = (gap as u64).max(last.retry_after_ms().unwrap_or(0) * 1_000_000);
                 deadline = deadline.max(last.mono_ns + gap + slack);
             }
             // A machine that stopped running processes after T gives the stack that much longer.

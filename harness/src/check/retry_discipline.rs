@@ -245,7 +245,7 @@ pub fn check(input: &Input) -> Verdict {
                 credit(&mut c);
                 findings.push(c);
             }
-            if let Some(ra) = prev.retry_after_ms {
+            if let Some(ra) = prev.retry_after_ms() {
                 if gap < ra as i128 * 1_000_000 {
                     let mut c = pair(e, "retry_after_ignored", prev, next, input);
                     c["retry_after_ms"] = json!(ra);
@@ -360,7 +360,7 @@ fn above_cap(
     if gap as f64 > b.max.as_nanos() as f64 * (1.0 - b.jitter) {
         n.reached_cap += 1;
     }
-    let due = due_within(input, prev.retry_after_ms).as_nanos() as u64;
+    let due = due_within(input, prev.retry_after_ms()).as_nanos() as u64;
     let due_at = prev.mono_ns + due;
     if sender_hit(input, prev, prev.received_ns, next.received_ns) {
         queue.add(next.received_ns, due_at);

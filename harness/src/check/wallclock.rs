@@ -22,7 +22,7 @@ impl WallClock {
     pub fn of(ledger: &[Entry], jumps: &[ClockJump]) -> Option<WallClock> {
         let mut points: Vec<(i64, u64)> = ledger
             .iter()
-            .filter_map(|e| Some((e.wall_ms?, e.mono_ns)))
+            .filter_map(|e| Some((e.wall_ms()?, e.mono_ns)))
             .collect();
         // The wall clock's reading at each jump, as the probe saw it: the ledger may have
         // recorded nothing for a while after it.

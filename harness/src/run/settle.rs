@@ -65,7 +65,7 @@ impl Tracker {
         for e in entries {
             self.next_seq = self.next_seq.max(e.seq + 1);
             if e.kind == EntryKind::Callback {
-                self.answered_reports += u64::from(e.callback_response.is_some_and(|c| c < 500));
+                self.answered_reports += u64::from(e.callback_response().is_some_and(|c| c < 500));
             }
             if e.kind != EntryKind::Send {
                 continue;
