@@ -165,10 +165,13 @@ pub fn no_latency(l: &crate::config::Latency) -> bool {
 }
 
 /// A random UUID from the thread-local generator (no system call per request).
+pub fn random_uuid() -> uuid::Uuid {
+    uuid::Builder::from_random_bytes(rand::random()).into_uuid()
+}
+
+/// [`random_uuid`] as text (lowercase, hyphenated).
 pub fn fast_uuid() -> String {
-    uuid::Builder::from_random_bytes(rand::random())
-        .into_uuid()
-        .to_string()
+    random_uuid().to_string()
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {

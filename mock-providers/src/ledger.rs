@@ -377,7 +377,7 @@ impl Entries {
 
 struct Inner {
     entries: std::sync::Mutex<Entries>,
-    attempts: std::sync::Mutex<std::collections::HashMap<(Provider, String), u32>>,
+    attempts: std::sync::Mutex<Attempts>,
     start: std::time::Instant,
     hooks: std::sync::RwLock<Vec<std::sync::Arc<dyn Hook>>>,
     /// The budget of [`Ledger::on_connect`], in nanoseconds.
@@ -385,6 +385,67 @@ struct Inner {
     /// Send requests a hanging outage holds unanswered right now, by a number of their own,
     /// with when the hold began ([`Ledger::holding`]).
     held: std::sync::Mutex<Held>,
+}
+
+/// The attempt numbers given so far, per provider and recipient ([`Ledger::next_attempt`]).
+///
+/// A run asks for one per send, to a hundred thousand recipients per channel, so the keys are
+/// small and still exact: a recipient of its provider's fixed shape (a LINE user id on LINE, an
+/// E.164 number on SMS) is keyed by its packed bytes ([`crate::packed`]), any other (e-mail
+/// addresses, SMTP's stage keys, a malformed recipient) by its text. A text packs from its one
+/// spelling only and never goes to both maps, so each recipient has a counter of its own.
+#[derive(Default)]
+struct Attempts {
+    /// In [`Provider`] order.
+    by_provider: [Counters; 3],
+}
+
+/// One provider's attempt counters.
+#[derive(Default)]
+struct Counters {
+    packed: std::collections::HashMap<[u8; 16], u32>,
+    text: std::collections::HashMap<Box<str>, u32>,
+}
+
+impl Attempts {
+    fn next(&mut self, provider: Provider, recipient: &str) -> u32 {
+        fn bump<K: std::hash::Hash + Eq>(m: &mut std::collections::HashMap<K, u32>, k: K) -> u32 {
+            let n = m.entry(k).or_insert(0);
+            *n += 1;
+            *n
+        }
+        let counters = &mut self.by_provider[provider as usize];
+        match Self::packed(provider, recipient) {
+            Some(key) => bump(&mut counters.packed, key),
+            None => bump(&mut counters.text, Box::from(recipient)),
+        }
+    }
+
+    /// `recipient` packed, when it has `provider`'s fixed shape.
+    fn packed(provider: Provider, recipient: &str) -> Option<[u8; 16]> {
+        match provider {
+            Provider::Line => crate::packed::LineUserId::parse(recipient).map(|id| id.0),
+            Provider::Sms => {
+                crate::packed::Phone::parse(recipient).map(|p| u128::from(p.value()).to_le_bytes())
+            }
+            Provider::Smtp => None,
+        }
+    }
+
+    /// Forgets every number and keeps the maps' room (a reset, where sends go on).
+    fn clear(&mut self) {
+        for c in &mut self.by_provider {
+            c.packed.clear();
+            c.text.clear();
+        }
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.by_provider
+            .iter()
+            .all(|c| c.packed.is_empty() && c.text.is_empty())
+    }
 }
 
 /// The held requests: the last number given, and when each still held began.
@@ -417,7 +478,7 @@ impl Ledger {
         Ledger {
             inner: std::sync::Arc::new(Inner {
                 entries: std::sync::Mutex::new(Entries::default()),
-                attempts: std::sync::Mutex::new(std::collections::HashMap::new()),
+                attempts: std::sync::Mutex::new(Attempts::default()),
                 start: std::time::Instant::now(),
                 hooks: std::sync::RwLock::new(Vec::new()),
                 connect_hook_timeout_ns: std::sync::atomic::AtomicU64::new(
@@ -591,10 +652,8 @@ impl Ledger {
     /// Reserves the next 1-based attempt number for a send to `recipient` on `provider`. Call it
     /// once per send attempt, before deciding faults: the number is what the fault decision keys on.
     pub fn next_attempt(&self, provider: Provider, recipient: &str) -> u32 {
-        let mut m = self.inner.attempts.lock().expect("ledger poisoned");
-        let n = m.entry((provider, recipient.to_string())).or_insert(0);
-        *n += 1;
-        *n
+        let mut attempts = self.inner.attempts.lock().expect("ledger poisoned");
+        attempts.next(provider, recipient)
     }
 
     /// Sends every entry to `spool` from now on, in `seq` order, instead of retaining it: first
@@ -698,7 +757,7 @@ impl Ledger {
     /// stopped for good (a run's, before it judges), where no send will ask for one again and a
     /// hundred thousand recipients' counters are only memory.
     pub fn forget_attempts(&self) {
-        *self.inner.attempts.lock().expect("ledger poisoned") = std::collections::HashMap::new();
+        *self.inner.attempts.lock().expect("ledger poisoned") = Attempts::default();
     }
 
     /// Forgets every entry and attempt number (control API `POST /_mock/reset`). Entry numbers
@@ -740,6 +799,40 @@ mod tests {
         assert_eq!(ledger.len(), 1, "entries stay");
         assert_eq!(ledger.next_seq(), 1);
         assert!(ledger.inner.attempts.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn each_recipient_counts_its_own_attempts_per_provider() {
+        let l = Ledger::new();
+        let user = "U0123456789abcdef0123456789abcdef";
+        let phone = "+15550000001";
+        let sends = [
+            (Provider::Line, user, 1),
+            (Provider::Line, user, 2),
+            // Not a user id (uppercase): a recipient of its own, counted by its text.
+            (Provider::Line, "U0123456789ABCDEF0123456789abcdef", 1),
+            (Provider::Line, phone, 1),
+            (Provider::Sms, phone, 1),
+            (Provider::Sms, phone, 2),
+            // Not E.164: its own counter, never the number's.
+            (Provider::Sms, "+015550000001", 1),
+            (Provider::Sms, "15550000001", 1),
+            (Provider::Sms, user, 1),
+            (Provider::Smtp, "a@x.test", 1),
+            (Provider::Smtp, "A@x.test", 1),
+            (Provider::Smtp, phone, 1),
+            (Provider::Line, user, 3),
+            (Provider::Sms, phone, 3),
+            (Provider::Smtp, "a@x.test", 2),
+            (Provider::Sms, "", 1),
+            (Provider::Sms, "", 2),
+        ];
+        for (provider, to, want) in sends {
+            assert_eq!(l.next_attempt(provider, to), want, "{provider:?} {to:?}");
+        }
+        l.clear();
+        assert!(l.inner.attempts.lock().unwrap().is_empty());
+        assert_eq!(l.next_attempt(Provider::Sms, phone), 1);
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod line;
 pub mod link;
 pub mod live;
 pub mod outage;
+pub mod packed;
 pub mod ratelimit;
 mod run;
 pub mod signing;

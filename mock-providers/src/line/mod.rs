@@ -17,6 +17,8 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
+use base64::Engine;
+use uuid::Uuid;
 
 use crate::hub::Hub;
 use crate::ledger::Provider;
@@ -27,23 +29,36 @@ pub use body::{is_user_id, MAX_MESSAGES, MAX_TEXT};
 /// The header LINE puts on every response.
 const REQUEST_ID: &str = "x-line-request-id";
 
-/// One message LINE reports as sent.
+/// One message LINE reports as sent, as numbers and bytes: the retry keys keep them for every
+/// accepted push, and they are written out only in an answer.
 #[derive(Clone, Debug)]
 pub(crate) struct SentMessage {
-    pub id: String,
-    pub quote_token: String,
+    /// The message id (written in decimal, as a JSON string).
+    pub id: u64,
+    /// The bytes of the quote token ([`SentMessage::quote_token`]).
+    pub token: [u8; 24],
+}
+
+impl SentMessage {
+    /// The quote token as LINE writes it: URL-safe base64 without padding.
+    pub fn quote_token(&self) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.token)
+    }
 }
 
 /// A retry key whose request was accepted.
 #[derive(Clone, Debug)]
 pub(crate) struct AcceptedKey {
-    pub request_id: String,
-    pub sent: Vec<SentMessage>,
+    /// The accepted request's `x-line-request-id` (written lowercase, hyphenated).
+    pub request_id: Uuid,
+    pub sent: Box<[SentMessage]>,
 }
 
 pub(crate) struct LineInner {
     pub hub: Arc<Hub>,
-    pub keys: Mutex<HashMap<String, AcceptedKey>>,
+    /// Accepted retry keys, by the UUID each spells (a retry key is a canonical UUID, of either
+    /// case: one UUID is one key).
+    pub keys: Mutex<HashMap<Uuid, AcceptedKey>>,
     pub limiter: RateLimiter,
     pub next_id: AtomicU64,
 }

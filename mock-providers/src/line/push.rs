@@ -13,9 +13,9 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
+use uuid::Uuid;
 
 use super::{body, AcceptedKey, LineState, SentMessage};
 use crate::decide::{self, Verdict};
@@ -81,7 +81,8 @@ enum Decision {
 async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes) -> Reply {
     let hub = st.inner.hub.clone();
     let cfg = hub.line.get();
-    let request_id = crate::http::fast_uuid();
+    let request_uuid = crate::http::random_uuid();
+    let request_id = request_uuid.to_string();
     let reply = |status: u16, json: Value| {
         Reply::json(status, json).header("x-line-request-id", request_id.clone())
     };
@@ -123,7 +124,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
                 inv.to.as_deref().unwrap_or(""),
                 400,
                 &body.to_string(),
-                retry_key,
+                retry_key.map(|k| k.to_string()),
             );
             return reply(400, body);
         }
@@ -137,7 +138,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
     d.attempt = attempt;
     d.received_ns = received_ns;
     d.peer = Some(peer);
-    d.idempotency_key = retry_key.clone();
+    d.idempotency_key = retry_key.map(|k| k.to_string());
     d.payload_hash = Some(sha256_hex(push.messages_json().as_bytes()));
     d.body = Some(push.texts.join("\n"));
     let reset = match next {
@@ -167,7 +168,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
         let r = reply(503, json!({ "message": UNAVAILABLE }));
         return if reset { r.cut() } else { r };
     }
-    let decision = decide_push(&st, &push, attempt, retry_key.as_deref(), &request_id);
+    let decision = decide_push(&st, &push, attempt, retry_key, request_uuid);
     let delay = decide::latency(hub.seed, Provider::Line, &push.to, attempt, &cfg.latency);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -175,7 +176,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
 
     let ids = |sent: &[SentMessage]| {
         sent.iter()
-            .map(|m| m.id.as_str())
+            .map(|m| m.id.to_string())
             .collect::<Vec<_>>()
             .join(",")
     };
@@ -193,7 +194,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
             (
                 409,
                 body,
-                Some(("x-line-accepted-request-id", orig.request_id)),
+                Some(("x-line-accepted-request-id", orig.request_id.to_string())),
             )
         }
         Decision::RateLimited(wait) => {
@@ -262,8 +263,8 @@ fn decide_push(
     st: &LineState,
     push: &body::Push,
     attempt: u32,
-    retry_key: Option<&str>,
-    request_id: &str,
+    retry_key: Option<Uuid>,
+    request_id: Uuid,
 ) -> Decision {
     let inner = &st.inner;
     let hub = &inner.hub;
@@ -275,7 +276,7 @@ fn decide_push(
     }
     let mut keys = inner.keys.lock().unwrap_or_else(|p| p.into_inner());
     let key = retry_key.filter(|_| cfg.idempotency);
-    if let Some(orig) = key.and_then(|k| keys.get(k)) {
+    if let Some(orig) = key.and_then(|k| keys.get(&k)) {
         return Decision::Repeat(orig.clone());
     }
     if !body::is_user_id(&push.to) {
@@ -291,16 +292,11 @@ fn decide_push(
         &cfg.permanent,
         &cfg.transient,
     );
-    let commit = |keys: &mut std::collections::HashMap<String, AcceptedKey>| {
+    let commit = |keys: &mut std::collections::HashMap<Uuid, AcceptedKey>| {
         let sent = new_sent(st, push.messages.len());
         if let Some(k) = key {
-            keys.insert(
-                k.to_string(),
-                AcceptedKey {
-                    request_id: request_id.to_string(),
-                    sent: sent.clone(),
-                },
-            );
+            let sent = sent.clone().into_boxed_slice();
+            keys.insert(k, AcceptedKey { request_id, sent });
         }
         sent
     };
@@ -319,32 +315,34 @@ fn decide_push(
     }
 }
 
-/// A retry key in the canonical 8-4-4-4-12 hyphenated form (hex digits of either case),
-/// lowercased; `None` for anything else, including the braced, `urn:uuid:` and unhyphenated
-/// forms `Uuid::parse_str` would accept.
-pub(crate) fn canonical_uuid(key: &str) -> Option<String> {
+/// A retry key in the canonical 8-4-4-4-12 hyphenated form (hex digits of either case), as the
+/// UUID it spells (whose text is the key lowercased); `None` for anything else, including the
+/// braced, `urn:uuid:` and unhyphenated forms `Uuid::parse_str` would accept.
+pub(crate) fn canonical_uuid(key: &str) -> Option<Uuid> {
     let b = key.as_bytes();
     let ok = b.len() == 36
         && b.iter().enumerate().all(|(i, c)| match i {
             8 | 13 | 18 | 23 => *c == b'-',
             _ => c.is_ascii_hexdigit(),
         });
-    ok.then(|| key.to_ascii_lowercase())
+    if !ok {
+        return None;
+    }
+    Uuid::try_parse(key).ok()
 }
 
 fn new_sent(st: &LineState, n: usize) -> Vec<SentMessage> {
     (0..n)
         .map(|_| SentMessage {
-            id: st.inner.next_id.fetch_add(1, Ordering::Relaxed).to_string(),
-            quote_token: base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .encode(rand::random::<[u8; 24]>()),
+            id: st.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            token: rand::random(),
         })
         .collect()
 }
 
 fn sent_json(sent: &[SentMessage]) -> Vec<Value> {
     sent.iter()
-        .map(|m| json!({ "id": m.id, "quoteToken": m.quote_token }))
+        .map(|m| json!({ "id": m.id.to_string(), "quoteToken": m.quote_token() }))
         .collect()
 }
 
@@ -384,9 +382,15 @@ mod tests {
         for (key, ok) in cases {
             assert_eq!(canonical_uuid(key).is_some(), ok, "{key:?}");
         }
+        // One key whatever the case, written back lowercased (what the ledger records).
+        let upper = canonical_uuid("123E4567-E89B-12D3-A456-426614174000").unwrap();
+        let lower = canonical_uuid("123e4567-e89b-12d3-a456-426614174000").unwrap();
+        assert_eq!(upper, lower);
+        assert_eq!(upper.to_string(), "123e4567-e89b-12d3-a456-426614174000");
+        let mixed = "123e4567-E89B-12d3-A456-426614174000";
         assert_eq!(
-            canonical_uuid("123E4567-E89B-12D3-A456-426614174000").unwrap(),
-            "123e4567-e89b-12d3-a456-426614174000"
+            canonical_uuid(mixed).unwrap().to_string(),
+            mixed.to_ascii_lowercase()
         );
     }
 }

@@ -17,14 +17,15 @@ use axum::Extension;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::store::Stored;
-use super::{authorized, default_code, is_e164, twilio_error, SmsState};
+use super::store::{Field, Stored, Timeline};
+use super::{authorized, default_code, twilio_error, SmsState};
 use crate::callbacks::{plan, SmsReport};
 use crate::config::HttpFault;
 use crate::decide::{self, Verdict};
 use crate::http::{detached, sha256_hex, ConnCut, Reply};
 use crate::ledger::{EntryKind, LedgerEntry, Outcome, Provider};
 use crate::link::{self, LinkFault, Next};
+use crate::packed::{Phone, Sid};
 
 pub(super) async fn create(
     State(st): State<SmsState>,
@@ -234,7 +235,7 @@ async fn handle(
         Decision::Accept(msg) => {
             d.outcome = Outcome::Accepted;
             d.status = "201".into();
-            d.message_id = Some(msg.sid.clone());
+            d.message_id = Some(msg.sid.to_string());
             (
                 Reply::serialized(201, &msg.resource(Instant::now())),
                 Some(msg),
@@ -243,7 +244,7 @@ async fn handle(
         Decision::Repeat(msg) => {
             d.outcome = Outcome::IdempotentRepeat;
             d.status = "201".into();
-            d.message_id = Some(msg.sid.clone());
+            d.message_id = Some(msg.sid.to_string());
             let r = Reply::serialized(201, &msg.resource(Instant::now()))
                 .header("idempotent-replayed", "true");
             (r, None)
@@ -281,7 +282,7 @@ async fn handle(
                 Outcome::Transient
             };
             d.status = fault.status.to_string();
-            d.message_id = msg.as_ref().map(|m| m.sid.clone());
+            d.message_id = msg.as_ref().map(|m| m.sid.to_string());
             d.fault = Some(decide::label(&fault));
             d.error = Some(code.to_string());
             // The header is whole seconds; the ledger records what was sent.
@@ -302,16 +303,26 @@ async fn handle(
     if let Some(msg) = committed {
         hub.ledger.before_response(&entry).await;
         let report = SmsReport {
-            sid: msg.sid.clone(),
-            to: msg.to.clone(),
+            sid: msg.sid.to_string(),
+            to: msg.to.to_string(),
             from: msg.sender().unwrap_or_default(),
-            messaging_service_sid: msg.messaging_service_sid.clone(),
-            status_callback: msg.status_callback.clone().unwrap_or_default(),
+            messaging_service_sid: msg.messaging_service_sid.as_deref().map(str::to_string),
+            status_callback: msg
+                .status_callback
+                .as_deref()
+                .unwrap_or_default()
+                .to_string(),
             attempt: msg.attempt,
         };
         // The plan is a pure function of the message: the store keeps its timeline (what a poll
         // sees), the dispatcher its reports, the same ones.
-        let plan = plan::sms(hub.seed, &msg.to, msg.attempt, &msg.sid, &cfg.callbacks);
+        let plan = plan::sms(
+            hub.seed,
+            &report.to,
+            msg.attempt,
+            &report.sid,
+            &cfg.callbacks,
+        );
         hub.callbacks.sms_accepted(&cfg, &report, plan);
     }
     if reset {
@@ -339,32 +350,40 @@ fn decide_create(
     if let Some(orig) = key.and_then(|k| inner.store.by_key(k)) {
         return Decision::Repeat(orig);
     }
-    if !is_e164(&form.to) {
+    // An E.164 number (what `is_e164` accepts), packed as the store keeps it.
+    let Some(to) = Phone::parse(&form.to) else {
         return Decision::BadAddress {
             code: 21211,
             seeded: false,
         };
-    }
+    };
     let commit = || {
-        let sid = format!("SM{}", hex::encode(rand::random::<[u8; 16]>()));
-        let mut plan = plan::sms(hub.seed, &form.to, attempt, &sid, &cfg.callbacks);
-        // Scheduled apart, from the same plan, when the message is answered for: a store of a
-        // hundred thousand messages keeps no report.
-        plan.reports = Vec::new();
+        let sid = Sid::random();
+        let plan = plan::sms(
+            hub.seed,
+            &form.to,
+            attempt,
+            &sid.to_string(),
+            &cfg.callbacks,
+        );
+        let store = &inner.store;
+        let share = |field, text: &Option<String>| text.as_deref().map(|t| store.share(field, t));
         let msg = Stored {
             sid,
-            account_sid: cfg.account_sid.clone(),
-            to: form.to.clone(),
-            from: form.from.clone(),
-            messaging_service_sid: form.messaging_service_sid.clone(),
-            body: form.body.clone(),
-            status_callback: form.status_callback.clone(),
+            to,
+            account_sid: store.share(Field::AccountSid, &cfg.account_sid),
+            from: share(Field::From, &form.from),
+            messaging_service_sid: share(Field::MessagingServiceSid, &form.messaging_service_sid),
+            status_callback: share(Field::StatusCallback, &form.status_callback),
+            body: form.body.as_str().into(),
             created: chrono::Utc::now(),
             created_at: Instant::now(),
             attempt,
-            plan,
+            // The reports are scheduled apart, from the same plan, when the message is answered
+            // for: a store of a hundred thousand messages keeps no report.
+            timeline: Timeline::from(&plan),
         };
-        inner.store.insert(msg, key)
+        store.insert(msg, key)
     };
     match decide::decide(
         hub.seed,

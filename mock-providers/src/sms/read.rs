@@ -69,7 +69,8 @@ pub(super) async fn fetch(
         Some(msg) => {
             let resource = msg.resource(Instant::now());
             let reported = Some(resource.status);
-            record_poll(&st, peer, (&msg.to, Some(msg.sid.clone())), 200, reported);
+            let sid = Some(resource.sid.clone());
+            record_poll(&st, peer, (&resource.to, sid), 200, reported);
             Reply::serialized(200, &resource).into_response()
         }
         None => {
@@ -207,13 +208,7 @@ pub(super) async fn list(
         // A read about no one number told each listed number's failure: recorded per message
         // (by its sid), so the harness knows whose failure the stack may have learned from it.
         for m in messages.iter().filter(|m| is_sms_failure(m.status)) {
-            record_poll(
-                &st,
-                peer,
-                (m.to, Some(m.sid.to_string())),
-                200,
-                Some(m.status),
-            );
+            record_poll(&st, peer, (&m.to, Some(m.sid.clone())), 200, Some(m.status));
         }
     }
     Reply::json(

@@ -3,8 +3,12 @@
 //! A message's status moves along the timeline its callback plan fixed at creation (queued →
 //! sent → delivered / undelivered / failed), so a poll and the callbacks never disagree. The
 //! store must never hold a message the ledger does not have as accepted.
+//!
+//! A run keeps a hundred thousand messages here, so each is kept small: the SID and the `To`
+//! number packed ([`crate::packed`]), the texts most messages repeat (account, sender, service,
+//! callback URL) shared ([`Store::share`]), and the indexes keyed by the packed forms.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +16,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use crate::callbacks::plan::SmsPlan;
+use crate::packed::{Phone, Sid};
 
 /// Twilio's API version segment.
 pub const API_VERSION: &str = "2010-04-01";
@@ -19,17 +24,40 @@ pub const API_VERSION: &str = "2010-04-01";
 /// One accepted message.
 #[derive(Debug)]
 pub struct Stored {
-    pub sid: String,
-    pub account_sid: String,
-    pub to: String,
-    pub from: Option<String>,
-    pub messaging_service_sid: Option<String>,
-    pub body: String,
-    pub status_callback: Option<String>,
+    pub sid: Sid,
+    /// The store only takes a message to an E.164 number.
+    pub to: Phone,
+    pub account_sid: Arc<str>,
+    pub from: Option<Arc<str>>,
+    pub messaging_service_sid: Option<Arc<str>>,
+    pub status_callback: Option<Arc<str>>,
+    pub body: Box<str>,
     pub created: DateTime<Utc>,
     pub created_at: Instant,
     pub attempt: u32,
-    pub plan: SmsPlan,
+    pub timeline: Timeline,
+}
+
+/// What the store keeps of a message's [`SmsPlan`]: its status timeline (the reports are
+/// scheduled apart, from the same plan, when the message is answered for).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timeline {
+    pub final_status: &'static str,
+    pub error_code: Option<u32>,
+    /// When the message becomes `sent`, and then final, after acceptance.
+    pub sent_after: Duration,
+    pub final_after: Duration,
+}
+
+impl From<&SmsPlan> for Timeline {
+    fn from(plan: &SmsPlan) -> Timeline {
+        Timeline {
+            final_status: plan.final_status,
+            error_code: plan.error_code,
+            sent_after: plan.sent_after,
+            final_after: plan.final_after,
+        }
+    }
 }
 
 /// Twilio's Message resource, serialised as Twilio writes it (keys in alphabetical order, as a
@@ -51,10 +79,10 @@ pub struct Resource<'a> {
     pub num_segments: String,
     pub price: Option<&'static str>,
     pub price_unit: &'static str,
-    pub sid: &'a str,
+    pub sid: String,
     pub status: &'static str,
     pub subresource_uris: SubresourceUris,
-    pub to: &'a str,
+    pub to: String,
     pub uri: String,
 }
 
@@ -114,7 +142,8 @@ impl Stored {
     /// The sender number: `From`, or the Messaging Service's number ([`service_number`]).
     pub fn sender(&self) -> Option<String> {
         self.from
-            .clone()
+            .as_deref()
+            .map(str::to_string)
             .or_else(|| self.messaging_service_sid.as_deref().map(service_number))
     }
 
@@ -125,7 +154,7 @@ impl Stored {
         } else {
             "accepted"
         };
-        if age < self.plan.sent_after {
+        if age < self.timeline.sent_after {
             return StatusAt {
                 status: initial,
                 date_sent: None,
@@ -133,8 +162,8 @@ impl Stored {
                 error_code: None,
             };
         }
-        let sent = after(self.created, self.plan.sent_after);
-        if age < self.plan.final_after {
+        let sent = after(self.created, self.timeline.sent_after);
+        if age < self.timeline.final_after {
             return StatusAt {
                 status: "sent",
                 date_sent: Some(sent),
@@ -143,10 +172,10 @@ impl Stored {
             };
         }
         StatusAt {
-            status: self.plan.final_status,
+            status: self.timeline.final_status,
             date_sent: Some(sent),
-            date_updated: after(self.created, self.plan.final_after),
-            error_code: self.plan.error_code,
+            date_updated: after(self.created, self.timeline.final_after),
+            error_code: self.timeline.error_code,
         }
     }
 
@@ -160,6 +189,7 @@ impl Stored {
     /// Twilio's Message resource as of `now`.
     pub fn resource(&self, now: Instant) -> Resource<'_> {
         let s = self.status_at(now);
+        let to = self.to.to_string();
         let segments = self.body.chars().count().div_ceil(160).max(1);
         Resource {
             account_sid: &self.account_sid,
@@ -170,7 +200,7 @@ impl Stored {
             date_updated: twilio_date(s.date_updated),
             direction: "outbound-api",
             error_code: s.error_code,
-            error_message: s.error_code.map(|c| crate::sms::error_message(c, &self.to)),
+            error_message: s.error_code.map(|c| crate::sms::error_message(c, &to)),
             // A Messaging Service picks the sender when it sends: `null` while `accepted`.
             from: if s.status == "accepted" {
                 None
@@ -182,7 +212,7 @@ impl Stored {
             num_segments: segments.to_string(),
             price: None,
             price_unit: "USD",
-            sid: &self.sid,
+            sid: self.sid.to_string(),
             status: s.status,
             subresource_uris: SubresourceUris {
                 media: format!(
@@ -190,7 +220,7 @@ impl Stored {
                     self.account_sid, self.sid
                 ),
             },
-            to: &self.to,
+            to,
             uri: self.uri(),
         }
     }
@@ -204,16 +234,50 @@ impl Stored {
 
 #[derive(Default)]
 struct Maps {
-    by_sid: HashMap<String, Arc<Stored>>,
-    by_to: HashMap<String, Vec<Arc<Stored>>>,
-    /// `Idempotency-Key` → SID of the message it created.
-    keys: HashMap<String, String>,
+    by_sid: HashMap<Sid, Arc<Stored>>,
+    by_to: HashMap<Phone, Vec<Arc<Stored>>>,
+    /// `Idempotency-Key` → the message it created.
+    keys: HashMap<Box<str>, Arc<Stored>>,
+}
+
+/// How many distinct texts one field's [`Shared`] keeps: a run repeats a handful (its account,
+/// its senders, its callback URL), and a field that differs per message (a callback URL with the
+/// delivery in its query) must not grow a set as big as the store.
+const SHARED_TEXTS: usize = 256;
+
+/// One copy of each text a field of the messages repeats, up to [`SHARED_TEXTS`] of them; past
+/// that, a new text gets an `Arc` of its own.
+#[derive(Default)]
+struct Shared(HashSet<Arc<str>>);
+
+impl Shared {
+    fn get(&mut self, text: &str) -> Arc<str> {
+        if let Some(t) = self.0.get(text) {
+            return t.clone();
+        }
+        let t: Arc<str> = Arc::from(text);
+        if self.0.len() < SHARED_TEXTS {
+            self.0.insert(t.clone());
+        }
+        t
+    }
+}
+
+/// A text field of [`Stored`] that [`Store::share`] keeps one copy of per distinct value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    AccountSid,
+    From,
+    MessagingServiceSid,
+    StatusCallback,
 }
 
 /// All accepted messages. Cheap to share behind an `Arc`.
 #[derive(Default)]
 pub struct Store {
     maps: Mutex<Maps>,
+    /// Per [`Field`], in its order.
+    shared: Mutex<[Shared; 4]>,
 }
 
 impl Store {
@@ -221,28 +285,39 @@ impl Store {
         self.maps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// `text` for `field` of a new message, shared with the messages before it that had the
+    /// same (see [`SHARED_TEXTS`]).
+    pub fn share(&self, field: Field, text: &str) -> Arc<str> {
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        shared[field as usize].get(text)
+    }
+
     pub fn get(&self, sid: &str) -> Option<Arc<Stored>> {
-        self.lock().by_sid.get(sid).cloned()
+        let sid = Sid::parse(sid)?;
+        self.lock().by_sid.get(&sid).cloned()
     }
 
     /// The message an idempotency key created, if any.
     pub fn by_key(&self, key: &str) -> Option<Arc<Stored>> {
-        let m = self.lock();
-        m.keys.get(key).and_then(|sid| m.by_sid.get(sid)).cloned()
+        self.lock().keys.get(key).cloned()
     }
 
     /// Stores `msg` unless `key` already created one; returns the message that holds the key.
     pub fn insert(&self, msg: Stored, key: Option<&str>) -> Result<Arc<Stored>, Arc<Stored>> {
         let mut m = self.lock();
-        if let Some(k) = key {
-            if let Some(orig) = m.keys.get(k).and_then(|sid| m.by_sid.get(sid)) {
-                return Err(orig.clone());
-            }
-            m.keys.insert(k.to_string(), msg.sid.clone());
+        if let Some(orig) = key.and_then(|k| m.keys.get(k)) {
+            return Err(orig.clone());
         }
         let msg = Arc::new(msg);
-        m.by_sid.insert(msg.sid.clone(), msg.clone());
-        m.by_to.entry(msg.to.clone()).or_default().push(msg.clone());
+        if let Some(k) = key {
+            m.keys.insert(k.into(), msg.clone());
+        }
+        m.by_sid.insert(msg.sid, msg.clone());
+        // Most numbers get one message: room for one, not the four a first push makes.
+        m.by_to
+            .entry(msg.to)
+            .or_insert_with(|| Vec::with_capacity(1))
+            .push(msg.clone());
         Ok(msg)
     }
 
@@ -250,7 +325,10 @@ impl Store {
     pub fn list(&self, to: Option<&str>) -> Vec<Arc<Stored>> {
         let m = self.lock();
         let mut v: Vec<Arc<Stored>> = match to {
-            Some(t) => m.by_to.get(t).cloned().unwrap_or_default(),
+            // A `To` that is no E.164 number has no message: the store takes none.
+            Some(t) => Phone::parse(t)
+                .and_then(|t| m.by_to.get(&t).cloned())
+                .unwrap_or_default(),
             None => m.by_sid.values().cloned().collect(),
         };
         v.sort_by(|a, b| {
@@ -263,13 +341,13 @@ impl Store {
 
     pub fn clear(&self) {
         *self.lock() = Maps::default();
+        *self.shared.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::callbacks::plan::SmsPlan;
     use serde_json::Value;
 
     #[test]
@@ -293,24 +371,135 @@ mod tests {
 
     fn stored(created: &str, from: Option<&str>, ms: Option<&str>) -> Stored {
         Stored {
-            sid: "SM0".into(),
+            sid: Sid::parse("SM00000000000000000000000000000000").unwrap(),
+            to: Phone::parse("+15550000001").unwrap(),
             account_sid: "AC0".into(),
-            to: "+15550000001".into(),
-            from: from.map(str::to_string),
-            messaging_service_sid: ms.map(str::to_string),
-            body: "hello".into(),
+            from: from.map(Arc::from),
+            messaging_service_sid: ms.map(Arc::from),
             status_callback: None,
+            body: "hello".into(),
             created: created.parse().unwrap(),
             created_at: Instant::now(),
             attempt: 1,
-            plan: SmsPlan {
+            timeline: Timeline {
                 final_status: "delivered",
                 error_code: None,
                 sent_after: Duration::from_secs(60),
                 final_after: Duration::from_secs(120),
-                reports: Vec::new(),
             },
         }
+    }
+
+    /// A message from `store` as the SMS fake makes one, its texts shared through the store.
+    fn message(store: &Store, sid: &str, to: &str, callback: &str) -> Stored {
+        let mut m = stored("2024-05-01T10:00:00Z", None, None);
+        m.sid = Sid::parse(sid).unwrap();
+        m.to = Phone::parse(to).unwrap();
+        m.account_sid = store.share(Field::AccountSid, "AC0");
+        m.from = Some(store.share(Field::From, "+15550009999"));
+        m.messaging_service_sid = Some(store.share(Field::MessagingServiceSid, "MG1"));
+        m.status_callback = Some(store.share(Field::StatusCallback, callback));
+        m
+    }
+
+    const SID_A: &str = "SM0000000000000000000000000000000a";
+    const SID_B: &str = "SM0000000000000000000000000000000b";
+
+    #[test]
+    fn messages_share_one_copy_of_the_texts_they_repeat() {
+        let store = Store::default();
+        let cb = "http://127.0.0.1:1/cb";
+        let a = store
+            .insert(message(&store, SID_A, "+15550000001", cb), None)
+            .unwrap();
+        let b = store
+            .insert(message(&store, SID_B, "+15550000002", cb), None)
+            .unwrap();
+        assert!(Arc::ptr_eq(&a.account_sid, &b.account_sid));
+        assert!(Arc::ptr_eq(
+            a.from.as_ref().unwrap(),
+            b.from.as_ref().unwrap()
+        ));
+        let service = |m: &Stored| m.messaging_service_sid.clone().unwrap();
+        assert!(Arc::ptr_eq(&service(&a), &service(&b)));
+        let callback = |m: &Stored| m.status_callback.clone().unwrap();
+        assert!(Arc::ptr_eq(&callback(&a), &callback(&b)));
+        // A field is shared with itself only: the same text in another field is its own copy.
+        assert!(!Arc::ptr_eq(&store.share(Field::From, "MG1"), &service(&a)));
+        // A text that differs per message is kept, in a bounded set: the rest get their own.
+        let many: Vec<_> = (0..SHARED_TEXTS + 10)
+            .map(|i| store.share(Field::StatusCallback, &format!("{cb}?d={i}")))
+            .collect();
+        let again = store.share(Field::StatusCallback, &many[SHARED_TEXTS + 5]);
+        assert_eq!(again, many[SHARED_TEXTS + 5]);
+        assert!(!Arc::ptr_eq(&again, &many[SHARED_TEXTS + 5]));
+        assert!(Arc::ptr_eq(
+            &store.share(Field::StatusCallback, &many[3]),
+            &many[3]
+        ));
+        // A reset forgets them.
+        store.clear();
+        assert!(!Arc::ptr_eq(
+            &store.share(Field::AccountSid, "AC0"),
+            &a.account_sid
+        ));
+    }
+
+    #[test]
+    fn a_key_keeps_the_first_message_it_created() {
+        let store = Store::default();
+        let first = store
+            .insert(message(&store, SID_A, "+15550000001", "u"), Some("k1"))
+            .unwrap();
+        let again = store.insert(message(&store, SID_B, "+15550000001", "u"), Some("k1"));
+        assert!(Arc::ptr_eq(&again.unwrap_err(), &first));
+        assert!(Arc::ptr_eq(&store.by_key("k1").unwrap(), &first));
+        assert!(store.by_key("K1").is_none() && store.by_key("k2").is_none());
+        assert!(store.get(SID_B).is_none(), "the repeat was not stored");
+        assert_eq!(store.list(None).len(), 1);
+    }
+
+    #[test]
+    fn messages_are_found_by_their_sid_and_number_texts() {
+        let store = Store::default();
+        let now = Instant::now();
+        let at_now = |mut m: Stored| {
+            m.created_at = now;
+            m
+        };
+        let a = store.insert(at_now(message(&store, SID_A, "+15550000001", "u")), None);
+        let b = store.insert(at_now(message(&store, SID_B, "+15550000001", "u")), None);
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let c = store
+            .insert(
+                message(&store, "SM1000000000000000000000000000000f", "+44201", "u"),
+                None,
+            )
+            .unwrap();
+        assert!(Arc::ptr_eq(&store.get(SID_A).unwrap(), &a));
+        assert!(
+            store.get(&SID_A.replace('a', "A")).is_none(),
+            "SIDs are lowercase"
+        );
+        assert!(store.get("SM0").is_none() && store.get("").is_none());
+        // Created at the same instant: the SID breaks the tie, descending, as its text would.
+        let to_1: Vec<String> = store
+            .list(Some("+15550000001"))
+            .iter()
+            .map(|m| m.sid.to_string())
+            .collect();
+        assert_eq!(to_1, [SID_B, SID_A].map(String::from));
+        assert!(Arc::ptr_eq(&store.list(Some("+44201"))[0], &c));
+        for nothing in ["15550000001", "+015550000001", "+1555000000", ""] {
+            assert!(store.list(Some(nothing)).is_empty(), "{nothing:?}");
+        }
+        assert_eq!(store.list(None).len(), 3);
+        let r = b.resource(b.created_at);
+        assert_eq!((r.sid.as_str(), r.to.as_str()), (SID_B, "+15550000001"));
+        assert_eq!(
+            r.uri,
+            format!("/2010-04-01/Accounts/AC0/Messages/{SID_B}.json")
+        );
     }
 
     #[test]
