@@ -231,6 +231,28 @@ fn python_stack_draining_one_channel_first_meets_both_outages() {
     );
 }
 
+/// A stack with a worker per channel (slot 1 SMS, 2 LINE, 3 e-mail): a link fault aimed at a
+/// worker by its index, or at the busiest worker in all, meets no send of its provider, and the
+/// run was INCONCLUSIVE ("no send met it") for this correct stack. `provider-links` aims each
+/// at the worker busiest with that provider, and every step takes effect.
+#[test]
+fn python_stack_with_a_worker_per_channel_meets_every_link_fault() {
+    let (out, reports) = run_py(
+        &[("PY_STACK_WORKER_CHANNELS", "1=sms;2=line;3=email")],
+        "provider-links",
+        &["load.recipients=200"],
+    );
+    let report = report_in(&reports);
+    let steps = report["chaos_steps"].as_array().expect("chaos_steps");
+    assert!(
+        code(&out) == 0 && steps.len() == 5 && steps.iter().all(|s| s["count"].as_u64() > Some(0)),
+        "exit {}, chaos {steps:#?} (reports in {:?}):\n{}",
+        code(&out),
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// The other edge: a stack that answers no delivery report within the fakes' 2 s timeout
 /// (each takes a minute) has stopped taking them, however many are due: a stall, violated once
 /// nothing has settled and no report been answered for 10 s past the deadline (12 s: its sends

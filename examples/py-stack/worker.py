@@ -62,6 +62,24 @@ if any(c not in ("line", "email", "sms") for c in CHANNEL_ORDER):
 BY_CHANNEL = (f"array_position(ARRAY[{', '.join(repr(c) for c in CHANNEL_ORDER)}]::text[], "
               "channel), " if CHANNEL_ORDER else "")
 
+# Not a flaw, a design: `PY_STACK_WORKER_CHANNELS=1=sms;2=line;3=email` keeps each listed worker
+# slot (the `N` of `TING_WORKER_ID` `wN` or `wN-rK`) to one channel, as a stack with a worker
+# pool per channel would; a slot not listed claims every channel.
+def own_channel():
+    slot = WORKER[1:].split("-")[0]
+    for part in filter(None, env("PY_STACK_WORKER_CHANNELS", "").split(";")):
+        key, _, channel = part.partition("=")
+        if channel.strip() not in ("line", "email", "sms") or not key.strip().isdigit():
+            raise SystemExit(f"py-stack: PY_STACK_WORKER_CHANNELS part {part!r} is not "
+                             "SLOT=line|email|sms")
+        if key.strip() == slot:
+            return channel.strip()
+    return None
+
+
+OWN_CHANNEL = own_channel()
+ONLY_CHANNEL = f"AND channel = '{OWN_CHANNEL}'" if OWN_CHANNEL else ""
+
 # flaw(prio-after-due-time): the priority only breaks ties between rows due at the same instant.
 CLAIM_ORDER = (f"next_at, prio, {BY_CHANNEL}id" if flaw("prio-after-due-time")
                else f"prio, {BY_CHANNEL}next_at, id")
@@ -69,7 +87,7 @@ CLAIM_ORDER = (f"next_at, prio, {BY_CHANNEL}id" if flaw("prio-after-due-time")
 CLAIM = f"""
 WITH c AS (
     SELECT id, state FROM py_deliveries
-    WHERE state IN ('pending', 'retryable') AND next_at <= now()
+    WHERE state IN ('pending', 'retryable') AND next_at <= now() {ONLY_CHANNEL}
     ORDER BY {CLAIM_ORDER}
     FOR UPDATE SKIP LOCKED LIMIT 1
 )
@@ -85,7 +103,7 @@ RETURNING d.id, c.state, d.channel, d.address, d.subject, d.body_text, d.body_ht
 # pick the same row both "claim" it (the UPDATE re-checks nothing) and both send it.
 CLAIM_PICK = f"""
 SELECT id, state FROM py_deliveries
-WHERE state IN ('pending', 'retryable') AND next_at <= now()
+WHERE state IN ('pending', 'retryable') AND next_at <= now() {ONLY_CHANNEL}
 ORDER BY {CLAIM_ORDER} LIMIT 1
 """
 CLAIM_TAKE = """

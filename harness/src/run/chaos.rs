@@ -241,12 +241,15 @@ impl Chaos {
         self.tasks.lock().unwrap().push(task);
     }
 
-    fn targets(&self, target: &Target, sender: Option<u32>) -> Vec<(u32, u32)> {
+    /// The live workers `step`'s target names now: `busiest` is the one that has sent the most
+    /// to the step's provider for a provider action (a worker that never sends to it could not
+    /// meet its fault), the most in all otherwise.
+    fn targets(&self, step: &ChaosStep, sender: Option<u32>) -> Vec<(u32, u32)> {
         let live = self.world.live_workers();
-        match target {
+        match &step.target {
             Target::Worker(slot) => live.into_iter().filter(|(s, _)| s == slot).collect(),
             Target::All => live,
-            Target::Busiest => self.world.busiest().into_iter().collect(),
+            Target::Busiest => self.world.busiest(step.provider()).into_iter().collect(),
             Target::Random => live
                 .choose(&mut *self.rng.lock().unwrap())
                 .copied()
@@ -287,7 +290,7 @@ impl Chaos {
         if step.target == Target::Api {
             return api::act(self, i, &step, why).await;
         }
-        let targets = self.targets(&step.target, sender);
+        let targets = self.targets(&step, sender);
         if targets.is_empty() {
             let reason = format!("{why}: no live worker matches {:?}", step.target);
             self.world

@@ -40,9 +40,9 @@ pub struct World {
     /// ledger seq → pid of the sender.
     pids: Mutex<HashMap<u64, u32>>,
     /// Sends whose connection was not resolved on accept (seq, peer), resolved in batches.
-    unresolved: Mutex<Vec<(u64, SocketAddr)>>,
-    /// pid → sends attributed to it.
-    sends_by_pid: Mutex<HashMap<u32, u64>>,
+    unresolved: Mutex<Vec<(u64, Provider, SocketAddr)>>,
+    /// pid → sends attributed to it, per provider ([`idx`]).
+    sends_by_pid: Mutex<HashMap<u32, [u64; 3]>>,
     /// See [`World::sends_sender_gone`].
     sender_gone: AtomicU64,
     accepted: [AtomicU64; 3],
@@ -176,14 +176,16 @@ impl World {
 
     /// Attributes send `seq` from `peer`: at once from the connection table when its connection
     /// was resolved on accept (the normal case), else queued for [`World::resolve_pending`].
-    fn attribute(&self, seq: u64, peer: SocketAddr) {
+    fn attribute(&self, seq: u64, provider: Provider, peer: SocketAddr) {
         match self.attributor.connection(peer) {
-            Some(Found::Sender(pid)) => self.record_sender(seq, pid),
+            Some(Found::Sender(pid)) => self.record_sender(seq, provider, pid),
             // No process held the socket any more when the connection was accepted.
             Some(Found::Closed) => {
                 self.sender_gone.fetch_add(1, Ordering::Relaxed);
             }
-            Some(Found::Unknown) | None => self.unresolved.lock().unwrap().push((seq, peer)),
+            Some(Found::Unknown) | None => {
+                self.unresolved.lock().unwrap().push((seq, provider, peer));
+            }
         }
     }
 
@@ -194,23 +196,24 @@ impl World {
         self.sender_gone.load(Ordering::Relaxed)
     }
 
-    fn record_sender(&self, seq: u64, pid: u32) {
+    fn record_sender(&self, seq: u64, provider: Provider, pid: u32) {
         self.pids.lock().unwrap().insert(seq, pid);
-        *self.sends_by_pid.lock().unwrap().entry(pid).or_insert(0) += 1;
+        self.sends_by_pid.lock().unwrap().entry(pid).or_default()[idx(provider)] += 1;
     }
 
     /// Attributes every queued send to its sender (one read of the socket tables for all): the
     /// fallback for sends whose connection was not resolved when it was accepted.
     pub fn resolve_pending(&self) {
-        let batch: Vec<(u64, SocketAddr)> = std::mem::take(&mut *self.unresolved.lock().unwrap());
+        let batch: Vec<(u64, Provider, SocketAddr)> =
+            std::mem::take(&mut *self.unresolved.lock().unwrap());
         if batch.is_empty() {
             return;
         }
-        let peers: Vec<_> = batch.iter().map(|(_, p)| *p).collect();
+        let peers: Vec<_> = batch.iter().map(|(_, _, p)| *p).collect();
         let found = self.attributor.resolve_many(&peers);
-        for ((seq, _), pid) in batch.iter().zip(found) {
+        for ((seq, provider, _), pid) in batch.iter().zip(found) {
             if let Some(pid) = pid {
-                self.record_sender(*seq, pid);
+                self.record_sender(*seq, *provider, pid);
             }
         }
     }
@@ -320,13 +323,31 @@ impl World {
             .map(|(s, _)| *s)
     }
 
-    /// The live worker that has sent the most so far.
-    pub fn busiest(&self) -> Option<(u32, u32)> {
+    /// The live worker that has sent the most so far: to `provider`, or to all three. Ties go
+    /// to the lowest slot.
+    pub fn busiest(&self, provider: Option<Provider>) -> Option<(u32, u32)> {
         let sends = self.sends_by_pid.lock().unwrap().clone();
-        self.live_workers()
-            .into_iter()
-            .max_by_key(|(slot, pid)| (sends.get(pid).copied().unwrap_or(0), u32::MAX - slot))
+        busiest_of(&self.live_workers(), &sends, provider)
     }
+}
+
+/// Of the `live` (slot, pid) pairs, the one with the most sends to `provider` (to all three
+/// without one) in `sends`; ties go to the lowest slot.
+fn busiest_of(
+    live: &[(u32, u32)],
+    sends: &HashMap<u32, [u64; 3]>,
+    provider: Option<Provider>,
+) -> Option<(u32, u32)> {
+    let count = |pid: &u32| {
+        let by_provider = sends.get(pid).copied().unwrap_or_default();
+        match provider {
+            Some(p) => by_provider[idx(p)],
+            None => by_provider.iter().sum(),
+        }
+    };
+    live.iter()
+        .copied()
+        .max_by_key(|(slot, pid)| (count(pid), u32::MAX - slot))
 }
 
 /// The ledger hook: attributes each request to its sender and counts progress. Register it before
@@ -371,7 +392,7 @@ impl Hook for Observer {
         let w = &self.world;
         if e.kind == EntryKind::Send {
             if let Some(peer) = e.peer {
-                w.attribute(e.seq, peer);
+                w.attribute(e.seq, e.provider, peer);
             }
             if e.fault.is_some() {
                 w.faults.fetch_add(1, Ordering::Relaxed);
@@ -400,5 +421,39 @@ impl Hook for Observer {
 
     fn before_response<'a>(&'a self, e: &'a LedgerEntry) -> futures::future::BoxFuture<'a, ()> {
         Box::pin(self.chaos.fire_on_accept(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A provider action's `busiest` is the worker busiest with that provider: in a stack whose
+    /// workers each keep to a channel, the busiest worker in all may never send to it.
+    #[test]
+    fn busiest_counts_the_provider_asked_about() {
+        let live = [(1, 101), (2, 102), (3, 103)];
+        // Worker 1 sends SMS only, worker 2 LINE only, worker 3 e-mail only.
+        let sends = HashMap::from([(101, [0, 0, 900]), (102, [300, 0, 0]), (103, [0, 200, 0])]);
+        assert_eq!(busiest_of(&live, &sends, None), Some((1, 101)));
+        assert_eq!(
+            busiest_of(&live, &sends, Some(Provider::Line)),
+            Some((2, 102))
+        );
+        assert_eq!(
+            busiest_of(&live, &sends, Some(Provider::Smtp)),
+            Some((3, 103))
+        );
+        assert_eq!(
+            busiest_of(&live, &sends, Some(Provider::Sms)),
+            Some((1, 101))
+        );
+        // Nothing sent yet (or a dead worker's sends only): the lowest live slot.
+        let dead_only = HashMap::from([(999, [5, 5, 5])]);
+        assert_eq!(
+            busiest_of(&live, &dead_only, Some(Provider::Line)),
+            Some((1, 101))
+        );
+        assert_eq!(busiest_of(&[], &sends, None), None);
     }
 }

@@ -465,7 +465,8 @@ pub struct RawChaos {
     /// The Nth accepted send on a channel; fires before the provider answers.
     pub on_accept: Option<RawOnAccept>,
     pub action: ChaosAction,
-    /// `1`-based worker index, `"random"`, `"busiest"`, `"all"`, `"sender"` (the process that
+    /// `1`-based worker index, `"random"`, `"busiest"` (the live worker that has sent the most; to
+    /// the step's provider for a provider action), `"all"`, `"sender"` (the process that
     /// sent the triggering request; `on_accept` only), or `"api"` (the API process: `sigkill`,
     /// `sigterm` or `restart`; it comes back on the same address). Default `"random"`. A signal for one
     /// chosen worker (an index, `random`, `busiest`) lands while it has a send in flight: the

@@ -60,7 +60,7 @@ pub(super) async fn act(
             });
         }
     }
-    for (slot, pid) in chaos.targets(&step.target, sender) {
+    for (slot, pid) in chaos.targets(step, sender) {
         if let Some(link) = links.link(LinkOwner::Worker(slot)) {
             victims.push(Victim {
                 slot: Some(slot),

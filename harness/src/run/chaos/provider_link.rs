@@ -182,7 +182,7 @@ pub(super) fn act(chaos: &Arc<Chaos>, i: usize, step: &ChaosStep, sender: Option
         return;
     };
     let w = &chaos.world;
-    let targets = chaos.targets(&step.target, sender);
+    let targets = chaos.targets(step, sender);
     if targets.is_empty() {
         let reason = format!("{why}: no live worker matches {:?}", step.target);
         w.event(EventKind::ChaosNoTarget, None, None, reason.clone());
