@@ -253,6 +253,26 @@ fn python_stack_with_a_worker_per_channel_meets_every_link_fault() {
     );
 }
 
+/// A stack with 32 sender threads per worker, each with its own connection, uses 34 connections
+/// a worker: with the throwaway cluster's old `60 + 16 × workers` its API found none free, and
+/// the run FAILED (`agreement` `status_unreadable`: every status request answered 503) though
+/// every delivery was right. The cluster now allows 40 a worker (`provision::max_connections`).
+#[test]
+fn python_stack_with_32_senders_a_worker_gets_its_connections() {
+    let (out, reports) = run_py(
+        &[("PY_STACK_THREADS", "32")],
+        "flaky-providers",
+        &["load.recipients=200"],
+    );
+    assert_eq!(
+        code(&out),
+        0,
+        "reports in {:?}:\n{}",
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// The other edge: a stack that answers no delivery report within the fakes' 2 s timeout
 /// (each takes a minute) has stopped taking them, however many are due: a stall, violated once
 /// nothing has settled and no report been answered for 10 s past the deadline (12 s: its sends

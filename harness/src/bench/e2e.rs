@@ -211,7 +211,9 @@ pub async fn e2e(mut args: E2eArgs, self_exe: &Path) -> i32 {
         Some(_) => None,
         None => {
             let opts = throwaway_pg::ClusterOptions {
-                max_connections: 60 + workers.iter().max().copied().unwrap_or(1) * 16,
+                max_connections: crate::run::provision::max_connections(
+                    workers.iter().max().copied().unwrap_or(1),
+                ),
                 ..Default::default()
             };
             match throwaway_pg::Cluster::start(opts).await {

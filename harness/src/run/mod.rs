@@ -14,7 +14,7 @@ mod judge;
 mod not_accepted;
 mod output;
 mod progress;
-mod provision;
+pub(crate) mod provision;
 mod quiesce;
 mod settle;
 mod start;

@@ -48,7 +48,7 @@ pub(super) async fn database(
     let keep = opts.keep || scenario.database.keep;
     res.keep = keep;
     let pg_opts = throwaway_pg::ClusterOptions {
-        max_connections: 60 + scenario.stack.workers * 16,
+        max_connections: max_connections(scenario.stack.workers),
         ..Default::default()
     };
     let database = throwaway_pg::Database::provision(server_url.as_deref(), pg_opts, keep)
@@ -116,6 +116,16 @@ pub(super) async fn providers(
 
 /// The address the stack's API is told to listen on: free now, and outside the kernel's
 /// ephemeral range so that no outgoing connection can take it before the API binds it.
+/// `max_connections` of the throwaway cluster for a stack of `workers` (docs/stack-contract.md):
+/// 40 per worker (a sender pool of 32 and its heartbeat, rescuer and listeners), 40 for the API,
+/// one worker's share again for a restarted worker's overlap with the one it replaces, and 10
+/// for the harness's own sessions. A real server allows hundreds; a smaller budget here would
+/// fail a correct stack for the harness's own setting. Each allowed connection costs the cluster
+/// a few kilobytes of shared memory until it is used.
+pub fn max_connections(workers: u32) -> u32 {
+    90 + 40 * workers
+}
+
 fn free_port() -> anyhow::Result<SocketAddr> {
     let port = throwaway_pg::free_port().context("find a free port for the stack's API")?;
     Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
