@@ -273,6 +273,38 @@ fn python_stack_with_32_senders_a_worker_gets_its_connections() {
     );
 }
 
+/// A slow correct stack (one sender thread a worker, each send 5 s) behind a trickle that adds
+/// orders faster than it settles them: the open count only grows while it settles a delivery
+/// every second or so. Counted as "fewer open", the wait saw no progress and called it a stall
+/// at the deadline: FAIL (`quiescence` and `no_loss` violated). Counted as more settled, it is
+/// still settling at three times the deadline: INCONCLUSIVE, never FAIL.
+#[test]
+fn python_stack_slower_than_its_trickle_is_inconclusive_not_failed() {
+    let (out, reports) = run_py(
+        &[("PY_STACK_THREADS", "1")],
+        "slow-provider",
+        &["expect.quiescence=\"10s\""],
+    );
+    let report = report_in(&reports);
+    let q = verdict(&report, "quiescence");
+    let violated: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|v| v["status"] == "violated")
+        .collect();
+    assert!(
+        code(&out) == 4
+            && violated.is_empty()
+            && q["status"] == "insufficient"
+            && q["figures"]["still_settling"] == true,
+        "exit {}, quiescence {q:#}, violated {violated:#?} (reports in {:?}):\n{}",
+        code(&out),
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// The other edge: a stack that answers no delivery report within the fakes' 2 s timeout
 /// (each takes a minute) has stopped taking them, however many are due: a stall, violated once
 /// nothing has settled and no report been answered for 10 s past the deadline (12 s: its sends

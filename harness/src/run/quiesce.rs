@@ -229,7 +229,8 @@ pub(super) async fn wait(
         if stack.chaos.busy() {
             deadline.not_before(Instant::now());
         }
-        deadline.note(open.len(), tracker.answered_reports());
+        let settled = work.expected.len().saturating_sub(open.len());
+        deadline.note(settled, tracker.answered_reports());
         let held = res
             .providers
             .as_ref()
@@ -382,8 +383,9 @@ fn snapshot(stack: &Stack, work: &Workload, pending: usize, t0: Instant) -> prog
 }
 
 /// `expect.quiescence` as a stall detector, not a throughput requirement: past it the wait goes
-/// on while the stack makes progress — fewer deliveries open, or more delivery reports answered,
-/// than QUIESCENCE_PROGRESS ago, or a provider holding its requests unanswered — up to three
+/// on while the stack makes progress — more deliveries settled, or more delivery reports answered,
+/// than ever before within QUIESCENCE_PROGRESS (settled, not fewer open: orders the trickle adds
+/// faster than a slow stack settles them raise the open count while it settles), or a provider holding its requests unanswered — up to three
 /// times it in all. A stack working through a backlog of reports (duplicates and stale ones for
 /// rows already settled among them), or waiting out its timeouts on requests a hung provider
 /// holds, is slow, not stuck.
@@ -392,7 +394,7 @@ struct Deadline {
     quiescence: Duration,
     soft: Instant,
     hard: Instant,
-    fewest_open: usize,
+    most_settled: usize,
     most_answered: u64,
     last_progress: Instant,
 }
@@ -405,7 +407,7 @@ impl Deadline {
             quiescence,
             soft: now + quiescence,
             hard: now + quiescence * 3,
-            fewest_open: usize::MAX,
+            most_settled: 0,
             most_answered: 0,
             last_progress: now,
         }
@@ -427,10 +429,11 @@ impl Deadline {
         (at > self.quiescence).then_some(at.as_millis() as u64)
     }
 
-    /// Notes how many deliveries are open now and how many report tries the stack has answered.
-    fn note(&mut self, open: usize, answered: u64) {
-        if open < self.fewest_open || answered > self.most_answered {
-            self.fewest_open = self.fewest_open.min(open);
+    /// Notes how many of the deliveries expected so far are settled now and how many report
+    /// tries the stack has answered.
+    fn note(&mut self, settled: usize, answered: u64) {
+        if settled > self.most_settled || answered > self.most_answered {
+            self.most_settled = self.most_settled.max(settled);
             self.most_answered = self.most_answered.max(answered);
             self.last_progress = Instant::now();
         }
@@ -480,7 +483,7 @@ mod tests {
             quiescence: Duration::from_secs(60),
             soft: now - Duration::from_secs(soft_ago),
             hard,
-            fewest_open: 0,
+            most_settled: 0,
             most_answered: 0,
             last_progress: now - Duration::from_secs(progress_ago),
         }
@@ -545,6 +548,25 @@ mod tests {
         assert!(!early.given_up(false));
     }
 
+    /// A slow stack behind a trickle that adds orders faster than it settles them: the open count
+    /// only grows, yet every delivery it settles is progress (counted as fewer open, such a run
+    /// was a stall at the soft deadline: quiescence and no_loss violated for a stack settling a
+    /// delivery a second).
+    #[test]
+    fn settling_while_the_trickle_adds_more_is_progress() {
+        let mut d = past(5, 100, 11);
+        assert!(!d.progressing());
+        // 10 of 100 settled, then 12 of 130 (30 more orders, 2 more settled).
+        d.note(10, 0);
+        d.last_progress = Instant::now() - Duration::from_secs(11);
+        d.note(12, 0);
+        assert!(d.progressing() && !d.given_up(false));
+        // Nothing more settled, however many more are expected: no progress.
+        d.last_progress = Instant::now() - Duration::from_secs(11);
+        d.note(12, 0);
+        assert!(!d.progressing() && d.given_up(false));
+    }
+
     /// A scenario whose delivery reports fall due after `expect.quiescence` (its `delay_max`
     /// longer than the deadline): the stack gets the whole deadline after the last of them, as
     /// after the load.
@@ -587,11 +609,11 @@ mod tests {
     #[test]
     fn answering_more_reports_is_progress_even_with_the_same_deliveries_open() {
         let mut d = past(20, 100, 11);
-        d.fewest_open = 7;
+        d.most_settled = 93;
         d.most_answered = 500;
-        d.note(7, 500);
+        d.note(93, 500);
         assert!(d.given_up(false), "nothing new: a stall");
-        d.note(7, 501);
+        d.note(93, 501);
         assert!(d.progressing() && !d.given_up(false));
     }
 }
