@@ -41,8 +41,14 @@
 //! way when P froze, past the last check any process can make (`sends_resumed_mid_send`); any
 //! further send in that window is judged.
 //!
-//! Judged: the unfinished deliveries the victims held (`no_progress`: needs one — a kill or stop
-//! that caught nothing in flight tested nothing; no kill or stop at all means not checked), and
+//! A delivery the victim's own send had settled at the provider an instant before T, its answer
+//! still on the way (the crash window: `on_accept`), is final on the ledger but still the
+//! victim's row in the stack: it is judged by that row leaving `sending` on the stack's own timed
+//! record, or a later attempt, by the same deadline ([`Caught`]).
+//!
+//! Judged: the unfinished deliveries the victims held, those caught in the crash window among
+//! them (`no_progress`: needs one — a kill or stop that caught nothing in flight tested nothing;
+//! no kill or stop at all means not checked), and
 //! acceptances after each event of a delivery already accepted (`zombie_duplicate`). Both need
 //! the sender pid: a delivery in flight at an event with no known sender that was not recovered
 //! in time (it may have been the victim's), or a repeated acceptance with no known sender (it may
@@ -60,7 +66,7 @@ use super::common::{
     Sends, ANSWER_RECORD_WINDOW_NS,
 };
 use super::wallclock::WallClock;
-use super::{Expected, Input, State, TimelineEvent, Verdict};
+use super::{Entry, Expected, Input, State, StatusDelivery, TimelineEvent, Verdict};
 
 pub const NAME: &str = "recovery";
 
@@ -82,10 +88,7 @@ fn timed_transitions(
     clock: Option<&WallClock>,
     e: Option<&&Expected>,
 ) -> Option<Vec<Moved>> {
-    let (clock, e, rows) = (clock?, e?, input.status?);
-    let row = rows
-        .iter()
-        .find(|d| *d.recipient == *e.recipient && d.channel == e.channel)?;
+    let (clock, row) = (clock?, row_of(input, e)?);
     let moved: Vec<Moved> = row
         .transitions
         .iter()
@@ -101,6 +104,13 @@ fn timed_transitions(
         })
         .collect();
     (!moved.is_empty()).then_some(moved)
+}
+
+/// The delivery's row in the stack's status API.
+fn row_of<'a>(input: &Input<'a>, e: Option<&&Expected>) -> Option<&'a StatusDelivery> {
+    let (e, rows) = (e?, input.status?);
+    rows.iter()
+        .find(|d| *d.recipient == *e.recipient && d.channel == e.channel)
 }
 
 /// The first recorded move out of `sending` after `after`.
@@ -143,10 +153,70 @@ fn first_able(input: &Input, victim: u32, t: u64) -> Option<u64> {
         .min()
 }
 
+/// A delivery the victim's own send had settled at the provider an instant before the event,
+/// the answer still on its way to the victim (the crash window): final on the ledger, still the
+/// victim's row in the stack. Progress is the row leaving `sending` on the stack's own timed
+/// record, or a later attempt on the ledger (a retry under its key), by the deadline. Late, or a
+/// row still `sending` at the end, is `no_progress`; a row that left `sending` with no time on
+/// record is not judged, nor is a delivery without a status API row.
+struct Caught<'a> {
+    moved: &'a [Moved],
+    answer: &'a Entry,
+    /// The delivery's first send after the event.
+    next: Option<&'a Entry>,
+    still_sending: bool,
+    deadline: u64,
+}
+
+impl Caught<'_> {
+    fn judge(
+        &self,
+        input: &Input,
+        e: Option<&&Expected>,
+        ev: &TimelineEvent,
+        n: &mut Tally,
+        findings: &mut Findings,
+    ) {
+        let t = ev.mono_ns;
+        let after = t
+            .min(self.answer.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS))
+            .max(self.answer.received_ns);
+        let released = released_after(self.moved, after);
+        let next = self.next.map(|s| s.received_ns);
+        let progress = released.into_iter().chain(next).min();
+        if progress.is_none() && !self.still_sending {
+            return;
+        }
+        n.at_risk += 1;
+        n.caught_answers += 1;
+        match progress {
+            Some(p) if p <= self.deadline => {
+                n.worst_ns = n.worst_ns.max(p.saturating_sub(t));
+                n.released_before_kill += u64::from(released.is_some_and(|r| r <= t));
+            }
+            _ => findings.push(json!({
+                "rule": "no_progress",
+                "recipient": e.map(|e| e.recipient.as_str()),
+                "channel": channel_of(self.answer.provider).as_str(),
+                "address": self.answer.recipient.as_str(),
+                "event": ev.kind,
+                "pid": ev.pid,
+                "t_ms": ms(t),
+                "answer_caught_in_flight": attempt_json(self.answer, input),
+                "deadline_ms": ms(self.deadline),
+                "released_ms": released.map(ms),
+                "next_ms": next.map(ms),
+            })),
+        }
+    }
+}
+
 /// What the checker counted over all kill/stop events.
 #[derive(Default)]
 struct Tally {
     at_risk: u64,
+    /// Of them, settled at the provider by the victim's own send whose answer it never got.
+    caught_answers: u64,
     zombies: u64,
     /// In flight at an event with no known sender (may have been the victim's), and those of
     /// them not recovered in time (could hide a `no_progress`).
@@ -232,12 +302,42 @@ pub fn check(input: &Input) -> Verdict {
             }
         }
 
+        // A machine that stopped running processes after T gives the stack that much longer.
+        // The stack times the lease by the wall clock: a backward jump lengthens it.
+        let widen = |deadline: u64| {
+            crate::stalls::extended(input.stalls, t, deadline)
+                .saturating_add(crate::jumps::back_ns(input.clock_jumps, t, deadline))
+        };
         for ((provider, address), victims) in held {
             let all = sends.by_key(provider, address);
             let answered: Vec<_> = all.iter().filter(|s| s.mono_ns <= t).collect();
-            if answered.iter().any(|s| is_final(s.outcome))
-                || answered.iter().filter(|s| is_failure(s.outcome)).count() >= max
-            {
+            let finals: Vec<&Entry> = answered
+                .iter()
+                .filter(|s| is_final(s.outcome))
+                .map(|s| **s)
+                .collect();
+            if !finals.is_empty() {
+                // Final for the provider before T. When only the victim's own send, its answer
+                // still on the way to it, made it so (the crash window), the row is still the
+                // victim's in the stack: judged by its release.
+                let caught = finals.iter().all(|s| {
+                    s.mono_ns + ANSWER_RECORD_WINDOW_NS > t && input.pids.get(&s.seq) == Some(&pid)
+                });
+                let e = expected.get(&(provider, address));
+                let moved = timed_transitions(input, clock.as_ref(), e);
+                if let (true, Some(moved), Some(m)) = (victims && caught, moved, finals.last()) {
+                    let judged = Caught {
+                        moved: &moved,
+                        answer: m,
+                        next: all.iter().find(|s| s.received_ns > t).copied(),
+                        still_sending: row_of(input, e).is_some_and(|r| r.state == State::Sending),
+                        deadline: widen(base),
+                    };
+                    judged.judge(input, e, ev, &mut n, &mut findings);
+                }
+                continue;
+            }
+            if answered.iter().filter(|s| is_failure(s.outcome)).count() >= max {
                 continue;
             }
             if victims {
@@ -259,10 +359,7 @@ pub fn check(input: &Input) -> Verdict {
                 let gap = (gap as u64).max(last.retry_after_ms().unwrap_or(0) * 1_000_000);
                 deadline = deadline.max(last.mono_ns + gap + slack);
             }
-            // A machine that stopped running processes after T gives the stack that much longer.
-            // The stack times the lease by the wall clock: a backward jump lengthens it.
-            let deadline = crate::stalls::extended(input.stalls, t, deadline)
-                .saturating_add(crate::jumps::back_ns(input.clock_jumps, t, deadline));
+            let deadline = widen(deadline);
             // Progress on the ledger: a later attempt's arrival, or a final answer to one in
             // flight at T.
             let next_attempt = all
@@ -347,16 +444,18 @@ pub fn check(input: &Input) -> Verdict {
 
     let not_recovered = findings.total() as u64 - n.zombies;
     let summary = format!(
-        "{} kill/stop events: {} unfinished deliveries held by the victims, {not_recovered} not recovered in time, {} zombie duplicates; \
-         slowest recovery {} ms, slowest wait after release {} ms",
+        "{} kill/stop events: {} unfinished deliveries held by the victims ({} settled at the provider with the answer on its way), \
+         {not_recovered} not recovered in time, {} zombie duplicates; slowest recovery {} ms, slowest wait after release {} ms",
         events.len(),
         n.at_risk,
+        n.caught_answers,
         n.zombies,
         ms(n.worst_ns),
         ms(n.worst_wait_ns),
     );
     let figs = figures(json!({
         "deliveries_at_risk": n.at_risk,
+        "answers_caught_in_flight": n.caught_answers,
         "not_recovered": not_recovered,
         "zombie_duplicates": n.zombies,
         "released_before_kill": n.released_before_kill,

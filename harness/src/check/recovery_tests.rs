@@ -458,3 +458,70 @@ fn unattributed_sends_that_could_hide_a_violation_are_insufficient() {
         1
     );
 }
+
+/// The crash window: the victim's own send was accepted 2 ms before the kill, its answer still
+/// on the way. Final for the provider, but the row is still the victim's in the stack: judged by
+/// the stack's recorded release (a stack that holds such rows only, one send at a time, used to
+/// leave `recovery` with nothing judged). Without timed transitions, or when another worker's
+/// send settled it, it is not judged.
+#[test]
+fn an_answer_caught_in_flight_is_judged_by_the_row_s_release() {
+    // (case, the accepted send's pid, r9's recorded transitions, judged, holds)
+    type Steps = &'static [(&'static str, &'static str, u64)];
+    let cases: [(&str, u32, Steps, u64, bool); 5] = [
+        (
+            "released by the rescuer in time",
+            7,
+            &[("sending", "worker", 985), ("submitted", "rescuer", 2_400)],
+            1,
+            true,
+        ),
+        (
+            "released after the deadline",
+            7,
+            &[("sending", "worker", 985), ("submitted", "rescuer", 2_600)],
+            1,
+            false,
+        ),
+        ("never released", 7, &[("sending", "worker", 985)], 1, false),
+        ("no status row", 7, &[], 0, true),
+        (
+            "another worker's send",
+            8,
+            &[("sending", "worker", 985)],
+            0,
+            true,
+        ),
+    ];
+    for (case, pid, steps, judged, holds) in cases {
+        let mut w = kill_rescued();
+        let r9 = w.expect("r9", Sms);
+        w.send(Sms, &r9, Accepted, 990).pid(pid).latency(8);
+        if !steps.is_empty() {
+            w.timed_row("r9", Sms, steps);
+        }
+        let v = check(&w.input());
+        assert_eq!(
+            v.figures["answers_caught_in_flight"], judged,
+            "{case}: {v:#?}"
+        );
+        assert_eq!(v.figures["deliveries_at_risk"], 1 + judged, "{case}");
+        if holds {
+            assert_eq!(v.status, Status::Holds, "{case}: {v:#?}");
+        } else {
+            assert_eq!(v.status, Status::Violated, "{case}: {v:#?}");
+            let c = &v.counterexamples[0];
+            assert_eq!(c["rule"], "no_progress", "{case}");
+            assert_eq!(c["answer_caught_in_flight"]["pid"], 7, "{case}: {c:#}");
+        }
+    }
+    // No release on record, but a retry under its key by the other worker in time: progress.
+    let mut w = kill_rescued();
+    let r9 = w.expect("r9", Line);
+    w.send(Line, &r9, Accepted, 990).pid(7).latency(8);
+    w.send(Line, &r9, Accepted, 2_200).pid(8).status("409");
+    w.timed_row("r9", Line, &[("sending", "worker", 985)]);
+    let v = check(&w.input());
+    assert_eq!(v.figures["answers_caught_in_flight"], 1, "{v:#?}");
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+}
