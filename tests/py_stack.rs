@@ -305,6 +305,28 @@ fn python_stack_slower_than_its_trickle_is_inconclusive_not_failed() {
     );
 }
 
+/// A fast stack (32 senders a worker) reaches 35% of its SMS half a second after 15%: the
+/// busiest SMS sender, aimed at for the reset, was the worker the partition had just cut off,
+/// whose SMS were all held, and the reset met nothing (INCONCLUSIVE). A link fault's `busiest`
+/// skips a worker whose link to that provider another step holds.
+#[test]
+fn python_stack_sending_fast_meets_two_link_faults_on_one_provider() {
+    let (out, reports) = run_py(
+        &[("PY_STACK_THREADS", "32")],
+        "provider-links",
+        &["load.recipients=200"],
+    );
+    let report = report_in(&reports);
+    let steps = report["chaos_steps"].as_array().expect("chaos_steps");
+    assert!(
+        code(&out) == 0 && steps.iter().all(|s| s["count"].as_u64() > Some(0)),
+        "exit {}, chaos {steps:#?} (reports in {:?}):\n{}",
+        code(&out),
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// The other edge: a stack that answers no delivery report within the fakes' 2 s timeout
 /// (each takes a minute) has stopped taking them, however many are due: a stall, violated once
 /// nothing has settled and no report been answered for 10 s past the deadline (12 s: its sends

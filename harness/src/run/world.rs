@@ -323,11 +323,15 @@ impl World {
             .map(|(s, _)| *s)
     }
 
-    /// The live worker that has sent the most so far: to `provider`, or to all three. Ties go
-    /// to the lowest slot.
-    pub fn busiest(&self, provider: Option<Provider>) -> Option<(u32, u32)> {
+    /// Of `candidates` (live (slot, pid) pairs), the worker that has sent the most so far: to
+    /// `provider`, or to all three. Ties go to the lowest slot.
+    pub fn busiest_of(
+        &self,
+        candidates: &[(u32, u32)],
+        provider: Option<Provider>,
+    ) -> Option<(u32, u32)> {
         let sends = self.sends_by_pid.lock().unwrap().clone();
-        busiest_of(&self.live_workers(), &sends, provider)
+        busiest_of(candidates, &sends, provider)
     }
 }
 

@@ -78,6 +78,17 @@ impl Links {
         Some(rule)
     }
 
+    /// The workers whose link to `provider` another step's fault holds now: a second fault
+    /// aimed at one of them would meet nothing its first one does not already take.
+    pub fn faulted(&self, provider: Provider) -> HashSet<u32> {
+        let rules = self.rules.lock().unwrap();
+        rules
+            .iter()
+            .filter(|r| r.provider == provider)
+            .flat_map(|r| r.pids.iter().copied())
+            .collect()
+    }
+
     /// Whether `sender`'s link to `provider` is down for an SMTP command (`provider_refuse`,
     /// asked before each command outside a message; counted as met).
     pub fn refuses(&self, provider: Provider, sender: impl FnOnce() -> Option<u32>) -> bool {
