@@ -327,6 +327,24 @@ fn python_stack_sending_fast_meets_two_link_faults_on_one_provider() {
     );
 }
 
+/// A stack sending one delivery at a time (one sender a worker): each `crash-window` kill
+/// catches only the send the provider has just accepted, its answer on the way. Counted as
+/// final, it left `recovery` with nothing judged (INCONCLUSIVE) on every seed; judged by the
+/// row's release, the run passes.
+#[test]
+fn python_stack_sending_one_at_a_time_passes_crash_window() {
+    let (out, reports) = run_py(&[("PY_STACK_THREADS", "1")], "crash-window", &[]);
+    let report = report_in(&reports);
+    let recovery = verdict(&report, "recovery");
+    assert!(
+        code(&out) == 0 && recovery["figures"]["answers_caught_in_flight"].as_u64() >= Some(3),
+        "exit {}, recovery {recovery:#} (reports in {:?}):\n{}",
+        code(&out),
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// The other edge: a stack that answers no delivery report within the fakes' 2 s timeout
 /// (each takes a minute) has stopped taking them, however many are due: a stall, violated once
 /// nothing has settled and no report been answered for 10 s past the deadline (12 s: its sends
