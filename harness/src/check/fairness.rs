@@ -9,7 +9,10 @@
 //! (`crate::stalls`, as every timed rule; `p99_ms` stays the measured one). A p99 needs at
 //! least [`MIN_ORDERS`] orders; fewer is not a pass.
 //! The counterexamples name the orders that waited longest: batch id, when it was enqueued, its
-//! first and last acceptance. Reads only the harness's own clock and the providers' ledger.
+//! first and last acceptance, and how many of the campaign's sends went out while it waited
+//! (none for every one of them: the orders alone were more than the stack sends at a time, a
+//! capacity the SLO also holds it to, and the summary says so). Reads only the harness's own
+//! clock and the providers' ledger.
 
 use std::collections::HashMap;
 
@@ -95,6 +98,7 @@ pub fn check(input: &Input) -> Verdict {
             stalled_ns: stalled_ns(input.stalls, b.sent_ns, last_accept_ns),
         });
     }
+    let campaign = campaign_sends(input, &orders);
     timed.sort_by_key(|o| std::cmp::Reverse(o.judged_ns()));
     let mut e2e_ms: Vec<f64> = timed.iter().map(|o| o.e2e_ns() as f64 / 1e6).collect();
     e2e_ms.sort_by(f64::total_cmp);
@@ -171,10 +175,14 @@ pub fn check(input: &Input) -> Verdict {
         "slo_ms": slo_ms,
         "orders": timed.len(),
     }));
+    let mut behind_campaign = 0usize;
     for o in timed
         .iter()
         .take_while(|o| o.judged_ns() as f64 / 1e6 > slo_ms)
     {
+        let during = campaign.partition_point(|t| *t < o.last_accept_ns)
+            - campaign.partition_point(|t| *t < o.sent_ns);
+        behind_campaign += usize::from(during > 0);
         findings.push(json!({
             "rule": "order_waited",
             "batch_id": o.batch_id,
@@ -183,14 +191,45 @@ pub fn check(input: &Input) -> Verdict {
             "last_accept_ms": ms(o.last_accept_ns),
             "e2e_ms": o.e2e_ns() as f64 / 1e6,
             "last_delivery": o.last,
+            "campaign_sends_while_waiting": during,
         }));
     }
     let waited = findings.total() - 1;
+    let why = if behind_campaign == 0 {
+        " (no campaign send went out while any of them waited: the orders alone were more than \
+         the stack sent at a time)"
+            .to_string()
+    } else {
+        format!(", {behind_campaign} of them while campaign sends went out")
+    };
     findings.verdict(
         NAME,
-        format!("{stats}: p99 over the {slo_ms} ms SLO; {waited} orders waited longer"),
+        format!("{stats}: p99 over the {slo_ms} ms SLO; {waited} orders waited longer{why}"),
         figs,
     )
+}
+
+/// When each send of the campaign (every batch but the trickle's orders) reached its provider,
+/// ascending.
+fn campaign_sends(input: &Input, orders: &[&crate::report::BatchEnqueue]) -> Vec<u64> {
+    let order_ids: std::collections::HashSet<&str> =
+        orders.iter().map(|b| b.batch_id.as_str()).collect();
+    let campaign: std::collections::HashSet<(Provider, &str)> = input
+        .expected
+        .iter()
+        .filter(|e| !order_ids.contains(e.batch_id.as_str()))
+        .map(|e| (e.channel.provider(), e.address.as_str()))
+        .collect();
+    let mut at: Vec<u64> = input
+        .ledger
+        .iter()
+        .filter(|e| {
+            e.kind == EntryKind::Send && campaign.contains(&(e.provider, e.recipient.as_str()))
+        })
+        .map(|e| e.received_ns)
+        .collect();
+    at.sort_unstable();
+    at
 }
 
 /// The nearest-rank percentile `p` of ascending `sorted` (0 when empty).
@@ -262,6 +301,28 @@ mod tests {
         assert_eq!(worst["last_delivery"], "r119/sms");
         // Orders 20..=119 waited over 2 s.
         assert_eq!(v.total_counterexamples, 1 + 100);
+        // No campaign in this run: the orders alone were more than the stack sent, and the
+        // summary says so rather than blame the campaign.
+        assert_eq!(worst["campaign_sends_while_waiting"], 0);
+        assert!(v.summary.contains("the orders alone"), "{}", v.summary);
+
+        // A campaign's sends going out while the orders waited are counted against each.
+        let mut w = orders(120, |k| 100 + k * 100);
+        w.enqueued("campaign", 0, false);
+        for i in 0..60u64 {
+            let c = w.expect_in(&format!("c{i}"), Line, "campaign");
+            w.send(Line, &c, Accepted, 6_000 + i * 100);
+        }
+        let v = check(&w.input());
+        let worst = &v.counterexamples[1];
+        assert_eq!(worst["batch_id"], "o119");
+        // o119 waited from 5,950 to 17,950 ms: every one of the 60 campaign sends (6.0–11.9 s).
+        assert_eq!(worst["campaign_sends_while_waiting"], 60);
+        assert!(
+            v.summary.contains("while campaign sends went out"),
+            "{}",
+            v.summary
+        );
     }
 
     /// Orders stuck behind a campaign (the later, the longer) fail; the same waits fall within
