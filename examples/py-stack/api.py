@@ -50,9 +50,15 @@ class Pool:
 
 
 class Reject(Exception):
-    def __init__(self, status, error, field=None):
+    def __init__(self, status, error, field=None, retry_after=None):
         super().__init__(error)
         self.status, self.error, self.field = status, error, field
+        self.retry_after = retry_after  # seconds, for a 503 that sheds load
+
+
+# A pool with no connection free is load, not a fault: shed it with a `Retry-After` so the
+# client waits it out (the contract counts such answers as shedding, not as failed attempts).
+BUSY = dict(error="busy: no database connection free, retry", retry_after=1)
 
 
 def clean(value):
@@ -181,7 +187,7 @@ class Api:
         try:
             conn = self.batch_pool.get(timeout=1.5)
         except (queue.Empty, psycopg.OperationalError):
-            raise Reject(503, "busy: no database connection free, retry")
+            raise Reject(503, **BUSY)
         try:
             with conn.transaction():
                 created = conn.execute(
@@ -230,7 +236,7 @@ class Api:
         try:
             conn = self.other_pool.get(timeout=1.5)
         except (queue.Empty, psycopg.OperationalError):
-            raise Reject(503, "busy: no database connection free, retry")
+            raise Reject(503, **BUSY)
         try:
             return fn(conn)
         except psycopg.OperationalError as e:
@@ -346,12 +352,14 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def reply(self, status, doc=None):
+    def reply(self, status, doc=None, retry_after=None):
         if isinstance(doc, str):
             data = doc.encode()
         else:
             data = json.dumps(doc if doc is not None else {}).encode()
         self.send_response(status)
+        if retry_after is not None:
+            self.send_header("Retry-After", str(retry_after))
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -369,7 +377,7 @@ class Handler(BaseHTTPRequestHandler):
             doc = {"error": r.error}
             if r.field:
                 doc["field"] = r.field
-            self.reply(r.status, doc)
+            self.reply(r.status, doc, r.retry_after)
         except Exception as e:  # noqa: BLE001 - a request's bug must not kill the server
             log("api: internal error", repr(e))
             self.reply(500, {"error": "internal error"})
