@@ -54,13 +54,20 @@ fn forgery(draw: f64) -> CallbackVariant {
 /// The true fate of an accepted SMS and the reports about it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SmsPlan {
-    pub final_status: &'static str,
-    pub error_code: Option<u32>,
-    /// When the message becomes `sent`, and then final, after acceptance (also what a poll sees).
-    pub sent_after: Duration,
-    pub final_after: Duration,
+    pub timeline: SmsTimeline,
     /// The callbacks to send, in time order; empty when callbacks are off.
     pub reports: Vec<Planned>,
+}
+
+/// An accepted SMS's status over time: what a poll sees and what its reports say. The SMS
+/// store keeps this alone of a message's plan (its reports are scheduled apart).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SmsTimeline {
+    pub final_status: &'static str,
+    pub error_code: Option<u32>,
+    /// When the message becomes `sent`, and then final, after acceptance.
+    pub sent_after: Duration,
+    pub final_after: Duration,
 }
 
 /// Twilio error codes for a message that did not arrive.
@@ -96,14 +103,17 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
     } else {
         ("delivered", None)
     };
+    let timeline = SmsTimeline {
+        final_status,
+        error_code,
+        sent_after,
+        final_after,
+    };
     if !cfg.enabled {
         // The timeline above is all a poll needs; the reports would never be sent. (They are drawn
         // after it, so skipping them changes nothing that was drawn before.)
         return SmsPlan {
-            final_status,
-            error_code,
-            sent_after,
-            final_after,
+            timeline,
             reports: Vec::new(),
         };
     }
@@ -177,13 +187,7 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
         });
     }
     reports.sort_by_key(|p| p.at);
-    SmsPlan {
-        final_status,
-        error_code,
-        sent_after,
-        final_after,
-        reports,
-    }
+    SmsPlan { timeline, reports }
 }
 
 /// The e-mail event types, as SendGrid and Mailgun send them: the provider took the message
@@ -342,7 +346,7 @@ mod tests {
         for (rate, n) in cases {
             let p = sms(1, "+15550000001", 1, "SM1", &cfg(rate));
             assert_eq!(p.reports.len(), n, "rate {rate}: {p:?}");
-            assert!(p.sent_after <= p.final_after);
+            assert!(p.timeline.sent_after <= p.timeline.final_after);
             let genuine: Vec<_> = p
                 .reports
                 .iter()
@@ -351,11 +355,11 @@ mod tests {
             assert_eq!(genuine.len(), 2);
             let sent = genuine.iter().find(|r| r.status == "sent").unwrap();
             let fin = genuine.iter().find(|r| r.status != "sent").unwrap();
-            assert_eq!(fin.status, p.final_status);
+            assert_eq!(fin.status, p.timeline.final_status);
             if rate == 1.0 {
                 assert!(fin.at <= sent.at, "out of order: final first");
                 let forged = p.reports.iter().find(|r| r.variant.is_forged()).unwrap();
-                assert_ne!(forged.status, p.final_status);
+                assert_ne!(forged.status, p.timeline.final_status);
                 let stale = p
                     .reports
                     .iter()
@@ -384,20 +388,7 @@ mod tests {
                 },
             );
             assert!(off.reports.is_empty());
-            assert_eq!(
-                (
-                    on.final_status,
-                    on.error_code,
-                    on.sent_after,
-                    on.final_after
-                ),
-                (
-                    off.final_status,
-                    off.error_code,
-                    off.sent_after,
-                    off.final_after
-                )
-            );
+            assert_eq!(on.timeline, off.timeline);
         }
     }
 

@@ -17,7 +17,7 @@ use axum::Extension;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::store::{Field, Stored, Timeline};
+use super::store::{Field, Stored};
 use super::{authorized, default_code, twilio_error, SmsState};
 use crate::callbacks::{plan, SmsReport};
 use crate::config::HttpFault;
@@ -381,7 +381,7 @@ fn decide_create(
             attempt,
             // The reports are scheduled apart, from the same plan, when the message is answered
             // for: a store of a hundred thousand messages keeps no report.
-            timeline: Timeline::from(&plan),
+            timeline: plan.timeline,
         };
         store.insert(msg, key)
     };

@@ -15,7 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use crate::callbacks::plan::SmsPlan;
+use crate::callbacks::plan::SmsTimeline;
 use crate::packed::{Phone, Sid};
 
 /// Twilio's API version segment.
@@ -35,29 +35,8 @@ pub struct Stored {
     pub created: DateTime<Utc>,
     pub created_at: Instant,
     pub attempt: u32,
-    pub timeline: Timeline,
-}
-
-/// What the store keeps of a message's [`SmsPlan`]: its status timeline (the reports are
-/// scheduled apart, from the same plan, when the message is answered for).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Timeline {
-    pub final_status: &'static str,
-    pub error_code: Option<u32>,
-    /// When the message becomes `sent`, and then final, after acceptance.
-    pub sent_after: Duration,
-    pub final_after: Duration,
-}
-
-impl From<&SmsPlan> for Timeline {
-    fn from(plan: &SmsPlan) -> Timeline {
-        Timeline {
-            final_status: plan.final_status,
-            error_code: plan.error_code,
-            sent_after: plan.sent_after,
-            final_after: plan.final_after,
-        }
-    }
+    /// Of its plan, the status timeline alone (the reports are scheduled apart).
+    pub timeline: SmsTimeline,
 }
 
 /// Twilio's Message resource, serialised as Twilio writes it (keys in alphabetical order, as a
@@ -381,7 +360,7 @@ mod tests {
             created: created.parse().unwrap(),
             created_at: Instant::now(),
             attempt: 1,
-            timeline: Timeline {
+            timeline: SmsTimeline {
                 final_status: "delivered",
                 error_code: None,
                 sent_after: Duration::from_secs(60),
