@@ -157,8 +157,9 @@ fn first_able(input: &Input, victim: u32, t: u64) -> Option<u64> {
 /// the answer still on its way to the victim (the crash window): final on the ledger, still the
 /// victim's row in the stack. Progress is the row leaving `sending` on the stack's own timed
 /// record, or a later attempt on the ledger (a retry under its key), by the deadline. Late, or a
-/// row still `sending` at the end, is `no_progress`; a row that left `sending` with no time on
-/// record is not judged, nor is a delivery without a status API row.
+/// row still `sending` at the end, is `no_progress`. Not judged: a row the victim itself
+/// released before T (it had recorded the answer: nothing was caught), a row that left
+/// `sending` with no time on record, and a delivery without a status API row.
 struct Caught<'a> {
     moved: &'a [Moved],
     answer: &'a Entry,
@@ -182,6 +183,10 @@ impl Caught<'_> {
             .min(self.answer.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS))
             .max(self.answer.received_ns);
         let released = released_after(self.moved, after);
+        // Released before T: the victim had read and recorded the answer, nothing was caught.
+        if released.is_some_and(|r| r <= t) {
+            return;
+        }
         let next = self.next.map(|s| s.received_ns);
         let progress = released.into_iter().chain(next).min();
         if progress.is_none() && !self.still_sending {
@@ -190,10 +195,7 @@ impl Caught<'_> {
         n.at_risk += 1;
         n.caught_answers += 1;
         match progress {
-            Some(p) if p <= self.deadline => {
-                n.worst_ns = n.worst_ns.max(p.saturating_sub(t));
-                n.released_before_kill += u64::from(released.is_some_and(|r| r <= t));
-            }
+            Some(p) if p <= self.deadline => n.worst_ns = n.worst_ns.max(p.saturating_sub(t)),
             _ => findings.push(json!({
                 "rule": "no_progress",
                 "recipient": e.map(|e| e.recipient.as_str()),

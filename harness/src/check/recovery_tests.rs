@@ -420,6 +420,18 @@ fn a_kill_that_caught_nothing_in_flight_is_insufficient() {
     let v = check(&w.input());
     assert_eq!(v.status, Status::Insufficient, "{v:#?}");
     assert!(v.summary.contains("no_progress judged 0"), "{}", v.summary);
+    // Nor when that send was accepted an instant before the kill and the victim had recorded
+    // it: only an answer still on its way is caught.
+    let r7 = w.expect("r7", Sms);
+    w.send(Sms, &r7, Accepted, 990).pid(7).latency(5);
+    w.timed_row(
+        "r7",
+        Sms,
+        &[("sending", "worker", 985), ("submitted", "worker", 997)],
+    );
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+    assert_eq!(v.figures["answers_caught_in_flight"], 0, "{v:#?}");
     // No kill or stop at all: not applicable, not insufficient.
     let mut w = kill_rescued();
     w.timeline.clear();
@@ -468,7 +480,7 @@ fn unattributed_sends_that_could_hide_a_violation_are_insufficient() {
 fn an_answer_caught_in_flight_is_judged_by_the_row_s_release() {
     // (case, the accepted send's pid, r9's recorded transitions, judged, holds)
     type Steps = &'static [(&'static str, &'static str, u64)];
-    let cases: [(&str, u32, Steps, u64, bool); 5] = [
+    let cases: [(&str, u32, Steps, u64, bool); 6] = [
         (
             "released by the rescuer in time",
             7,
@@ -485,6 +497,14 @@ fn an_answer_caught_in_flight_is_judged_by_the_row_s_release() {
         ),
         ("never released", 7, &[("sending", "worker", 985)], 1, false),
         ("no status row", 7, &[], 0, true),
+        // The victim recorded the answer itself 2 ms before the kill: nothing was caught.
+        (
+            "released by the victim before the kill",
+            7,
+            &[("sending", "worker", 985), ("submitted", "worker", 998)],
+            0,
+            true,
+        ),
         (
             "another worker's send",
             8,
