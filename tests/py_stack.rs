@@ -133,6 +133,47 @@ fn report_in(reports: &tempfile::TempDir) -> serde_json::Value {
         .expect("report is JSON")
 }
 
+/// Runs py-stack with `envs` on the shipped scenario `name` and asserts `ok` of the exit code
+/// and the report; on failure prints both, with the run's summary.
+fn expect_run(
+    envs: &[(&str, &str)],
+    name: &str,
+    sets: &[&str],
+    ok: impl Fn(i32, &serde_json::Value) -> bool,
+) {
+    let (out, reports) = run_py(envs, name, sets);
+    let report = report_in(&reports);
+    assert!(
+        ok(code(&out), &report),
+        "py-stack {envs:?} on {name}: exit {}, chaos {:#}, checks {:#} (reports in {:?}):\n{}",
+        code(&out),
+        report["chaos_steps"],
+        report["checks"],
+        reports.keep(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The report has `n` chaos steps and each met something.
+fn every_step_met(report: &serde_json::Value, n: usize) -> bool {
+    let steps = report["chaos_steps"].as_array().expect("chaos_steps");
+    steps.len() == n && steps.iter().all(|s| s["count"].as_u64() > Some(0))
+}
+
+/// INCONCLUSIVE because the stack was still settling when the wait ended, nothing violated.
+fn still_settling(code: i32, report: &serde_json::Value) -> bool {
+    let q = verdict(report, "quiescence");
+    let violated = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .any(|v| v["status"] == "violated");
+    code == 4
+        && !violated
+        && q["status"] == "insufficient"
+        && q["figures"]["still_settling"] == true
+}
+
 /// Runs py-stack with `flaw` on `scenario` and asserts exit 1 with `checker` violated on `rule`.
 fn caught(flaw: &str, scenario: &str, sets: &[&str], checker: &str, rule: &str) {
     let (out, reports) = run_flawed(&[flaw], scenario, sets);
@@ -182,29 +223,14 @@ fn python_stack_rendering_from_the_template_of_the_moment_fails_template_change(
 /// (`callbacks_pending` once failed it though every report it answered was right).
 #[test]
 fn python_stack_taking_reports_slowly_is_inconclusive_not_failed() {
-    let (out, reports) = run_py(
+    expect_run(
         &[("PY_STACK_REPORT_MS", "250")],
         "callbacks-chaos",
         &["load.recipients=40", "expect.quiescence=\"2s\""],
-    );
-    let report = report_in(&reports);
-    let q = verdict(&report, "quiescence");
-    let violated: Vec<&serde_json::Value> = report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .filter(|v| v["status"] == "violated")
-        .collect();
-    assert!(
-        code(&out) == 4
-            && violated.is_empty()
-            && q["status"] == "insufficient"
-            && q["figures"]["still_settling"] == true
-            && q["figures"]["callbacks_pending"].as_u64() > Some(0),
-        "exit {}, quiescence {q:#}, violated {violated:#?} (reports in {:?}):\n{}",
-        code(&out),
-        reports.keep(),
-        String::from_utf8_lossy(&out.stdout)
+        |code, r| {
+            still_settling(code, r)
+                && verdict(r, "quiescence")["figures"]["callbacks_pending"].as_u64() > Some(0)
+        },
     );
 }
 
@@ -215,19 +241,11 @@ fn python_stack_taking_reports_slowly_is_inconclusive_not_failed() {
 /// the SMS, sent last) and the run passes.
 #[test]
 fn python_stack_draining_one_channel_first_meets_both_outages() {
-    let (out, reports) = run_py(
+    expect_run(
         &[("PY_STACK_CHANNEL_ORDER", "email,line,sms")],
         "provider-outage",
         &["load.recipients=200", "load.batches=4"],
-    );
-    let report = report_in(&reports);
-    let steps = report["chaos_steps"].as_array().expect("chaos_steps");
-    assert!(
-        code(&out) == 0 && steps.len() == 2 && steps.iter().all(|s| s["count"].as_u64() > Some(0)),
-        "exit {}, chaos {steps:#?} (reports in {:?}):\n{}",
-        code(&out),
-        reports.keep(),
-        String::from_utf8_lossy(&out.stdout)
+        |code, r| code == 0 && every_step_met(r, 2),
     );
 }
 
@@ -237,19 +255,11 @@ fn python_stack_draining_one_channel_first_meets_both_outages() {
 /// at the worker busiest with that provider, and every step takes effect.
 #[test]
 fn python_stack_with_a_worker_per_channel_meets_every_link_fault() {
-    let (out, reports) = run_py(
+    expect_run(
         &[("PY_STACK_WORKER_CHANNELS", "1=sms;2=line;3=email")],
         "provider-links",
         &["load.recipients=200"],
-    );
-    let report = report_in(&reports);
-    let steps = report["chaos_steps"].as_array().expect("chaos_steps");
-    assert!(
-        code(&out) == 0 && steps.len() == 5 && steps.iter().all(|s| s["count"].as_u64() > Some(0)),
-        "exit {}, chaos {steps:#?} (reports in {:?}):\n{}",
-        code(&out),
-        reports.keep(),
-        String::from_utf8_lossy(&out.stdout)
+        |code, r| code == 0 && every_step_met(r, 5),
     );
 }
 
@@ -259,17 +269,11 @@ fn python_stack_with_a_worker_per_channel_meets_every_link_fault() {
 /// every delivery was right. The cluster now allows 40 a worker (`provision::max_connections`).
 #[test]
 fn python_stack_with_32_senders_a_worker_gets_its_connections() {
-    let (out, reports) = run_py(
+    expect_run(
         &[("PY_STACK_THREADS", "32")],
         "flaky-providers",
         &["load.recipients=200"],
-    );
-    assert_eq!(
-        code(&out),
-        0,
-        "reports in {:?}:\n{}",
-        reports.keep(),
-        String::from_utf8_lossy(&out.stdout)
+        |code, _| code == 0,
     );
 }
 
@@ -280,28 +284,11 @@ fn python_stack_with_32_senders_a_worker_gets_its_connections() {
 /// still settling at three times the deadline: INCONCLUSIVE, never FAIL.
 #[test]
 fn python_stack_slower_than_its_trickle_is_inconclusive_not_failed() {
-    let (out, reports) = run_py(
+    expect_run(
         &[("PY_STACK_THREADS", "1")],
         "slow-provider",
         &["expect.quiescence=\"10s\""],
-    );
-    let report = report_in(&reports);
-    let q = verdict(&report, "quiescence");
-    let violated: Vec<&serde_json::Value> = report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .filter(|v| v["status"] == "violated")
-        .collect();
-    assert!(
-        code(&out) == 4
-            && violated.is_empty()
-            && q["status"] == "insufficient"
-            && q["figures"]["still_settling"] == true,
-        "exit {}, quiescence {q:#}, violated {violated:#?} (reports in {:?}):\n{}",
-        code(&out),
-        reports.keep(),
-        String::from_utf8_lossy(&out.stdout)
+        still_settling,
     );
 }
 
@@ -311,19 +298,11 @@ fn python_stack_slower_than_its_trickle_is_inconclusive_not_failed() {
 /// skips a worker whose link to that provider another step holds.
 #[test]
 fn python_stack_sending_fast_meets_two_link_faults_on_one_provider() {
-    let (out, reports) = run_py(
+    expect_run(
         &[("PY_STACK_THREADS", "32")],
         "provider-links",
         &["load.recipients=200"],
-    );
-    let report = report_in(&reports);
-    let steps = report["chaos_steps"].as_array().expect("chaos_steps");
-    assert!(
-        code(&out) == 0 && steps.iter().all(|s| s["count"].as_u64() > Some(0)),
-        "exit {}, chaos {steps:#?} (reports in {:?}):\n{}",
-        code(&out),
-        reports.keep(),
-        String::from_utf8_lossy(&out.stdout)
+        |code, r| code == 0 && every_step_met(r, 5),
     );
 }
 
@@ -333,15 +312,14 @@ fn python_stack_sending_fast_meets_two_link_faults_on_one_provider() {
 /// row's release, the run passes.
 #[test]
 fn python_stack_sending_one_at_a_time_passes_crash_window() {
-    let (out, reports) = run_py(&[("PY_STACK_THREADS", "1")], "crash-window", &[]);
-    let report = report_in(&reports);
-    let recovery = verdict(&report, "recovery");
-    assert!(
-        code(&out) == 0 && recovery["figures"]["answers_caught_in_flight"].as_u64() >= Some(3),
-        "exit {}, recovery {recovery:#} (reports in {:?}):\n{}",
-        code(&out),
-        reports.keep(),
-        String::from_utf8_lossy(&out.stdout)
+    expect_run(
+        &[("PY_STACK_THREADS", "1")],
+        "crash-window",
+        &[],
+        |code, r| {
+            let caught = &verdict(r, "recovery")["figures"]["answers_caught_in_flight"];
+            code == 0 && caught.as_u64() >= Some(3)
+        },
     );
 }
 
