@@ -107,6 +107,12 @@ impl HarnessUsage {
         })
     }
 
+    /// Raises the peak to the process's peak now: for work done after [`HarnessUsage::since`]
+    /// read it (rendering the report's files).
+    pub fn refresh_peak(&mut self) {
+        self.peak_rss_kib = self.peak_rss_kib.max(peak_rss_kib(None));
+    }
+
     fn of(cpu_s: f64, wall_s: f64) -> HarnessUsage {
         let round = |v: f64| (v * 1000.0).round() / 1000.0;
         HarnessUsage {

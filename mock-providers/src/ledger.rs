@@ -45,6 +45,18 @@ pub enum Provider {
 }
 
 impl Provider {
+    /// Every provider, in [`Provider::index`] order.
+    pub const ALL: [Provider; 3] = [Provider::Line, Provider::Smtp, Provider::Sms];
+
+    /// Its position in [`Provider::ALL`]: for tables with one slot per provider.
+    pub const fn index(self) -> usize {
+        match self {
+            Provider::Line => 0,
+            Provider::Smtp => 1,
+            Provider::Sms => 2,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Provider::Line => "line",
@@ -787,6 +799,13 @@ mod tests {
 
     fn entry(to: &str) -> Draft {
         LedgerEntry::draft(Provider::Line, EntryKind::Send, to)
+    }
+
+    #[test]
+    fn each_provider_has_its_own_slot() {
+        for (i, p) in Provider::ALL.into_iter().enumerate() {
+            assert_eq!(p.index(), i, "{}", p.as_str());
+        }
     }
 
     #[test]

@@ -197,7 +197,7 @@ fn answered_accept(s: &Entry, input: &Input) -> Option<u32> {
     if !accept || s.fault.is_some() || s.client_hung_up {
         return None;
     }
-    input.pids.get(&s.seq).copied()
+    input.pids.get(s.seq)
 }
 
 /// A failure the stack may have learned from a report or a poll, per (provider, address).
@@ -396,7 +396,7 @@ fn declare_judged(
             .filter(|s| s.fault.is_none() && !s.client_hung_up)
         {
             answered += 1;
-            unattributed += u64::from(!input.pids.contains_key(&s.seq));
+            unattributed += u64::from(!input.pids.contains(s.seq));
         }
     }
     let expected = input.expected.len() as u64;
@@ -446,8 +446,8 @@ fn resends(
         let resender_disturbed = |a: &Entry| {
             input
                 .pids
-                .get(&r.seq)
-                .is_some_and(|p| dist.any(*p, from(a), r.received_ns))
+                .get(r.seq)
+                .is_some_and(|p| dist.any(p, from(a), r.received_ns))
         };
         // A jump that lapsed the accepting attempt's lease: from a lease before it until a lease
         // after its answer (a jump after the stack recorded the accept cannot cause a resend).

@@ -55,10 +55,10 @@ pub fn resumed_mid_send(input: &Input) -> HashSet<u64> {
     }
     let mut first: HashMap<(u32, u64), (u64, u64)> = HashMap::new();
     for s in input.ledger.iter().filter(|s| s.kind == EntryKind::Send) {
-        let Some(pid) = input.pids.get(&s.seq) else {
+        let Some(pid) = input.pids.get(s.seq) else {
             continue;
         };
-        let Some(windows) = conts.get(pid) else {
+        let Some(windows) = conts.get(&pid) else {
             continue;
         };
         for (c, _) in windows
@@ -66,7 +66,7 @@ pub fn resumed_mid_send(input: &Input) -> HashSet<u64> {
             .filter(|(c, u)| (*c..=*u).contains(&s.received_ns))
         {
             let key = (s.received_ns, s.seq);
-            let f = first.entry((*pid, *c)).or_insert(key);
+            let f = first.entry((pid, *c)).or_insert(key);
             *f = (*f).min(key);
         }
     }

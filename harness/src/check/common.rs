@@ -300,7 +300,7 @@ pub fn attempt_json(e: &Entry, input: &Input) -> Value {
         "attempt": e.attempt,
         "at_ms": ms(e.received_ns),
         "answered_ms": ms(e.mono_ns),
-        "pid": input.pids.get(&e.seq),
+        "pid": input.pids.get(e.seq),
         "outcome": outcome_str(e.outcome),
         "status": e.status,
         "fault": e.fault,

@@ -18,9 +18,11 @@ use arcstr::ArcStr;
 
 use mock_providers::ledger::{CallbackVariant, EntryKind, LedgerEntry, Outcome, Provider};
 
+use super::PayloadHash;
+
 /// An interned string: one shared copy per distinct text ([`Interner`]). Reads as a `&str`.
 /// One word (a thin pointer to the count, length and text in one allocation), and so is an
-/// `Option<Name>`: an [`Entry`] holds seven.
+/// `Option<Name>`: an [`Entry`] holds six.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Name(ArcStr);
 
@@ -216,7 +218,8 @@ pub struct Entry {
     pub error: Option<Name>,
     pub fault: Option<Name>,
     pub message_id: Option<Name>,
-    pub payload_hash: Option<Name>,
+    /// The first 64 bits of the send's payload hash ([`PayloadHash`]).
+    pub payload_hash: Option<PayloadHash>,
     pub callback_status: Option<Name>,
     peer: Option<Peer>,
     /// In milliseconds, saturating at 49 days, like the callback times.
@@ -360,7 +363,7 @@ impl Entry {
             error: names.opt(e.error.as_deref()),
             fault: names.opt(e.fault.as_deref()),
             message_id: names.opt(e.message_id.as_deref()),
-            payload_hash: names.opt(e.payload_hash.as_deref()),
+            payload_hash: e.payload_hash.as_deref().map(PayloadHash::of),
             callback_status: names.opt(e.callback_status.as_deref()),
             peer: e.peer.map(Peer::from),
             retry_after_ms: e.retry_after_ms.map(saturate).into(),

@@ -135,7 +135,7 @@ mod tests {
 
     use super::*;
     use crate::check::testkit::*;
-    use crate::check::Status;
+    use crate::check::{PayloadHash, Status};
     use crate::scenario::Channel::*;
 
     #[test]
@@ -184,7 +184,10 @@ mod tests {
                 assert_eq!(c["sends"][0]["pid"], 7);
                 assert_eq!(c["sends"][1]["pid"], 8);
                 assert_eq!(c["sends"][1]["at_ms"], 2_000.0);
-                assert_eq!(c["sends"][1]["payload_hash"], "other");
+                assert_eq!(
+                    c["sends"][1]["payload_hash"],
+                    PayloadHash::of("other").to_string()
+                );
                 assert_eq!(v.figures["extra_sends"], 1);
             } else {
                 assert_eq!(c["address"], "+15559999");

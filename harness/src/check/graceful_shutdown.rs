@@ -69,8 +69,8 @@ pub fn check(input: &Input) -> Verdict {
     // TCP peer → (arrival, pid) of the attributed sends it carried.
     let mut by_peer: HashMap<SocketAddr, Vec<(u64, u32)>> = HashMap::new();
     for e in input.ledger.iter().filter(|e| e.kind == EntryKind::Send) {
-        if let (Some(peer), Some(pid)) = (e.peer(), input.pids.get(&e.seq)) {
-            by_peer.entry(peer).or_default().push((e.received_ns, *pid));
+        if let (Some(peer), Some(pid)) = (e.peer(), input.pids.get(e.seq)) {
+            by_peer.entry(peer).or_default().push((e.received_ns, pid));
         }
     }
 
@@ -120,7 +120,7 @@ pub fn check(input: &Input) -> Verdict {
             e.kind == EntryKind::Send && began(e) > limit && alive.contains(&e.received_ns)
         }) {
             window_sends += 1;
-            window_unattributed += u64::from(!input.pids.contains_key(&e.seq));
+            window_unattributed += u64::from(!input.pids.contains(e.seq));
         }
         let late: Vec<Value> = input
             .ledger
@@ -128,7 +128,7 @@ pub fn check(input: &Input) -> Verdict {
             .filter(|e| {
                 e.kind == EntryKind::Send && began(e) > limit && alive.contains(&e.received_ns)
             })
-            .filter(|e| input.pids.get(&e.seq) == Some(&p.pid))
+            .filter(|e| input.pids.get(e.seq) == Some(p.pid))
             .map(|e| {
                 let mut a = attempt_json(e, input);
                 a["address"] = json!(e.recipient);
@@ -149,8 +149,8 @@ pub fn check(input: &Input) -> Verdict {
                 }),
             ));
         }
-        let sent_by_p = |e: &Entry| match input.pids.get(&e.seq) {
-            Some(pid) => *pid == p.pid,
+        let sent_by_p = |e: &Entry| match input.pids.get(e.seq) {
+            Some(pid) => pid == p.pid,
             None => e
                 .peer()
                 .and_then(|peer| by_peer.get(&peer))

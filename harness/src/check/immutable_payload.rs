@@ -1,7 +1,7 @@
 //! `immutable_payload`: a retry resends the same message, and recipient data arrives escaped.
 //!
 //! Two rules. **payload_changed**: every send attempt of one delivery carries the same
-//! `payload_hash` (a stack that re-renders on retry, after a template edit, sends a different
+//! `payload_hash` (compared by its first 64 bits, [`super::PayloadHash`]; a stack that re-renders on retry, after a template edit, sends a different
 //! message than the first attempt). **unescaped_html** / **escaped_name_missing**: for e-mail
 //! to a recipient whose name contains HTML-special characters (`<`, `>`, `&`, `"`), the HTML part
 //! of an accepted send must not contain the raw name, and decoding its character references once
@@ -82,11 +82,11 @@ pub fn check(input: &Input) -> Verdict {
 
     for e in input.expected {
         let attempts = sends.of_expected(e);
-        let mut hashes: BTreeMap<&str, Vec<Value>> = BTreeMap::new();
+        let mut hashes: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for s in attempts {
-            if let Some(h) = &s.payload_hash {
+            if let Some(h) = s.payload_hash {
                 hashes
-                    .entry(h.as_str())
+                    .entry(h.to_string())
                     .or_default()
                     .push(json!({"seq": s.seq, "attempt": s.attempt}));
             }
@@ -208,13 +208,16 @@ mod tests {
     fn changed_payload_is_a_violation() {
         let mut w = World::new();
         let a = w.expect("r1", Sms);
-        w.send(Sms, &a, Transient, 0).hash("aaa");
-        w.send(Sms, &a, Accepted, 200).hash("bbb");
+        // SHA-256 hex, as the fakes record it: shown by its first 16 digits.
+        let first = format!("{}{}", "aaaa0000aaaa0000", "f".repeat(48));
+        let second = format!("{}{}", "bbbb0000bbbb0000", "f".repeat(48));
+        w.send(Sms, &a, Transient, 0).hash(&first);
+        w.send(Sms, &a, Accepted, 200).hash(&second);
         let v = check(&w.input());
         assert_eq!(rules(&v), ["payload_changed"]);
         let h = &v.counterexamples[0]["hashes"];
-        assert_eq!(h["aaa"][0]["attempt"], 1);
-        assert_eq!(h["bbb"][0]["attempt"], 2);
+        assert_eq!(h["aaaa0000aaaa0000"][0]["attempt"], 1);
+        assert_eq!(h["bbbb0000bbbb0000"][0]["attempt"], 2);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub mod idempotent_enqueue;
 pub mod immutable_payload;
 pub mod no_loss;
 mod outages;
+mod payload_hash;
+mod pids;
 pub mod quiescence;
 pub mod recovery;
 pub mod responsiveness;
@@ -37,7 +39,7 @@ mod transition;
 mod unknowns;
 mod wallclock;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -57,7 +59,7 @@ pub struct Expected {
     /// The provider rejects this address for good (seeded share of the address space).
     pub bad: bool,
     /// The recipient's name when it contains HTML or non-ASCII text (escaping checks).
-    pub tricky_name: Option<Box<str>>,
+    pub tricky_name: Option<Name>,
     /// Batch id it was enqueued in.
     pub batch_id: Name,
     /// Its batch was POSTed with the edited template (`[load] template_edit`).
@@ -83,7 +85,7 @@ pub struct StatusDelivery {
     #[serde(default)]
     pub provider_message_id: Option<Name>,
     #[serde(default)]
-    pub payload_sha256: Option<Digest>,
+    pub payload_sha256: Option<Box<Digest>>,
     #[serde(default)]
     pub last_error: Option<Name>,
     #[serde(default)]
@@ -92,6 +94,8 @@ pub struct StatusDelivery {
 
 pub use entry::{Content, EmailHeaders, Entry, Field, Interner, Keep, Name};
 pub use event::{EventKind, Role};
+pub use payload_hash::PayloadHash;
+pub use pids::Pids;
 pub use state::{At, Digest, Source, State};
 pub use transition::StatusTransition;
 
@@ -183,7 +187,7 @@ pub struct Input<'a> {
     /// The ledger as the checkers read it ([`Entry`]), in `seq` order.
     pub ledger: &'a [Entry],
     /// Ledger `seq` → pid of the process that sent the request (from /proc socket ownership).
-    pub pids: &'a HashMap<u64, u32>,
+    pub pids: &'a Pids,
     /// `None` when the stack does not expose a status API.
     pub status: Option<&'a [StatusDelivery]>,
     pub timeline: &'a [TimelineEvent],

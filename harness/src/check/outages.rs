@@ -121,16 +121,8 @@ fn spans(
 /// Every span in which a retry to each provider could be held up by an outage, computed once
 /// per check from the timeline and the ledger ([`Outages::out_ns`] is asked once per retry).
 pub struct Outages {
-    /// Per provider ([`Provider`] order: LINE, SMTP, SMS): its spans, unsorted.
+    /// Per provider ([`Provider::index`]): its spans, unsorted.
     spans: [Vec<(u64, u64)>; 3],
-}
-
-fn slot(p: Provider) -> usize {
-    match p {
-        Provider::Line => 0,
-        Provider::Smtp => 1,
-        Provider::Sms => 2,
-    }
 }
 
 impl Outages {
@@ -149,7 +141,7 @@ impl Outages {
                 .filter(|e| e.kind == EntryKind::Send && e.fault.as_deref() == Some(hang))
                 .map(|e| (e.received_ns, e.mono_ns)),
         );
-        let spans = [Provider::Line, Provider::Smtp, Provider::Sms].map(|p| {
+        let spans = Provider::ALL.map(|p| {
             let mut v = windows(input, p);
             v.extend(shared.iter().copied());
             v
@@ -163,7 +155,7 @@ impl Outages {
         if to <= from {
             return 0;
         }
-        let mut clipped: Vec<(u64, u64)> = self.spans[slot(provider)]
+        let mut clipped: Vec<(u64, u64)> = self.spans[provider.index()]
             .iter()
             .map(|(s, e)| ((*s).max(from), (*e).min(to)))
             .filter(|(s, e)| s < e)

@@ -282,7 +282,7 @@ pub fn check(input: &Input) -> Verdict {
                 .iter()
                 .any(|o| o.outcome == Outcome::Accepted && o.mono_ns < s.received_ns);
             n.repeats += u64::from(repeat);
-            n.repeats_unknown += u64::from(repeat && !input.pids.contains_key(&s.seq));
+            n.repeats_unknown += u64::from(repeat && !input.pids.contains(s.seq));
         }
         // In flight at T (or answered so shortly before that P may not have recorded it): P's
         // own sends, and those whose sender is unknown (`false`: not known to be P's).
@@ -292,8 +292,8 @@ pub fn check(input: &Input) -> Verdict {
                 && e.received_ns <= t
                 && e.mono_ns + ANSWER_RECORD_WINDOW_NS > t
         }) {
-            match input.pids.get(&e.seq) {
-                Some(p) if *p == pid => {
+            match input.pids.get(e.seq) {
+                Some(p) if p == pid => {
                     held.insert((e.provider, e.recipient.as_str()), true);
                 }
                 None => {
@@ -323,7 +323,7 @@ pub fn check(input: &Input) -> Verdict {
                 // still on the way to it, made it so (the crash window), the row is still the
                 // victim's in the stack: judged by its release.
                 let caught = finals.iter().all(|s| {
-                    s.mono_ns + ANSWER_RECORD_WINDOW_NS > t && input.pids.get(&s.seq) == Some(&pid)
+                    s.mono_ns + ANSWER_RECORD_WINDOW_NS > t && input.pids.get(s.seq) == Some(pid)
                 });
                 let e = expected.get(&(provider, address));
                 let moved = timed_transitions(input, clock.as_ref(), e);
@@ -380,8 +380,8 @@ pub fn check(input: &Input) -> Verdict {
             // P's request (or, for an unknown sender, the one in flight with none known).
             let mine = all.iter().rfind(|s| {
                 s.received_ns <= t
-                    && input.pids.get(&s.seq).is_none_or(|p| *p == pid)
-                    && (victims || !input.pids.contains_key(&s.seq))
+                    && input.pids.get(s.seq).is_none_or(|p| p == pid)
+                    && (victims || !input.pids.contains(s.seq))
             });
             let released = moved.as_deref().zip(mine).and_then(|(moved, m)| {
                 let after = t
@@ -504,7 +504,7 @@ fn zombies(
         s.kind == EntryKind::Send
             && s.outcome == Outcome::Accepted
             && s.received_ns > t
-            && input.pids.get(&s.seq) == Some(&pid)
+            && input.pids.get(s.seq) == Some(pid)
     });
     for s in woke {
         if under_way.contains(&s.seq) {
@@ -516,7 +516,7 @@ fn zombies(
             o.outcome == Outcome::Accepted
                 && o.mono_ns > t
                 && o.mono_ns < s.received_ns
-                && input.pids.get(&o.seq) != Some(&pid)
+                && input.pids.get(o.seq) != Some(pid)
         });
         let Some(first) = first else { continue };
         let e = expected.get(&(s.provider, s.recipient.as_str()));

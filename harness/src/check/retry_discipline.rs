@@ -128,10 +128,10 @@ fn answer_unheard(input: &Input, s: &Entry) -> bool {
 /// Whether the sender of `s` was SIGKILLed or SIGSTOPped, or cut off its database (a link
 /// partition or reset), within `[from, to]`.
 fn sender_hit(input: &Input, s: &Entry, from: u64, to: u64) -> bool {
-    input.pids.get(&s.seq).is_some_and(|pid| {
+    input.pids.get(s.seq).is_some_and(|pid| {
         input.timeline.iter().any(|ev| {
             (ev.kind.disables_worker() || ev.kind.cuts_database_link())
-                && ev.pid == Some(*pid)
+                && ev.pid == Some(pid)
                 && (from..=to).contains(&ev.mono_ns)
         })
     })

@@ -71,7 +71,7 @@ pub struct World {
     pub expected: Vec<Expected>,
     /// Shared as the run's frozen ledger is; [`World::entry_mut`] tweaks one in place.
     pub ledger: Vec<Arc<LedgerEntry>>,
-    pub pids: HashMap<u64, u32>,
+    pub pids: Pids,
     pub status: Option<Vec<StatusDelivery>>,
     pub timeline: Vec<TimelineEvent>,
     pub processes: Vec<ProcessRecord>,
@@ -99,7 +99,7 @@ impl World {
             scenario: scenario::parse(Path::new("t.toml"), BASE).expect("test scenario is valid"),
             expected: Vec::new(),
             ledger: Vec::new(),
-            pids: HashMap::new(),
+            pids: Pids::default(),
             status: None,
             timeline: Vec::new(),
             processes: Vec::new(),
@@ -391,7 +391,7 @@ impl World {
 /// Tweaks of the send just recorded.
 pub struct SendMut<'a> {
     pub entry: &'a mut LedgerEntry,
-    pids: &'a mut HashMap<u64, u32>,
+    pids: &'a mut Pids,
 }
 
 impl SendMut<'_> {
@@ -481,7 +481,7 @@ impl SendMut<'_> {
 
     /// Not attributed to any pid (the socket was gone when the provider recorded it).
     pub fn unattributed(self) -> Self {
-        self.pids.remove(&self.entry.seq);
+        self.pids.remove(self.entry.seq);
         self
     }
 }

@@ -136,7 +136,7 @@ pub fn excuse(input: &Input, attempts: &[&Entry]) -> Option<Excuse> {
     };
     // Latest attempt first: the one in flight last is the one the stack could not settle.
     for a in attempts.iter().rev() {
-        let pid = input.pids.get(&a.seq).copied();
+        let pid = input.pids.get(a.seq);
         let (from, to) = window(a);
         let hit = input
             .timeline

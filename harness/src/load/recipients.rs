@@ -189,6 +189,7 @@ pub fn expected(
         };
         batch = Some(batch_id.clone());
         let recipient = Name::from(r.id.as_str());
+        let tricky_name = r.tricky.then(|| Name::from(r.name.as_str()));
         for &channel in &scenario.load.channels {
             let rate = match channel {
                 Channel::Line => p.line.bad_addresses,
@@ -201,7 +202,7 @@ pub fn expected(
                 channel,
                 bad: faults::is_bad_address(scenario.seed, channel.provider(), address, rate),
                 address: Name::from(address),
-                tricky_name: r.tricky.then(|| r.name.as_str().into()),
+                tricky_name: tricky_name.clone(),
                 batch_id: batch_id.clone(),
                 template_edited,
             });

@@ -5,11 +5,11 @@
 //! Everything here is a pure function of the report and the ledger; it must never read files or
 //! the clock, so a report re-rendered a year later shows the same figures.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use mock_providers::ledger::{EntryKind, Outcome, Provider};
 
-use crate::check::Entry;
+use crate::check::{Entry, Pids};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -101,18 +101,34 @@ fn sends(ledger: &[Entry]) -> impl Iterator<Item = &Entry> {
 
 /// First acceptance of every delivery (provider, address): (provider, address, time), in ledger
 /// order.
-fn first_acceptances(ledger: &[Entry]) -> Vec<(Provider, &str, u64)> {
-    let mut seen = std::collections::HashSet::new();
+fn first_acceptances(ledger: &[Entry]) -> impl Iterator<Item = (Provider, &str, u64)> + '_ {
+    // Per provider, the addresses seen accepted: a word pair a slot, no list of them kept.
+    let mut seen: [HashSet<&str>; 3] = Default::default();
     sends(ledger)
         .filter(|e| e.outcome == Outcome::Accepted)
-        .filter(|e| seen.insert((e.provider, e.recipient.as_str())))
+        .filter(move |e| seen[e.provider.index()].insert(e.recipient.as_str()))
         .map(|e| (e.provider, e.recipient.as_str(), e.mono_ns))
-        .collect()
 }
 
-/// When each delivery was enqueued on the ledger clock: (provider, address) → when the
-/// `POST /v1/batches` of its batch was sent.
-pub type EnqueueTimes = HashMap<(Provider, crate::check::Name), u64>;
+/// When each delivery was enqueued on the ledger clock: per provider, address → when the
+/// `POST /v1/batches` of its batch was sent. One table per provider keyed by the expected
+/// deliveries' own addresses (shared, not copied).
+#[derive(Debug, Default)]
+pub struct EnqueueTimes([HashMap<crate::check::Name, u64>; 3]);
+
+impl EnqueueTimes {
+    pub fn get(&self, provider: Provider, address: &str) -> Option<u64> {
+        self.0[provider.index()].get(address).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iter().map(HashMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// [`EnqueueTimes`] from the expected deliveries and the batches' send times.
 pub fn enqueue_times(
@@ -123,13 +139,13 @@ pub fn enqueue_times(
         .iter()
         .map(|b| (b.batch_id.as_str(), b.sent_ns))
         .collect();
-    expected
-        .iter()
-        .filter_map(|e| {
-            let at = *sent.get(e.batch_id.as_str())?;
-            Some(((e.channel.provider(), e.address.clone()), at))
-        })
-        .collect()
+    let mut times = EnqueueTimes::default();
+    for e in expected {
+        if let Some(at) = sent.get(e.batch_id.as_str()) {
+            times.0[e.channel.provider().index()].insert(e.address.clone(), *at);
+        }
+    }
+    times
 }
 
 /// End-to-end latencies in milliseconds, sorted, per channel: each delivery from its own enqueue
@@ -214,7 +230,7 @@ pub fn latency(
     enqueue_us: &hdrhistogram::Histogram<u64>,
     enqueued: &EnqueueTimes,
 ) -> Latency {
-    let by_channel = e2e_ms(ledger, |p, to| enqueued.get(&(p, to.into())).copied());
+    let by_channel = e2e_ms(ledger, |p, to| enqueued.get(p, to));
     let mut l = e2e_latency(&by_channel, "batch_post");
     let recorded: Vec<(f64, u64)> = enqueue_us
         .iter_recorded()
@@ -266,11 +282,10 @@ pub(crate) fn latency_of<'a>(
 /// Throughput ends at the last acceptance rather than at quiescence: quiescence adds the
 /// harness's own settle window (lease + heartbeat), which would make short runs look slow.
 pub fn metrics(report: &Report, ledger: &[Entry]) -> Metrics {
-    let accepted = first_acceptances(ledger);
-    let deliveries_per_s = match (load_start_ns(report), accepted.iter().map(|a| a.2).max()) {
-        (Some(t0), Some(t1)) if t1 > t0 => {
-            Some(round3(accepted.len() as f64 / ((t1 - t0) as f64 / 1e9)))
-        }
+    let (accepted, last) =
+        first_acceptances(ledger).fold((0u64, None), |(n, last), a| (n + 1, last.max(Some(a.2))));
+    let deliveries_per_s = match (load_start_ns(report), last) {
+        (Some(t0), Some(t1)) if t1 > t0 => Some(round3(accepted as f64 / ((t1 - t0) as f64 / 1e9))),
         _ => None,
     };
     let e2e = latency_of(report, ledger)
@@ -386,19 +401,19 @@ pub fn uncertain(ledger: &[Entry], checks: &[crate::check::Verdict]) -> Uncertai
 /// Send attempts per process: ledger `seq` → pid (the attribution map the checkers get) folded
 /// into pid → count. Sends the attribution could not place are left out. The run stores it as
 /// `report.sends_by_pid`.
-pub fn sends_by_pid(ledger: &[Entry], pids: &HashMap<u64, u32>) -> BTreeMap<u32, u64> {
+pub fn sends_by_pid(ledger: &[Entry], pids: &Pids) -> BTreeMap<u32, u64> {
     let mut out = BTreeMap::new();
     for e in sends(ledger) {
-        if let Some(pid) = pids.get(&e.seq) {
-            *out.entry(*pid).or_default() += 1;
+        if let Some(pid) = pids.get(e.seq) {
+            *out.entry(pid).or_default() += 1;
         }
     }
     out
 }
 
 /// Send attempts with no sender in the attribution map: `report.sends_unattributed`.
-pub fn sends_unattributed(ledger: &[Entry], pids: &HashMap<u64, u32>) -> u64 {
-    sends(ledger).filter(|e| !pids.contains_key(&e.seq)).count() as u64
+pub fn sends_unattributed(ledger: &[Entry], pids: &Pids) -> u64 {
+    sends(ledger).filter(|e| !pids.contains(e.seq)).count() as u64
 }
 
 /// Per-second counts of accepted sends per channel, and of sends carrying an injected fault.

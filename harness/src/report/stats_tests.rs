@@ -179,7 +179,7 @@ fn counts_attempts_and_pids() {
     ];
     let got = attempts_per_delivery(&ledger);
     assert_eq!(got.into_iter().collect::<Vec<_>>(), [(2, 2)]);
-    let pids = HashMap::from([(0, 7), (1, 8), (2, 8)]);
+    let pids = crate::check::Pids::from([(0, 7), (1, 8), (2, 8)]);
     let by = sends_by_pid(&ledger, &pids);
     assert_eq!(by.into_iter().collect::<Vec<_>>(), [(7, 1), (8, 2)]);
     assert_eq!(sends_unattributed(&ledger, &pids), 1, "seq 3 has no sender");

@@ -2,13 +2,12 @@
 //! read, so that no send can land after the ledger was read; every checker then judges the same
 //! frozen record (`check::run_all`).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use super::quiesce::Settled;
 use super::start::{Stack, Workload};
 use super::Resources;
-use crate::check::{self, Entry, ProcessRecord, TimelineEvent, Verdict};
+use crate::check::{self, Entry, Pids, ProcessRecord, TimelineEvent, Verdict};
 use crate::report::phases::PhaseClock;
 use crate::scenario::Scenario;
 use crate::stalls::{Seen, StallProbe};
@@ -18,7 +17,7 @@ pub(super) struct Judged {
     /// The ledger's entries when the stack had stopped, as the checkers read them.
     pub entries: Vec<Entry>,
     /// Ledger `seq` → pid of the sender.
-    pub pids: HashMap<u64, u32>,
+    pub pids: Pids,
     pub timeline: Vec<TimelineEvent>,
     pub processes: Vec<ProcessRecord>,
     /// The machine's stalls and the wall clock's jumps over the run.

@@ -19,6 +19,7 @@ mod quiesce;
 mod settle;
 mod start;
 mod status;
+mod status_file;
 mod watch;
 mod world;
 
@@ -109,7 +110,7 @@ pub async fn run(
     };
     // Teardown on every path: stack processes first, then providers, then the database.
     res.teardown(&scenario).await;
-    let (exit_code, report) = match result {
+    let (exit_code, mut report) = match result {
         None => {
             eprintln!(
                 "interrupted: stack stopped, database cleaned up; logs in {}",
@@ -128,7 +129,11 @@ pub async fn run(
             (code, Some(r))
         }
     };
-    if let Some(r) = &report {
+    if let Some(r) = &mut report {
+        // The usage was read before the report's files were rendered: its peak covers them.
+        if let Some(h) = &mut r.harness {
+            h.refresh_peak();
+        }
         if std::fs::create_dir_all(&report_dir).is_ok() {
             if let Err(e) = report::write_json_atomic(&report_dir.join("report.json"), r) {
                 eprintln!("error: could not write report: {e:#}");
@@ -279,7 +284,7 @@ async fn execute(
     let driven = drive::load_and_chaos(scenario, &ledger, &stack, &mut work).await?;
     clock.lap(|p| &mut p.enqueue_s);
     let settled = quiesce::wait(
-        scenario,
+        (scenario, report_dir),
         (&fakes, res),
         &stack,
         &mut work,

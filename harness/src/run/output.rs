@@ -72,7 +72,7 @@ pub(super) async fn report(
     (ledger, db): (&Ledger, &Database),
     stack: &Stack,
     work: &Workload,
-    settled: Settled,
+    mut settled: Settled,
     judged: Judged,
     ((started, started_at), cpu_mark): ((Instant, &str), Option<crate::cpu::Mark>),
     mut clock: report::phases::PhaseClock,
@@ -81,8 +81,8 @@ pub(super) async fn report(
     stack.world.journal.commit(ledger)?;
     report.files.insert("ledger".into(), "ledger.jsonl".into());
     report.files.insert("logs".into(), "logs/".into());
-    if let Some(rows) = &settled.status {
-        report::write_json_atomic(&report_dir.join("status.json"), rows)?;
+    if let Some(file) = settled.status_file.take() {
+        file.commit()?;
         report.files.insert("status".into(), "status.json".into());
     }
     let Judged {

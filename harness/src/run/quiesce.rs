@@ -13,11 +13,13 @@
 //! been sent, nor through an outage the scenario holds it in.
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::drive::Driven;
 use super::provision::Fakes;
 use super::start::{Stack, Workload};
+use super::status_file::StatusFile;
 use super::{infra, not_accepted, progress, settle, status, Resources};
 use crate::check::{EventKind, LostBatch, Quiescence, StatusAnswers, StatusDelivery};
 use crate::load::{Enqueued, TrickleRun};
@@ -46,8 +48,11 @@ pub(super) struct Settled {
     pub quiescence: Quiescence,
     /// The batches' enqueues and the trickle's, in the order they were sent.
     pub enqueue: Enqueued,
-    /// The stack's last whole answer for every accepted batch (None: no status API).
+    /// The stack's last whole answer for every accepted batch (None: no status API), without
+    /// what no checker reads (transition details, payload digests).
     pub status: Option<Vec<StatusDelivery>>,
+    /// `status.json`, the same rows whole, to commit with the report.
+    pub status_file: Option<StatusFile>,
     /// Accepted batches the status API no longer knew.
     pub lost_batches: Vec<LostBatch>,
     /// How the status API answered (the answers that were not the contract's).
@@ -57,7 +62,7 @@ pub(super) struct Settled {
 /// Waits until the run is quiescent, gives up at its deadline, or stops because a crash left
 /// nothing able to make progress; then finishes the trickle and reads the status API whole.
 pub(super) async fn wait(
-    scenario: &Scenario,
+    (scenario, report_dir): (&Scenario, &Path),
     (fakes, res): (&Fakes, &Resources),
     stack: &Stack,
     work: &mut Workload,
@@ -296,14 +301,17 @@ pub(super) async fn wait(
     }
     let gone = enqueue.failures.not_accepted.iter();
     not_accepted::forget(&mut work.expected, gone.map(|b| b.batch_id.as_str()));
+    let mut status_file = None;
     if status_view.enabled() {
+        let file = StatusFile::create(&report_dir.join("status.json"))?;
         let now = world.now_ns();
-        if let Err(e) = status_view
-            .poll(&client, &stack.api_base, &batch_ids, true, now)
-            .await
-        {
+        let (file, polled) = status_view
+            .poll_last(&client, &stack.api_base, &batch_ids, now, file)
+            .await;
+        if let Err(e) = polled {
             tracing::warn!("status API: {e:#}");
         }
+        status_file = file;
     }
     let lost_batches = status_view.lost();
     let status_answers = status_view.answers().clone();
@@ -311,6 +319,7 @@ pub(super) async fn wait(
         quiescence,
         enqueue,
         status: status_view.into_rows(),
+        status_file,
         lost_batches,
         status_answers,
     })

@@ -16,6 +16,10 @@
 //! [`FULL_EVERY`]th request for a batch, and the last poll of the run, ask for the whole list, so
 //! an incremental answer that missed a change can delay the view, never decide the verdict.
 //!
+//! The view keeps what the checkers read: no transition's detail and no payload digest. The
+//! run's last poll ([`StatusPoller::poll_last`]) writes each answer whole to `status.json` before
+//! they are dropped ([`StatusFile`]).
+//!
 //! A 2xx answer that is not the contract's (not JSON, not its shape, longer than
 //! [`answer_cap`]) says the stack has a status API and it is broken: it is kept as a
 //! counterexample ([`StatusAnswers`], `agreement`'s `status_unreadable`) and the batch's rows
@@ -25,6 +29,7 @@
 
 use std::collections::BTreeMap;
 
+use super::status_file::StatusFile;
 use crate::check::{Interner, LostBatch, StatusAnswers, StatusDelivery, UnreadableStatus};
 use crate::load::{self, StatusAnswer};
 
@@ -53,8 +58,12 @@ pub struct StatusPoller {
     /// The most bytes an answer may have ([`answer_cap`]).
     cap: usize,
     answers: StatusAnswers,
-    /// One copy of each transition detail the rows share (a worker's id, "attempt 1 accepted").
+    /// The copies of recipient ids, addresses and message ids the expected deliveries and the
+    /// ledger hold, shared by the rows.
     names: Interner,
+    /// Set for the run's last poll ([`StatusPoller::poll_last`]): each answer is written to it
+    /// whole before the view drops what it does not keep.
+    file: Option<StatusFile>,
 }
 
 /// The most bytes a status answer may take for a run of `deliveries` expected deliveries: 16 KiB
@@ -101,6 +110,7 @@ impl StatusPoller {
             cap: answer_cap(deliveries),
             answers: StatusAnswers::default(),
             names,
+            file: None,
         }
     }
 
@@ -288,11 +298,15 @@ impl StatusPoller {
                     });
                 }
             }
-            (StatusAnswer::Page(page), _) => {
+            (StatusAnswer::Page(mut page), _) => {
                 self.capability = Capability::Present;
                 if self.lost.contains_key(batch_id) {
                     return;
                 }
+                if let Some(file) = &mut self.file {
+                    file.write(batch_id, &page.deliveries);
+                }
+                strip(&mut page.deliveries);
                 let mut rows = match self.rows.remove(batch_id) {
                     Some(held) if incremental => merge(held, page.deliveries),
                     Some(held) => keep_unchanged(held, page.deliveries),
@@ -321,6 +335,35 @@ impl StatusPoller {
                 self.rows.remove(batch_id);
             }
         }
+    }
+
+    /// The run's last poll: [`StatusPoller::poll`] of every batch for its whole list, each
+    /// answer written to `file` whole, then the batches it got no answer for as the view holds
+    /// them ([`StatusFile`]). The file comes back when the stack has a status API, with the last
+    /// failure of the poll.
+    pub async fn poll_last(
+        &mut self,
+        client: &reqwest::Client,
+        api_base: &str,
+        batch_ids: &[String],
+        now_ns: u64,
+        file: StatusFile,
+    ) -> (Option<StatusFile>, anyhow::Result<()>) {
+        self.file = Some(file);
+        let polled = self.poll(client, api_base, batch_ids, true, now_ns).await;
+        (self.finish_file(), polled)
+    }
+
+    /// Writes the batches the last poll got no answer for as the view holds them, and hands
+    /// the file back when the stack has a status API.
+    fn finish_file(&mut self) -> Option<StatusFile> {
+        let mut file = self.file.take()?;
+        for (batch_id, rows) in &self.rows {
+            if !file.has(batch_id) {
+                file.write(batch_id, rows);
+            }
+        }
+        (self.capability == Capability::Present).then_some(file)
     }
 
     /// Every row of the batches the stack still knows, borrowed (the view is the only copy);
@@ -356,20 +399,25 @@ impl StatusPoller {
     }
 }
 
+/// Drops from freshly parsed rows what no checker reads: the transitions' details and the
+/// payload digest (the run's last poll writes them to `status.json` first, [`StatusFile`]).
+fn strip(rows: &mut [StatusDelivery]) {
+    for r in rows {
+        r.payload_sha256 = None;
+        for t in r.transitions.iter_mut() {
+            t.detail = None;
+        }
+    }
+}
+
 /// Drops the spare capacity a parsed answer leaves in its lists, and shares strings through
 /// `names`: a row's recipient id, address and message id take the copy the expected deliveries
-/// or the ledger already hold (never adding one: a stack could make them unique on every answer),
-/// and transition details are interned (most are a worker's id or "attempt 1 accepted"). The
-/// view of a big run holds hundreds of thousands of rows for the whole run.
+/// or the ledger already hold (never adding one: a stack could make them unique on every
+/// answer). The view of a big run holds hundreds of thousands of rows for the whole run.
 fn compact(rows: &mut Vec<StatusDelivery>, names: &Interner) {
     rows.shrink_to_fit();
     for r in rows.iter_mut() {
         r.transitions.shrink_to_fit();
-        for t in r.transitions.iter_mut() {
-            if let Some(d) = &mut t.detail {
-                *d = names.name(d);
-            }
-        }
         let known = [
             Some(&mut r.recipient),
             r.address.as_mut(),
@@ -582,6 +630,62 @@ mod tests {
         for unknown in ["SM-invented-by-the-stack", "timeout 1"] {
             assert!(names.shared(unknown).is_none(), "{unknown} was added");
         }
+    }
+
+    /// The last poll writes each answer whole to `status.json`, then a batch it got no answer
+    /// for as held; the view never keeps a transition's detail or a payload digest (no checker
+    /// reads them), from any poll.
+    #[test]
+    fn the_last_poll_writes_answers_whole_and_the_view_keeps_what_checkers_read() {
+        let whole = |key: &str, detail: &str| -> StatusDelivery {
+            serde_json::from_value(serde_json::json!({
+                "key": key, "recipient": "r1", "channel": "sms", "state": "delivered",
+                "payload_sha256": "ab".repeat(32),
+                "transitions": [{"from": "sending", "to": "delivered", "source": "callback",
+                                 "at": "2026-12-04T10:00:00.000Z", "detail": detail}]
+            }))
+            .unwrap()
+        };
+        let answer = |row: StatusDelivery| {
+            StatusAnswer::Page(load::StatusPage {
+                deliveries: vec![row],
+                cursor: None,
+            })
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("status.json");
+        let mut p = StatusPoller::new(2, Interner::default());
+        p.record("b2", answer(whole("k2", "polled SM2: delivered")), false, 1);
+        p.file = Some(StatusFile::create(&path).unwrap());
+        p.record(
+            "b1",
+            answer(whole("k1", "sms status delivered for SM1")),
+            false,
+            2,
+        );
+        p.record("b2", garbage(), false, 3);
+        p.finish_file().unwrap().commit().unwrap();
+
+        let written: Vec<StatusDelivery> =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut held = whole("k2", "");
+        strip(std::slice::from_mut(&mut held));
+        assert_eq!(written, [whole("k1", "sms status delivered for SM1"), held]);
+        for row in p.rows().unwrap() {
+            assert_eq!(row.payload_sha256, None, "{}", row.key);
+            assert!(row.transitions.iter().all(|t| t.detail.is_none()));
+            assert_eq!(row.transitions.len(), 1, "the transition itself is kept");
+        }
+    }
+
+    /// No status API: no file.
+    #[test]
+    fn without_a_status_api_the_last_poll_gives_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = StatusPoller::new(2, Interner::default());
+        p.file = Some(StatusFile::create(&dir.path().join("status.json")).unwrap());
+        p.record("b1", StatusAnswer::NotFound, false, 1);
+        assert!(p.finish_file().is_none());
     }
 
     /// (answers for batches in order: rows or 404, API on at the end, rows kept, lost batches)

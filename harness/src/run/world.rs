@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use mock_providers::ledger::{EntryKind, Hook, Ledger, LedgerEntry, Outcome, Provider};
 
 use crate::attribution::{Attributor, Found};
-use crate::check::{EventKind, Name, Role, TimelineEvent};
+use crate::check::{EventKind, Name, Pids, Role, TimelineEvent};
 use crate::scenario::Scenario;
 use crate::supervise::{Spec, Supervisor};
 
@@ -38,7 +38,7 @@ pub struct World {
     restarts: Mutex<HashMap<u32, u32>>,
     timeline: Mutex<Vec<TimelineEvent>>,
     /// ledger seq → pid of the sender.
-    pids: Mutex<HashMap<u64, u32>>,
+    pids: Mutex<Pids>,
     /// Sends whose connection was not resolved on accept (seq, peer), resolved in batches.
     unresolved: Mutex<Vec<(u64, Provider, SocketAddr)>>,
     /// pid → sends attributed to it, per provider ([`idx`]).
@@ -54,14 +54,6 @@ pub struct World {
     pub progress: tokio::sync::Notify,
     /// Notified each time the API answers a batch 2xx (a step on the API aims right after one).
     pub enqueue_answered: Arc<tokio::sync::Notify>,
-}
-
-fn idx(p: Provider) -> usize {
-    match p {
-        Provider::Line => 0,
-        Provider::Smtp => 1,
-        Provider::Sms => 2,
-    }
 }
 
 impl World {
@@ -170,7 +162,7 @@ impl World {
 
     /// Takes the attribution of every send (ledger seq → pid), leaving none: for judging, once
     /// the stack has stopped and nothing sends any more (a copy would be a second map as big).
-    pub fn take_pids(&self) -> HashMap<u64, u32> {
+    pub fn take_pids(&self) -> Pids {
         std::mem::take(&mut *self.pids.lock().unwrap())
     }
 
@@ -198,7 +190,7 @@ impl World {
 
     fn record_sender(&self, seq: u64, provider: Provider, pid: u32) {
         self.pids.lock().unwrap().insert(seq, pid);
-        self.sends_by_pid.lock().unwrap().entry(pid).or_default()[idx(provider)] += 1;
+        self.sends_by_pid.lock().unwrap().entry(pid).or_default()[provider.index()] += 1;
     }
 
     /// Attributes every queued send to its sender (one read of the socket tables for all): the
@@ -220,8 +212,8 @@ impl World {
 
     /// The sender of ledger entry `seq`, looked up now if still queued (for `target = "sender"`).
     pub fn sender_of(&self, seq: u64, peer: Option<SocketAddr>) -> Option<u32> {
-        if let Some(pid) = self.pids.lock().unwrap().get(&seq) {
-            return Some(*pid);
+        if let Some(pid) = self.pids.lock().unwrap().get(seq) {
+            return Some(pid);
         }
         peer.and_then(|p| {
             self.attributor
@@ -252,7 +244,7 @@ impl World {
 
     /// Sends `provider` accepted so far (new deliveries; idempotent repeats are not counted).
     pub fn accepted_on(&self, provider: Provider) -> u64 {
-        self.accepted[idx(provider)].load(Ordering::Relaxed)
+        self.accepted[provider.index()].load(Ordering::Relaxed)
     }
 
     pub fn faults_injected(&self) -> u64 {
@@ -345,7 +337,7 @@ fn busiest_of(
     let count = |pid: &u32| {
         let by_provider = sends.get(pid).copied().unwrap_or_default();
         match provider {
-            Some(p) => by_provider[idx(p)],
+            Some(p) => by_provider[p.index()],
             None => by_provider.iter().sum(),
         }
     };
@@ -373,7 +365,7 @@ impl Observer {
     ) -> Observer {
         let mut by_provider: [std::collections::HashSet<Name>; 3] = Default::default();
         for (p, address) in campaign {
-            by_provider[idx(p)].insert(address);
+            by_provider[p.index()].insert(address);
         }
         Observer {
             world,
@@ -401,9 +393,9 @@ impl Hook for Observer {
             if e.fault.is_some() {
                 w.faults.fetch_add(1, Ordering::Relaxed);
             }
-            let campaign = self.campaign[idx(e.provider)].contains(e.recipient.as_str());
+            let campaign = self.campaign[e.provider.index()].contains(e.recipient.as_str());
             if e.outcome == Outcome::Accepted && campaign {
-                let n = w.accepted[idx(e.provider)].fetch_add(1, Ordering::Relaxed) + 1;
+                let n = w.accepted[e.provider.index()].fetch_add(1, Ordering::Relaxed) + 1;
                 w.accepted_total.fetch_add(1, Ordering::Relaxed);
                 self.chaos.note_accept(e, n);
                 w.progress.notify_waiters();
