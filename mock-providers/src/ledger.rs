@@ -408,7 +408,7 @@ struct Inner {
 /// spelling only and never goes to both maps, so each recipient has a counter of its own.
 #[derive(Default)]
 struct Attempts {
-    /// In [`Provider`] order.
+    /// By [`Provider::index`].
     by_provider: [Counters; 3],
 }
 
@@ -426,7 +426,7 @@ impl Attempts {
             *n += 1;
             *n
         }
-        let counters = &mut self.by_provider[provider as usize];
+        let counters = &mut self.by_provider[provider.index()];
         match Self::packed(provider, recipient) {
             Some(key) => bump(&mut counters.packed, key),
             None => bump(&mut counters.text, Box::from(recipient)),

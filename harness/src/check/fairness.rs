@@ -98,7 +98,6 @@ pub fn check(input: &Input) -> Verdict {
             stalled_ns: stalled_ns(input.stalls, b.sent_ns, last_accept_ns),
         });
     }
-    let campaign = campaign_sends(input, &orders);
     timed.sort_by_key(|o| std::cmp::Reverse(o.judged_ns()));
     let mut e2e_ms: Vec<f64> = timed.iter().map(|o| o.e2e_ns() as f64 / 1e6).collect();
     e2e_ms.sort_by(f64::total_cmp);
@@ -175,6 +174,7 @@ pub fn check(input: &Input) -> Verdict {
         "slo_ms": slo_ms,
         "orders": timed.len(),
     }));
+    let campaign = campaign_sends(input, &orders);
     let mut behind_campaign = 0usize;
     for o in timed
         .iter()
@@ -210,26 +210,22 @@ pub fn check(input: &Input) -> Verdict {
 }
 
 /// When each send of the campaign (every batch but the trickle's orders) reached its provider,
-/// ascending.
+/// ascending: the campaign's deliveries' attempts from the checkers' shared send index, each
+/// once (by `seq`) should two deliveries share an address.
 fn campaign_sends(input: &Input, orders: &[&crate::report::BatchEnqueue]) -> Vec<u64> {
     let order_ids: std::collections::HashSet<&str> =
         orders.iter().map(|b| b.batch_id.as_str()).collect();
-    let campaign: std::collections::HashSet<(Provider, &str)> = input
+    let sends = input.sends();
+    let mut at: Vec<(u64, u64)> = input
         .expected
         .iter()
         .filter(|e| !order_ids.contains(e.batch_id.as_str()))
-        .map(|e| (e.channel.provider(), e.address.as_str()))
-        .collect();
-    let mut at: Vec<u64> = input
-        .ledger
-        .iter()
-        .filter(|e| {
-            e.kind == EntryKind::Send && campaign.contains(&(e.provider, e.recipient.as_str()))
-        })
-        .map(|e| e.received_ns)
+        .flat_map(|e| sends.of_expected(e))
+        .map(|s| (s.received_ns, s.seq))
         .collect();
     at.sort_unstable();
-    at
+    at.dedup();
+    at.into_iter().map(|(received, _)| received).collect()
 }
 
 /// The nearest-rank percentile `p` of ascending `sorted` (0 when empty).

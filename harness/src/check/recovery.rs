@@ -84,11 +84,10 @@ struct Moved {
 /// The delivery's transitions that carry a time, on the ledger clock; `None` when the stack has
 /// no status API, no row for it, or no timed transition (then only the ledger can tell).
 fn timed_transitions(
-    input: &Input,
     clock: Option<&WallClock>,
-    e: Option<&&Expected>,
+    row: Option<&StatusDelivery>,
 ) -> Option<Vec<Moved>> {
-    let (clock, row) = (clock?, row_of(input, e)?);
+    let (clock, row) = (clock?, row?);
     let moved: Vec<Moved> = row
         .transitions
         .iter()
@@ -326,13 +325,14 @@ pub fn check(input: &Input) -> Verdict {
                     s.mono_ns + ANSWER_RECORD_WINDOW_NS > t && input.pids.get(s.seq) == Some(pid)
                 });
                 let e = expected.get(&(provider, address));
-                let moved = timed_transitions(input, clock.as_ref(), e);
+                let row = row_of(input, e);
+                let moved = timed_transitions(clock.as_ref(), row);
                 if let (true, Some(moved), Some(m)) = (victims && caught, moved, finals.last()) {
                     let judged = Caught {
                         moved: &moved,
                         answer: m,
                         next: all.iter().find(|s| s.received_ns > t).copied(),
-                        still_sending: row_of(input, e).is_some_and(|r| r.state == State::Sending),
+                        still_sending: row.is_some_and(|r| r.state == State::Sending),
                         deadline: widen(base),
                     };
                     judged.judge(input, e, ev, &mut n, &mut findings);
@@ -376,7 +376,7 @@ pub fn check(input: &Input) -> Verdict {
             let on_ledger = next_attempt.into_iter().chain(final_answer).min();
             // The stack's own release, recorded after the answer to P's request.
             let e = expected.get(&(provider, address));
-            let moved = timed_transitions(input, clock.as_ref(), e);
+            let moved = timed_transitions(clock.as_ref(), row_of(input, e));
             // P's request (or, for an unknown sender, the one in flight with none known).
             let mine = all.iter().rfind(|s| {
                 s.received_ns <= t
@@ -520,7 +520,7 @@ fn zombies(
         });
         let Some(first) = first else { continue };
         let e = expected.get(&(s.provider, s.recipient.as_str()));
-        let claimed_anew = timed_transitions(input, clock, e).is_some_and(|moved| {
+        let claimed_anew = timed_transitions(clock, row_of(input, e)).is_some_and(|moved| {
             let after = woke_at.max(first.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS));
             moved
                 .iter()

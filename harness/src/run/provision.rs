@@ -114,8 +114,6 @@ pub(super) async fn providers(
     })
 }
 
-/// The address the stack's API is told to listen on: free now, and outside the kernel's
-/// ephemeral range so that no outgoing connection can take it before the API binds it.
 /// `max_connections` of the throwaway cluster for a stack of `workers` (docs/stack-contract.md):
 /// 40 per worker (a sender pool of 32 and its heartbeat, rescuer and listeners), 40 for the API,
 /// one worker's share again for a restarted worker's overlap with the one it replaces, and 10
@@ -126,6 +124,8 @@ pub fn max_connections(workers: u32) -> u32 {
     90 + 40 * workers
 }
 
+/// The address the stack's API is told to listen on: free now, and outside the kernel's
+/// ephemeral range so that no outgoing connection can take it before the API binds it.
 fn free_port() -> anyhow::Result<SocketAddr> {
     let port = throwaway_pg::free_port().context("find a free port for the stack's API")?;
     Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))

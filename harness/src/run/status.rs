@@ -637,15 +637,7 @@ mod tests {
     /// reads them), from any poll.
     #[test]
     fn the_last_poll_writes_answers_whole_and_the_view_keeps_what_checkers_read() {
-        let whole = |key: &str, detail: &str| -> StatusDelivery {
-            serde_json::from_value(serde_json::json!({
-                "key": key, "recipient": "r1", "channel": "sms", "state": "delivered",
-                "payload_sha256": "ab".repeat(32),
-                "transitions": [{"from": "sending", "to": "delivered", "source": "callback",
-                                 "at": "2026-12-04T10:00:00.000Z", "detail": detail}]
-            }))
-            .unwrap()
-        };
+        let whole = crate::run::status_file::tests::row;
         let answer = |row: StatusDelivery| {
             StatusAnswer::Page(load::StatusPage {
                 deliveries: vec![row],

@@ -78,10 +78,11 @@ impl StatusFile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn row(key: &str, detail: &str) -> StatusDelivery {
+    /// A delivered SMS row with a payload digest and one transition carrying `detail`.
+    pub(in crate::run) fn row(key: &str, detail: &str) -> StatusDelivery {
         serde_json::from_value(serde_json::json!({
             "key": key, "recipient": "r1", "channel": "sms", "state": "delivered",
             "payload_sha256": "ab".repeat(32),

@@ -41,7 +41,7 @@ pub struct World {
     pids: Mutex<Pids>,
     /// Sends whose connection was not resolved on accept (seq, peer), resolved in batches.
     unresolved: Mutex<Vec<(u64, Provider, SocketAddr)>>,
-    /// pid → sends attributed to it, per provider ([`idx`]).
+    /// pid → sends attributed to it, per provider ([`Provider::index`]).
     sends_by_pid: Mutex<HashMap<u32, [u64; 3]>>,
     /// See [`World::sends_sender_gone`].
     sender_gone: AtomicU64,
