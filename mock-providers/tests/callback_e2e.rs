@@ -237,10 +237,10 @@ fn planned_delays_fall_within_the_range() {
                 let to = phone(i);
                 let p = plan::sms(seed, &to, 1, "SMx", &cfg);
                 assert!(
-                    p.timeline.sent_after <= p.timeline.final_after,
+                    p.timeline.sent_after() <= p.timeline.final_after(),
                     "{to}: {p:?}"
                 );
-                for at in [p.timeline.sent_after, p.timeline.final_after] {
+                for at in [p.timeline.sent_after(), p.timeline.final_after()] {
                     assert!(range.contains(&at), "{to}: {at:?} outside {range:?}");
                     spread = (spread.0.min(at), spread.1.max(at));
                 }
@@ -458,7 +458,7 @@ async fn out_of_order_callbacks_arrive_out_of_order() {
             .map(phone)
             .filter(|to| {
                 let p = plan::sms(seed, to, 1, "SMx", &cfg.sms.callbacks);
-                p.timeline.final_after - p.timeline.sent_after >= APART
+                p.timeline.final_after() - p.timeline.sent_after() >= APART
             })
             .take(4)
             .collect();

@@ -194,7 +194,7 @@ impl Disturbances {
 /// The provider answered an accept to a sender that heard it (before any disturbance check).
 fn answered_accept(s: &Entry, input: &Input) -> Option<u32> {
     let accept = matches!(s.outcome, Outcome::Accepted | Outcome::IdempotentRepeat);
-    if !accept || s.fault.is_some() || s.client_hung_up {
+    if !accept || s.fault().is_some() || s.client_hung_up {
         return None;
     }
     input.pids.get(s.seq)
@@ -206,7 +206,7 @@ fn failure_reports(ledger: &[Entry]) -> HashMap<(Provider, &str), u64> {
     for e in ledger {
         let status = match e.kind {
             EntryKind::Callback
-                if e.callback_variant
+                if e.callback_variant()
                     .is_none_or(|v| !v.is_forged() && v != CallbackVariant::UnknownId) =>
             {
                 e.callback_status.as_deref()
@@ -393,7 +393,7 @@ fn declare_judged(
         accepted += u64::from(!accepts.is_empty());
         for s in accepts
             .iter()
-            .filter(|s| s.fault.is_none() && !s.client_hung_up)
+            .filter(|s| s.fault().is_none() && !s.client_hung_up)
         {
             answered += 1;
             unattributed += u64::from(!input.pids.contains(s.seq));

@@ -97,7 +97,7 @@ pub fn check(input: &Input) -> Verdict {
     let mut by_type: BTreeMap<&str, BTreeMap<&str, u64>> = BTreeMap::new();
     for cb in cbs
         .iter()
-        .filter(|c| c.callback_variant == Some(CallbackVariant::Genuine))
+        .filter(|c| c.callback_variant() == Some(CallbackVariant::Genuine))
     {
         if let Some(status) = cb.callback_status.as_deref() {
             *by_type
@@ -122,7 +122,7 @@ pub fn check(input: &Input) -> Verdict {
         let acked = cb
             .callback_response()
             .is_some_and(|c| (200..300).contains(&c));
-        match cb.callback_variant {
+        match cb.callback_variant() {
             Some(CallbackVariant::Genuine) if is_final_report(status) => {
                 let t = truth.entry((cb.provider, norm(id))).or_insert(Truth {
                     status,
@@ -339,7 +339,7 @@ fn late_non_final<'a>(cbs: &[&'a Entry]) -> HashMap<(Provider, &'a str), Vec<(&'
         cb.callback_response()
             .is_some_and(|c| (200..300).contains(&c))
             && cb
-                .callback_variant
+                .callback_variant()
                 .is_none_or(|v| !v.is_forged() && v != CallbackVariant::UnknownId)
     };
     let mut final_at: HashMap<(Provider, &str), u64> = HashMap::new();

@@ -287,15 +287,14 @@ fn unacknowledged_or_unmatched_reports_are_insufficient_not_holds() {
     );
     // Still a violation when something else is provably wrong.
     let rows = w.status.as_mut().unwrap();
-    rows[0]
-        .transitions
-        .push(crate::check::StatusTransition::new(
-            Some("delivered".into()),
-            "submitted".into(),
-            "callback".into(),
-            None,
-            None,
-        ));
+    let mut transitions = rows[0].transitions.to_vec();
+    transitions.push(crate::check::StatusTransition::new(
+        Some("delivered".into()),
+        "submitted".into(),
+        "callback".into(),
+        None,
+    ));
+    rows[0].transitions = transitions.into();
     assert_eq!(check(&w.input()).status, Status::Violated);
 }
 

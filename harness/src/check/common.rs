@@ -303,8 +303,8 @@ pub fn attempt_json(e: &Entry, input: &Input) -> Value {
         "pid": input.pids.get(e.seq),
         "outcome": outcome_str(e.outcome),
         "status": e.status,
-        "fault": e.fault,
-        "payload_hash": e.payload_hash,
+        "fault": e.fault(),
+        "payload_hash": e.payload_hash(),
     })
 }
 

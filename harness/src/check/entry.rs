@@ -2,11 +2,11 @@
 //!
 //! The fakes' [`LedgerEntry`] carries everything a provider saw — e-mail bodies and HTML, every
 //! header, callback URLs and idempotency tokens — and `ledger.jsonl` keeps all of it on disk as
-//! it is recorded. In memory a run of 100,000 recipients holds half a million entries, so each
-//! is an [`Entry`]: times, ids and outcomes, strings interned ([`Name`], one copy of each
-//! address, status or fault however many entries repeat it), the length of an SMS body instead
-//! of the body, and for an e-mail only the headers a `headers` rule can flag and, for the few
-//! recipients whose name the escaping rule judges, the HTML part. Must never drop a field a
+//! it is recorded. In memory a run of 100,000 recipients holds two thirds of a million entries,
+//! so each is an [`Entry`]: times, ids and outcomes, strings interned ([`Name`], one copy of
+//! each address, status or fault however many entries repeat it), the length of an SMS body
+//! instead of the body, and for an e-mail only the headers a `headers` rule can flag and, for
+//! the few recipients whose name the escaping rule judges, the HTML part. Must never drop a field a
 //! checker reads: a checker judges an [`Entry`] exactly as it judged the whole entry.
 
 use std::collections::HashSet;
@@ -22,7 +22,7 @@ use super::PayloadHash;
 
 /// An interned string: one shared copy per distinct text ([`Interner`]). Reads as a `&str`.
 /// One word (a thin pointer to the count, length and text in one allocation), and so is an
-/// `Option<Name>`: an [`Entry`] holds six.
+/// `Option<Name>`: an [`Entry`] holds four inline.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Name(ArcStr);
 
@@ -152,14 +152,29 @@ impl Interner {
     }
 }
 
-/// What the checkers read of an SMTP message: the decoded Subject, the HTML part when kept, and
-/// the envelope and headers when the message was accepted.
+/// What few entries have, kept apart so that the rest do not pay for it: an SMTP message's
+/// Subject, HTML part (when kept) and envelope, a send's error, fault, SMTP start and
+/// `Retry-After`, a peer that is not IPv4, and the other kind's fields on an entry that has both
+/// (no fake writes such an entry; a ledger read back could).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Content {
-    pub subject: Option<Box<str>>,
+struct Extra {
+    error: Option<Name>,
+    fault: Option<Name>,
+    started_ns: Option<u64>,
+    retry_after_ms: Option<u64>,
+    peer: Option<SocketAddr>,
+    subject: Option<Box<str>>,
     /// Kept only for the recipients [`Keep::html`] names (the escaping rule's).
-    pub html: Option<Box<str>>,
-    pub email: Option<EmailHeaders>,
+    html: Option<Box<str>>,
+    email: Option<EmailHeaders>,
+    send: Option<SendPart>,
+    report: Option<ReportPart>,
+}
+
+impl Extra {
+    fn is_empty(&self) -> bool {
+        *self == Extra::default()
+    }
 }
 
 /// Of an accepted e-mail: the envelope recipients and the header fields a `headers` rule can
@@ -201,43 +216,77 @@ impl Keep {
 }
 
 /// One ledger entry as the checkers read it (see the module doc). Field names and meanings are
-/// [`LedgerEntry`]'s. The optional numbers are kept in their own width with one value for none,
-/// and an IPv4 peer inline, read through methods of the same names: 152 bytes an entry, where
-/// `Option`s took 216.
+/// [`LedgerEntry`]'s. What every entry has is inline; a send's fields and a report's share one
+/// slot ([`Part`], by the entry's kind), optional numbers are kept in their own width with one
+/// value for none, an IPv4 peer in one word, and what few entries have behind one pointer
+/// ([`Extra`]); all read through methods of the fields' names. 104 bytes an entry, where plain
+/// fields took 216.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
     pub seq: u64,
     pub mono_ns: u64,
     pub received_ns: u64,
-    started_ns: Packed<u64>,
     /// [`LedgerEntry::wall`] as milliseconds since the Unix epoch (it is written to the
     /// millisecond); none when it is not RFC 3339.
     wall_ms: Packed<i64>,
     pub recipient: Name,
     pub status: Name,
-    pub error: Option<Name>,
-    pub fault: Option<Name>,
     pub message_id: Option<Name>,
-    /// The first 64 bits of the send's payload hash ([`PayloadHash`]).
-    pub payload_hash: Option<PayloadHash>,
     pub callback_status: Option<Name>,
-    peer: Option<Peer>,
-    /// In milliseconds, saturating at 49 days, like the callback times.
-    retry_after_ms: Packed<u32>,
-    callback_late_ms: Packed<u32>,
-    callback_queued_ms: Packed<u32>,
-    callback_took_ms: Packed<u32>,
+    peer: PeerV4,
+    part: Part,
     pub attempt: u32,
-    /// Characters of [`LedgerEntry::body`] (0 without one): `headers`' SMS length rule.
-    pub body_chars: u32,
-    callback_response: Packed<u16>,
     pub provider: Provider,
     pub kind: EntryKind,
     pub outcome: Outcome,
-    pub callback_variant: Option<CallbackVariant>,
     pub client_hung_up: bool,
-    /// SMTP entries with a subject, HTML or envelope.
-    pub content: Option<Box<Content>>,
+    extra: Option<Box<Extra>>,
+}
+
+/// The fields only one kind of entry has: a send's, or a delivery report's and a poll's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Part {
+    Send(SendPart),
+    Report(ReportPart),
+}
+
+/// A send's payload hash and body length, in 32-bit words: aligned to 4, it and a
+/// [`ReportPart`] fit one 16-byte slot with the tag.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct SendPart {
+    /// [`PayloadHash::bits`], high word first; 0 for none.
+    hash: [u32; 2],
+    /// Characters of [`LedgerEntry::body`] (0 without one): `headers`' SMS length rule.
+    body_chars: u32,
+}
+
+impl SendPart {
+    fn payload_hash(self) -> Option<PayloadHash> {
+        let [hi, lo] = self.hash;
+        PayloadHash::from_bits(u64::from(hi) << 32 | u64::from(lo))
+    }
+}
+
+/// A callback try's times (milliseconds, saturating at 49 days), answer and variant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ReportPart {
+    late_ms: Packed<u32>,
+    queued_ms: Packed<u32>,
+    took_ms: Packed<u32>,
+    response: Packed<u16>,
+    variant: Option<CallbackVariant>,
+}
+
+impl Default for ReportPart {
+    fn default() -> ReportPart {
+        ReportPart {
+            late_ms: None.into(),
+            queued_ms: None.into(),
+            took_ms: None.into(),
+            response: None.into(),
+            variant: None,
+        }
+    }
 }
 
 /// A number type with a value no entry records, which stands for "none" ([`Packed`]).
@@ -247,11 +296,6 @@ trait Unset: Copy + PartialEq {
     /// What a recorded [`Unset::UNSET`] is kept as: the nearest value, one unit off (a time
     /// 584 years out, a wait of 49 days).
     const NEAREST: Self;
-}
-
-impl Unset for u64 {
-    const UNSET: u64 = u64::MAX;
-    const NEAREST: u64 = u64::MAX - 1;
 }
 
 impl Unset for i64 {
@@ -295,29 +339,34 @@ impl<T: Unset + fmt::Debug> fmt::Debug for Packed<T> {
     }
 }
 
-/// A send's TCP peer in two words: the fakes listen on IPv4 loopback, so an IPv4 address is
-/// kept inline and any other behind a pointer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Peer {
-    V4(SocketAddrV4),
-    Other(Box<SocketAddr>),
-}
+/// A send's or poll's TCP peer when it is IPv4 (the fakes listen on IPv4 loopback), in one
+/// word: bit 48 set, the address above the port. 0 is none (or a peer kept in [`Extra`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct PeerV4(u64);
 
-impl From<SocketAddr> for Peer {
-    fn from(a: SocketAddr) -> Peer {
+impl PeerV4 {
+    const SOME: u64 = 1 << 48;
+
+    fn of(a: Option<SocketAddr>) -> PeerV4 {
         match a {
-            SocketAddr::V4(v4) => Peer::V4(v4),
-            other => Peer::Other(Box::new(other)),
+            Some(SocketAddr::V4(v4)) => {
+                PeerV4(PeerV4::SOME | u64::from(u32::from(*v4.ip())) << 16 | u64::from(v4.port()))
+            }
+            _ => PeerV4(0),
         }
+    }
+
+    fn get(self) -> Option<SocketAddr> {
+        (self.0 & PeerV4::SOME != 0).then(|| {
+            let ip = std::net::Ipv4Addr::from((self.0 >> 16) as u32);
+            SocketAddr::V4(SocketAddrV4::new(ip, self.0 as u16))
+        })
     }
 }
 
-impl Peer {
-    fn addr(&self) -> SocketAddr {
-        match self {
-            Peer::V4(v4) => SocketAddr::V4(*v4),
-            Peer::Other(a) => **a,
-        }
+impl fmt::Debug for PeerV4 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.get(), f)
     }
 }
 
@@ -331,57 +380,74 @@ impl Entry {
         let wall_ms = chrono::DateTime::parse_from_rfc3339(&e.wall)
             .ok()
             .map(|w| w.timestamp_millis());
-        let html = e
-            .html
+        let hash = e
+            .payload_hash
             .as_deref()
-            .filter(|_| keep.html(&e.recipient))
-            .map(Box::from);
-        let email = e.email.as_deref().map(|d| EmailHeaders {
-            rcpt_to: d.rcpt_to.iter().map(|a| names.name(a)).collect(),
-            headers: super::headers::judged_fields(&d.headers)
-                .map(|h| Field {
-                    name: names.name(&h.name),
-                    value: names.name(&h.value),
-                })
-                .collect(),
-        });
-        let content = (e.subject.is_some() || html.is_some() || email.is_some()).then(|| {
-            Box::new(Content {
-                subject: e.subject.as_deref().map(Box::from),
-                html,
-                email,
-            })
-        });
-        Entry {
-            seq: e.seq,
-            mono_ns: e.mono_ns,
-            received_ns: e.received_ns,
-            started_ns: e.started_ns.into(),
-            wall_ms: wall_ms.into(),
-            recipient: names.name(&e.recipient),
-            status: names.name(&e.status),
-            error: names.opt(e.error.as_deref()),
-            fault: names.opt(e.fault.as_deref()),
-            message_id: names.opt(e.message_id.as_deref()),
-            payload_hash: e.payload_hash.as_deref().map(PayloadHash::of),
-            callback_status: names.opt(e.callback_status.as_deref()),
-            peer: e.peer.map(Peer::from),
-            retry_after_ms: e.retry_after_ms.map(saturate).into(),
-            callback_late_ms: e.callback_late_ms.map(saturate).into(),
-            callback_queued_ms: e.callback_queued_ms.map(saturate).into(),
-            callback_took_ms: e.callback_took_ms.map(saturate).into(),
-            attempt: e.attempt,
+            .map_or(0, |h| PayloadHash::of(h).bits());
+        let send = SendPart {
+            hash: [(hash >> 32) as u32, hash as u32],
             body_chars: e
                 .body
                 .as_deref()
                 .map_or(0, |b| u32::try_from(b.chars().count()).unwrap_or(u32::MAX)),
-            callback_response: e.callback_response.into(),
+        };
+        let report = ReportPart {
+            late_ms: e.callback_late_ms.map(saturate).into(),
+            queued_ms: e.callback_queued_ms.map(saturate).into(),
+            took_ms: e.callback_took_ms.map(saturate).into(),
+            response: e.callback_response.into(),
+            variant: e.callback_variant,
+        };
+        // The kind's part inline; the other kind's, when an entry has it, in `extra`.
+        let (part, send_extra, report_extra) = if e.kind == EntryKind::Send {
+            let other = (report != ReportPart::default()).then_some(report);
+            (Part::Send(send), None, other)
+        } else {
+            let other = (send != SendPart::default()).then_some(send);
+            (Part::Report(report), other, None)
+        };
+        let peer = PeerV4::of(e.peer);
+        let extra = Extra {
+            error: names.opt(e.error.as_deref()),
+            fault: names.opt(e.fault.as_deref()),
+            started_ns: e.started_ns,
+            retry_after_ms: e.retry_after_ms,
+            peer: e.peer.filter(|_| peer.get().is_none()),
+            subject: e.subject.as_deref().map(Box::from),
+            html: e
+                .html
+                .as_deref()
+                .filter(|_| keep.html(&e.recipient))
+                .map(Box::from),
+            email: e.email.as_deref().map(|d| EmailHeaders {
+                rcpt_to: d.rcpt_to.iter().map(|a| names.name(a)).collect(),
+                headers: super::headers::judged_fields(&d.headers)
+                    .map(|h| Field {
+                        name: names.name(&h.name),
+                        value: names.name(&h.value),
+                    })
+                    .collect(),
+            }),
+            send: send_extra,
+            report: report_extra,
+        };
+        Entry {
+            seq: e.seq,
+            mono_ns: e.mono_ns,
+            received_ns: e.received_ns,
+            wall_ms: wall_ms.into(),
+            recipient: names.name(&e.recipient),
+            status: names.name(&e.status),
+            message_id: names.opt(e.message_id.as_deref()),
+            callback_status: names.opt(e.callback_status.as_deref()),
+            peer,
+            part,
+            attempt: e.attempt,
             provider: e.provider,
             kind: e.kind,
             outcome: e.outcome,
-            callback_variant: e.callback_variant,
             client_hung_up: e.client_hung_up,
-            content,
+            extra: (!extra.is_empty()).then(|| Box::new(extra)),
         }
     }
 
@@ -391,9 +457,37 @@ impl Entry {
         Entry::of(e, &Interner::default(), &Keep::AllHtml)
     }
 
+    fn extra(&self) -> Option<&Extra> {
+        self.extra.as_deref()
+    }
+
+    fn send_part(&self) -> SendPart {
+        match self.part {
+            Part::Send(s) => s,
+            Part::Report(_) => self.extra().and_then(|x| x.send).unwrap_or_default(),
+        }
+    }
+
+    fn report_part(&self) -> ReportPart {
+        match self.part {
+            Part::Report(r) => r,
+            Part::Send(_) => self.extra().and_then(|x| x.report).unwrap_or_default(),
+        }
+    }
+
+    /// The provider's error text for a rejected send.
+    pub fn error(&self) -> Option<&str> {
+        self.extra()?.error.as_deref()
+    }
+
+    /// The fault the fakes injected into this request, when they did.
+    pub fn fault(&self) -> Option<&str> {
+        self.extra()?.fault.as_deref()
+    }
+
     /// SMTP sends only: when their transaction began (`MAIL FROM` arrived), on the ledger clock.
     pub fn started_ns(&self) -> Option<u64> {
-        self.started_ns.get()
+        self.extra()?.started_ns
     }
 
     /// [`LedgerEntry::wall`] in milliseconds since the Unix epoch, when it is RFC 3339.
@@ -403,47 +497,62 @@ impl Entry {
 
     /// The sender's TCP address.
     pub fn peer(&self) -> Option<SocketAddr> {
-        self.peer.as_ref().map(Peer::addr)
+        self.peer.get().or_else(|| self.extra()?.peer)
     }
 
     /// The wait the provider asked for (`Retry-After`), in milliseconds.
     pub fn retry_after_ms(&self) -> Option<u64> {
-        self.retry_after_ms.get().map(u64::from)
+        self.extra()?.retry_after_ms
+    }
+
+    /// The first 64 bits of the send's payload hash ([`PayloadHash`]).
+    pub fn payload_hash(&self) -> Option<PayloadHash> {
+        self.send_part().payload_hash()
+    }
+
+    /// Characters of [`LedgerEntry::body`] (0 without one): `headers`' SMS length rule.
+    pub fn body_chars(&self) -> u32 {
+        self.send_part().body_chars
+    }
+
+    /// What happened to this callback try (genuine, duplicate, forged, ...).
+    pub fn callback_variant(&self) -> Option<CallbackVariant> {
+        self.report_part().variant
     }
 
     /// How late the fakes began this callback try against when it was due: their lateness.
     pub fn callback_late_ms(&self) -> Option<u32> {
-        self.callback_late_ms.get()
+        self.report_part().late_ms.get()
     }
 
     /// How long this callback try waited, once due, for one of the provider's connection slots.
     pub fn callback_queued_ms(&self) -> Option<u32> {
-        self.callback_queued_ms.get()
+        self.report_part().queued_ms.get()
     }
 
     /// From writing this callback try's request to reading the whole answer (or giving up).
     pub fn callback_took_ms(&self) -> Option<u32> {
-        self.callback_took_ms.get()
+        self.report_part().took_ms.get()
     }
 
     /// The HTTP status the stack answered this callback with (none: no answer).
     pub fn callback_response(&self) -> Option<u16> {
-        self.callback_response.get()
+        self.report_part().response.get()
     }
 
     /// The decoded Subject of an SMTP message.
     pub fn subject(&self) -> Option<&str> {
-        self.content.as_ref()?.subject.as_deref()
+        self.extra()?.subject.as_deref()
     }
 
     /// The HTML part of an e-mail, when kept.
     pub fn html(&self) -> Option<&str> {
-        self.content.as_ref()?.html.as_deref()
+        self.extra()?.html.as_deref()
     }
 
     /// The envelope and flaggable headers of an accepted e-mail.
     pub fn email(&self) -> Option<&EmailHeaders> {
-        self.content.as_ref()?.email.as_ref()
+        self.extra()?.email.as_ref()
     }
 }
 
@@ -490,7 +599,7 @@ mod tests {
     #[test]
     fn an_email_entry_keeps_no_body_and_only_the_judged_headers() {
         assert!(
-            std::mem::size_of::<Entry>() <= 152,
+            std::mem::size_of::<Entry>() <= 104,
             "Entry grew to {} bytes",
             std::mem::size_of::<Entry>()
         );
@@ -498,7 +607,7 @@ mod tests {
         let names = Interner::default();
         let none = Keep::HtmlOf(Arc::new(HashSet::new()));
         let kept = Entry::of(&e, &names, &none);
-        assert_eq!(kept.body_chars, 2_000);
+        assert_eq!(kept.body_chars(), 2_000);
         assert_eq!(kept.html(), None, "HTML of a recipient no rule reads");
         assert_eq!(kept.subject(), Some("Welcome"));
         let email = kept.email().expect("an accepted e-mail keeps its envelope");
@@ -552,11 +661,46 @@ mod tests {
         let v6: SocketAddr = "[::1]:4242".parse().unwrap();
         e.peer = Some(v6);
         let kept = Entry::alone(&e);
-        assert_eq!(kept.started_ns(), Some(u64::MAX - 1));
-        assert_eq!(kept.retry_after_ms(), Some(u64::from(u32::MAX - 1)));
+        assert_eq!(kept.started_ns(), Some(u64::MAX));
+        assert_eq!(kept.retry_after_ms(), Some(u64::MAX));
         assert_eq!(kept.callback_late_ms(), Some(0));
         assert_eq!(kept.callback_response(), Some(u16::MAX - 1));
         assert_eq!(kept.peer(), Some(v6));
+        // A report's fields on a send, and a send's on a report, are kept too (no fake writes
+        // such an entry; a ledger read back could).
+        let mut send = LedgerEntry::draft(Provider::Sms, EntryKind::Send, "+15550100");
+        send.payload_hash = Some("ab".repeat(32));
+        send.body = Some("héllo".into());
+        send.callback_response = Some(204);
+        send.callback_variant = Some(CallbackVariant::Duplicate);
+        let kept = Entry::alone(&send);
+        assert_eq!(
+            kept.payload_hash().map(|h| h.bits()),
+            Some(0xabab_abab_abab_abab)
+        );
+        assert_eq!(kept.body_chars(), 5);
+        assert_eq!(kept.callback_response(), Some(204));
+        assert_eq!(kept.callback_variant(), Some(CallbackVariant::Duplicate));
+        let mut report = send.clone();
+        report.kind = EntryKind::Callback;
+        let kept = Entry::alone(&report);
+        assert_eq!(
+            kept.payload_hash().map(|h| h.bits()),
+            Some(0xabab_abab_abab_abab)
+        );
+        assert_eq!(kept.body_chars(), 5);
+        assert_eq!(kept.callback_response(), Some(204));
+        assert!(
+            kept.extra.is_some(),
+            "the send's fields beside the report's"
+        );
+        send.callback_response = None;
+        send.callback_variant = None;
+        assert!(
+            Entry::alone(&send).extra.is_none(),
+            "a plain send needs no extra"
+        );
+
         e.peer = Some("127.0.0.1:40001".parse().unwrap());
         e.retry_after_ms = Some(1_000);
         let kept = Entry::alone(&e);

@@ -45,7 +45,7 @@ pub const NAME: &str = "graceful_shutdown";
 /// Whether the harness held `e` with no answer ever to come (an outage in `hang` mode, a
 /// partitioned provider link): hanging up on it is not abandoning a send that could finish.
 fn held_unanswered(e: &Entry) -> bool {
-    e.fault.as_deref().is_some_and(|f| {
+    e.fault().is_some_and(|f| {
         OutageMode::of_label(f) == Some(OutageMode::Hang)
             || LinkFault::of_label(f) == Some(LinkFault::Partition)
     })

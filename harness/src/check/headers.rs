@@ -110,7 +110,7 @@ pub fn check(input: &Input) -> Verdict {
             }
             Provider::Sms => {
                 sms += 1;
-                let chars = e.body_chars as usize;
+                let chars = e.body_chars() as usize;
                 if chars > SMS_MAX_CHARS {
                     findings.push(finding(
                         e,

@@ -84,7 +84,7 @@ pub fn check(input: &Input) -> Verdict {
         let attempts = sends.of_expected(e);
         let mut hashes: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for s in attempts {
-            if let Some(h) = s.payload_hash {
+            if let Some(h) = s.payload_hash() {
                 hashes
                     .entry(h.to_string())
                     .or_default()

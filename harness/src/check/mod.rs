@@ -66,15 +66,33 @@ pub struct Expected {
     pub template_edited: bool,
 }
 
-/// A delivery row from the stack's status API (`GET /v1/batches/{id}/deliveries`). The status
+/// A delivery row from the stack's status API (`GET /v1/batches/{id}/deliveries`) as the
+/// checkers read it: everything the stack wrote but the transitions' details and the payload
+/// digest, which no checker reads ([`StatusRowWire`] has them, for `status.json`). The status
 /// view of a big run holds hundreds of thousands for the whole run, so its strings are boxed
 /// (no spare capacity), its states and sources small enums and its times numbers where they
-/// read back byte for byte ([`At`]); `status.json` gets what the stack wrote.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// read back byte for byte ([`At`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "StatusRowWire")]
 pub struct StatusDelivery {
     pub key: Box<str>,
     /// Shared by the status view with the expected deliveries' ids and addresses and the
     /// ledger's message ids ([`Name`]) when they are the same text.
+    pub recipient: Name,
+    pub channel: Channel,
+    pub address: Option<Name>,
+    pub state: State,
+    pub attempts: u32,
+    pub provider_message_id: Option<Name>,
+    pub last_error: Option<Name>,
+    pub transitions: Box<[StatusTransition]>,
+}
+
+/// A delivery row as the contract writes it, whole: read from each answer, written to
+/// `status.json` by the run's last poll, and made a [`StatusDelivery`] for the view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StatusRowWire {
+    pub key: Box<str>,
     pub recipient: Name,
     pub channel: Channel,
     #[serde(default)]
@@ -85,19 +103,35 @@ pub struct StatusDelivery {
     #[serde(default)]
     pub provider_message_id: Option<Name>,
     #[serde(default)]
-    pub payload_sha256: Option<Box<Digest>>,
+    pub payload_sha256: Option<Digest>,
     #[serde(default)]
     pub last_error: Option<Name>,
     #[serde(default)]
-    pub transitions: Vec<StatusTransition>,
+    pub transitions: Vec<TransitionWire>,
 }
 
-pub use entry::{Content, EmailHeaders, Entry, Field, Interner, Keep, Name};
+impl From<StatusRowWire> for StatusDelivery {
+    fn from(w: StatusRowWire) -> StatusDelivery {
+        StatusDelivery {
+            key: w.key,
+            recipient: w.recipient,
+            channel: w.channel,
+            address: w.address,
+            state: w.state,
+            attempts: w.attempts,
+            provider_message_id: w.provider_message_id,
+            last_error: w.last_error,
+            transitions: w.transitions.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+pub use entry::{EmailHeaders, Entry, Field, Interner, Keep, Name};
 pub use event::{EventKind, Role};
 pub use payload_hash::PayloadHash;
 pub use pids::Pids;
 pub use state::{At, Digest, Source, State};
-pub use transition::StatusTransition;
+pub use transition::{StatusTransition, TransitionWire};
 
 /// Something the harness did or saw, on the ledger's monotonic clock.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -625,12 +659,12 @@ mod tests {
         use std::mem::size_of;
         assert!(size_of::<Expected>() <= 48, "{}", size_of::<Expected>());
         assert!(
-            size_of::<StatusDelivery>() <= 136,
+            size_of::<StatusDelivery>() <= 88,
             "{}",
             size_of::<StatusDelivery>()
         );
         assert!(
-            size_of::<StatusTransition>() <= 24,
+            size_of::<StatusTransition>() <= 16,
             "{}",
             size_of::<StatusTransition>()
         );

@@ -104,7 +104,7 @@ fn state_of<'a>(
     }
     attempts
         .last()
-        .filter(|s| s.client_hung_up || s.fault.as_deref().is_some_and(unknowns::cuts_answer))
+        .filter(|s| s.client_hung_up || s.fault().is_some_and(unknowns::cuts_answer))
         .map(|_| &State::Unknown)
 }
 

@@ -24,7 +24,7 @@ use super::{EventKind, Input};
 
 /// Whether `e` is a send an outage answered or held.
 pub fn answered_by_outage(e: &Entry) -> bool {
-    e.kind == EntryKind::Send && e.fault.as_deref().and_then(OutageMode::of_label).is_some()
+    e.kind == EntryKind::Send && e.fault().and_then(OutageMode::of_label).is_some()
 }
 
 /// The windows `[from, to)` during which `provider` was out: each of its outage steps' start to
@@ -138,7 +138,7 @@ impl Outages {
             input
                 .ledger
                 .iter()
-                .filter(|e| e.kind == EntryKind::Send && e.fault.as_deref() == Some(hang))
+                .filter(|e| e.kind == EntryKind::Send && e.fault() == Some(hang))
                 .map(|e| (e.received_ns, e.mono_ns)),
         );
         let spans = Provider::ALL.map(|p| {

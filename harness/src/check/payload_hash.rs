@@ -40,6 +40,11 @@ impl PayloadHash {
     pub fn bits(self) -> u64 {
         self.0.get()
     }
+
+    /// The hash whose [`PayloadHash::bits`] are `bits`; none for 0.
+    pub fn from_bits(bits: u64) -> Option<PayloadHash> {
+        NonZeroU64::new(bits).map(PayloadHash)
+    }
 }
 
 /// The first 16 digits of `text` as a number when it is 64 hex digits.

@@ -233,7 +233,6 @@ impl World {
                 to.into(),
                 source.into(),
                 None,
-                None,
             ));
             from = Some(State::from(to));
         }
@@ -247,9 +246,8 @@ impl World {
                 state: from.unwrap_or(State::Pending),
                 attempts: 1,
                 provider_message_id: msg_id.map(Into::into),
-                payload_sha256: None,
                 last_error: None,
-                transitions,
+                transitions: transitions.into(),
             });
     }
 
@@ -257,7 +255,7 @@ impl World {
     /// each from the state before it (the first from none).
     pub fn timed_row(&mut self, recipient: &str, channel: Channel, steps: &[(&str, &str, u64)]) {
         let mut from: Option<State> = None;
-        let transitions = steps
+        let transitions: Box<[StatusTransition]> = steps
             .iter()
             .map(|(to, source, at)| {
                 StatusTransition::new(
@@ -265,7 +263,6 @@ impl World {
                     State::from(*to),
                     Source::from(*source),
                     Some(wall(*at).into()),
-                    None,
                 )
             })
             .collect();
@@ -279,7 +276,6 @@ impl World {
                 state: from.unwrap_or(State::Pending),
                 attempts: 1,
                 provider_message_id: None,
-                payload_sha256: None,
                 last_error: None,
                 transitions,
             });

@@ -1,6 +1,6 @@
-//! One step of a delivery's history in the stack's status view ([`StatusTransition`]): read and
-//! written as the contract's object (`from`, `to`, `source`, `at`, `detail`), held in three
-//! words.
+//! One step of a delivery's history in the stack's status view ([`StatusTransition`]): read as
+//! the contract's object (`from`, `to`, `source`, `at`, `detail`; [`TransitionWire`]) and held in
+//! two words, without the detail no checker reads.
 //!
 //! A big run's status view holds millions of transitions for the whole run, nearly all of them
 //! between states the contract names, by a source it names, at a time in the form the reference
@@ -18,24 +18,22 @@ use super::{At, Name, Source, State};
 
 /// A transition of a status row's history (see the module doc).
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
-#[serde(from = "Wire", into = "Wire")]
+#[serde(from = "TransitionWire", into = "TransitionWire")]
 pub struct StatusTransition {
     moves: Moves,
-    /// Interned by the status view: most are a worker's id or "attempt 1 accepted".
-    pub detail: Option<Name>,
 }
 
-/// The contract's object, as read and written.
-#[derive(Serialize, Deserialize, JsonSchema)]
+/// The contract's object, as read and written (`status.json` keeps its detail).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(rename = "StatusTransition")]
-struct Wire {
-    from: Option<State>,
-    to: State,
-    source: Source,
+pub struct TransitionWire {
+    pub from: Option<State>,
+    pub to: State,
+    pub source: Source,
     #[serde(default)]
-    at: Option<At>,
+    pub at: Option<At>,
     #[serde(default)]
-    detail: Option<Name>,
+    pub detail: Option<Name>,
 }
 
 #[derive(Clone, PartialEq)]
@@ -61,13 +59,7 @@ fn code<T: PartialEq>(known: &[T], x: &T) -> Option<u8> {
 }
 
 impl StatusTransition {
-    pub fn new(
-        from: Option<State>,
-        to: State,
-        source: Source,
-        at: Option<At>,
-        detail: Option<Name>,
-    ) -> StatusTransition {
+    pub fn new(from: Option<State>, to: State, source: Source, at: Option<At>) -> StatusTransition {
         let from_code = match &from {
             None => Some(0),
             Some(s) => code(&State::KNOWN, s).map(|c| c + 1),
@@ -92,7 +84,7 @@ impl StatusTransition {
             },
             _ => Moves::Rare(Box::new((from, to, source, at))),
         };
-        StatusTransition { moves, detail }
+        StatusTransition { moves }
     }
 
     /// The state it left; `None` when the stack did not say.
@@ -130,30 +122,22 @@ impl StatusTransition {
     }
 }
 
-impl From<Wire> for StatusTransition {
-    fn from(w: Wire) -> StatusTransition {
-        StatusTransition::new(w.from, w.to, w.source, w.at, w.detail)
+impl From<TransitionWire> for StatusTransition {
+    /// Drops the detail.
+    fn from(w: TransitionWire) -> StatusTransition {
+        StatusTransition::new(w.from, w.to, w.source, w.at)
     }
 }
 
-impl From<StatusTransition> for Wire {
-    fn from(t: StatusTransition) -> Wire {
-        Wire {
+impl From<StatusTransition> for TransitionWire {
+    fn from(t: StatusTransition) -> TransitionWire {
+        TransitionWire {
             from: t.from(),
             to: t.to(),
             source: t.source(),
             at: t.at(),
-            detail: t.detail,
+            detail: None,
         }
-    }
-}
-
-impl JsonSchema for StatusTransition {
-    fn schema_name() -> String {
-        Wire::schema_name()
-    }
-    fn json_schema(g: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
-        Wire::json_schema(g)
     }
 }
 
@@ -164,7 +148,6 @@ impl fmt::Debug for StatusTransition {
             .field("to", &self.to())
             .field("source", &self.source())
             .field("at", &self.at())
-            .field("detail", &self.detail)
             .finish()
     }
 }
@@ -173,22 +156,33 @@ impl fmt::Debug for StatusTransition {
 mod tests {
     use super::*;
 
+    /// What the stack wrote reads back but for the detail, which the wire form keeps.
     fn round_trip(json: serde_json::Value) -> StatusTransition {
-        let t: StatusTransition = serde_json::from_value(json.clone()).unwrap();
-        let mut back = serde_json::to_value(&t).unwrap();
+        let wire: TransitionWire = serde_json::from_value(json.clone()).unwrap();
+        let t: StatusTransition = wire.clone().into();
+        let parsed: StatusTransition = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(parsed, t);
         // `at` and `detail` are written as null when absent.
-        back.as_object_mut().unwrap().retain(|_, v| !v.is_null());
-        let mut want = json;
-        want.as_object_mut().unwrap().retain(|_, v| !v.is_null());
-        assert_eq!(back, want);
+        let written = |v: serde_json::Value| {
+            let mut v = v;
+            v.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+            v
+        };
+        assert_eq!(
+            written(serde_json::to_value(&wire).unwrap()),
+            written(json.clone())
+        );
+        let mut want = written(json);
+        want.as_object_mut().unwrap().remove("detail");
+        assert_eq!(written(serde_json::to_value(&t).unwrap()), want);
         t
     }
 
-    /// Three words, whatever the stack wrote; what the contract names is held without a pointer.
+    /// Two words, whatever the stack wrote; what the contract names is held without a pointer.
     #[test]
-    fn a_transition_is_three_words() {
+    fn a_transition_is_two_words() {
         assert!(
-            std::mem::size_of::<StatusTransition>() <= 24,
+            std::mem::size_of::<StatusTransition>() <= 16,
             "{}",
             std::mem::size_of::<StatusTransition>()
         );
@@ -201,7 +195,6 @@ mod tests {
         assert_eq!(t.to(), State::Submitted);
         assert_eq!(t.source(), Source::Worker);
         assert_eq!(t.at().and_then(|a| a.millis()), Some(1_796_296_801_123));
-        assert_eq!(t.detail.as_deref(), Some("w1"));
     }
 
     /// Every name and time outside the compact form is given back exactly as written.
@@ -229,7 +222,6 @@ mod tests {
                 Some(State::Pending),
                 State::from("exploded"),
                 Source::Worker,
-                None,
                 None
             )
         );

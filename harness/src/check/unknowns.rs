@@ -177,7 +177,7 @@ pub fn excuse(input: &Input, attempts: &[&Entry]) -> Option<Excuse> {
         }
     }
     if let Some(a) = attempts.last() {
-        if let Some(fault) = a.fault.as_deref().filter(|f| cuts_answer(f)) {
+        if let Some(fault) = a.fault().filter(|f| cuts_answer(f)) {
             return Some(Excuse {
                 kind: ExcuseKind::Provider,
                 because: format!(

@@ -508,7 +508,7 @@ pub async fn enqueue(
 /// One answer of the status API for a batch.
 #[derive(Debug, serde::Deserialize)]
 pub struct StatusPage {
-    pub deliveries: Vec<crate::check::StatusDelivery>,
+    pub deliveries: Vec<crate::check::StatusRowWire>,
     /// The incremental form's cursor: the next request may pass it as `?since=` and get only
     /// the deliveries that changed after it. Absent: the stack has no incremental form.
     #[serde(default)]

@@ -198,7 +198,7 @@ fn cards(page: &mut String, r: &Report, m: &Metrics, ledger: &[Entry]) {
         .values()
         .filter_map(|o| o.get("accepted"))
         .fold(0, |n, a| n.saturating_add(*a));
-    let faults = ledger.iter().filter(|e| e.fault.is_some()).count();
+    let faults = ledger.iter().filter(|e| e.fault().is_some()).count();
     let cards = [
         (
             "deliveries expected",

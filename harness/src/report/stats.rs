@@ -450,7 +450,7 @@ pub(crate) fn per_second(ledger: &[Entry]) -> PerSecond {
                 .entry(channel_of(e.provider))
                 .or_insert_with(|| vec![0; seconds])[s] += 1;
         }
-        if e.fault.is_some() {
+        if e.fault().is_some() {
             faults[s] += 1;
         }
     }

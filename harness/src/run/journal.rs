@@ -146,7 +146,7 @@ mod tests {
         assert_eq!(journal.since(1, |new| new.len()), 1);
         let judged = journal.freeze();
         assert_eq!(judged.iter().map(|e| e.seq).collect::<Vec<_>>(), [0, 1]);
-        assert_eq!(judged[0].body_chars, 1_000);
+        assert_eq!(judged[0].body_chars(), 1_000);
         ledger.record(LedgerEntry::draft(Provider::Line, EntryKind::Send, "U2"));
         assert_eq!(
             journal.since(0, |all| all.len()),

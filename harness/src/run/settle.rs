@@ -179,7 +179,7 @@ pub fn reported(ledger: &[Entry], expected: &[Expected]) -> std::collections::Ha
     let to: std::collections::HashSet<(Provider, &str)> = ledger
         .iter()
         .filter(|e| {
-            e.kind == EntryKind::Callback && e.callback_variant == Some(CallbackVariant::Genuine)
+            e.kind == EntryKind::Callback && e.callback_variant() == Some(CallbackVariant::Genuine)
         })
         .map(|e| (e.provider, e.recipient.as_str()))
         .collect();
@@ -193,7 +193,6 @@ pub fn reported(ledger: &[Entry], expected: &[Expected]) -> std::collections::Ha
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::StatusTransition;
     use mock_providers::ledger::{LedgerEntry, Outcome};
 
     fn exp(r: &str) -> Expected {
@@ -239,9 +238,8 @@ mod tests {
             state: state.into(),
             attempts: 1,
             provider_message_id: None,
-            payload_sha256: None,
             last_error: None,
-            transitions: Vec::<StatusTransition>::new(),
+            transitions: Box::default(),
         }
     }
 

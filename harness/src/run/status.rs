@@ -30,7 +30,9 @@
 use std::collections::BTreeMap;
 
 use super::status_file::StatusFile;
-use crate::check::{Interner, LostBatch, StatusAnswers, StatusDelivery, UnreadableStatus};
+use crate::check::{
+    Interner, LostBatch, StatusAnswers, StatusDelivery, StatusRowWire, UnreadableStatus,
+};
 use crate::load::{self, StatusAnswer};
 
 /// What the first answer said about the status API.
@@ -298,7 +300,7 @@ impl StatusPoller {
                     });
                 }
             }
-            (StatusAnswer::Page(mut page), _) => {
+            (StatusAnswer::Page(page), _) => {
                 self.capability = Capability::Present;
                 if self.lost.contains_key(batch_id) {
                     return;
@@ -306,11 +308,11 @@ impl StatusPoller {
                 if let Some(file) = &mut self.file {
                     file.write(batch_id, &page.deliveries);
                 }
-                strip(&mut page.deliveries);
+                let fresh = view(page.deliveries);
                 let mut rows = match self.rows.remove(batch_id) {
-                    Some(held) if incremental => merge(held, page.deliveries),
-                    Some(held) => keep_unchanged(held, page.deliveries),
-                    None => page.deliveries,
+                    Some(held) if incremental => merge(held, fresh),
+                    Some(held) => keep_unchanged(held, fresh),
+                    None => fresh,
                 };
                 compact(&mut rows, &self.names);
                 self.rows.insert(batch_id.to_string(), rows);
@@ -399,15 +401,11 @@ impl StatusPoller {
     }
 }
 
-/// Drops from freshly parsed rows what no checker reads: the transitions' details and the
-/// payload digest (the run's last poll writes them to `status.json` first, [`StatusFile`]).
-fn strip(rows: &mut [StatusDelivery]) {
-    for r in rows {
-        r.payload_sha256 = None;
-        for t in r.transitions.iter_mut() {
-            t.detail = None;
-        }
-    }
+/// Freshly parsed rows as the view holds them, without what no checker reads: the
+/// transitions' details and the payload digest (the run's last poll writes them to
+/// `status.json` first, [`StatusFile`]). Each wire row is dropped as its view row is made.
+fn view(rows: Vec<StatusRowWire>) -> Vec<StatusDelivery> {
+    rows.into_iter().map(StatusDelivery::from).collect()
 }
 
 /// Drops the spare capacity a parsed answer leaves in its lists, and shares strings through
@@ -417,7 +415,6 @@ fn strip(rows: &mut [StatusDelivery]) {
 fn compact(rows: &mut Vec<StatusDelivery>, names: &Interner) {
     rows.shrink_to_fit();
     for r in rows.iter_mut() {
-        r.transitions.shrink_to_fit();
         let known = [
             Some(&mut r.recipient),
             r.address.as_mut(),
@@ -472,7 +469,7 @@ mod tests {
     use super::*;
     use crate::check::Name;
 
-    fn row(key: &str, state: &str) -> StatusDelivery {
+    fn row(key: &str, state: &str) -> StatusRowWire {
         serde_json::from_value(serde_json::json!({
             "key": key, "recipient": "r1", "channel": "line", "state": state
         }))
@@ -638,7 +635,7 @@ mod tests {
     #[test]
     fn the_last_poll_writes_answers_whole_and_the_view_keeps_what_checkers_read() {
         let whole = crate::run::status_file::tests::row;
-        let answer = |row: StatusDelivery| {
+        let answer = |row: StatusRowWire| {
             StatusAnswer::Page(load::StatusPage {
                 deliveries: vec![row],
                 cursor: None,
@@ -658,14 +655,15 @@ mod tests {
         p.record("b2", garbage(), false, 3);
         p.finish_file().unwrap().commit().unwrap();
 
-        let written: Vec<StatusDelivery> =
+        let written: Vec<StatusRowWire> =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let mut held = whole("k2", "");
-        strip(std::slice::from_mut(&mut held));
+        held.payload_sha256 = None;
+        held.transitions[0].detail = None;
         assert_eq!(written, [whole("k1", "sms status delivered for SM1"), held]);
-        for row in p.rows().unwrap() {
-            assert_eq!(row.payload_sha256, None, "{}", row.key);
-            assert!(row.transitions.iter().all(|t| t.detail.is_none()));
+        let view = p.rows().unwrap();
+        assert_eq!(view.len(), 2);
+        for row in view {
             assert_eq!(row.transitions.len(), 1, "the transition itself is kept");
         }
     }

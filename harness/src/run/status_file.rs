@@ -14,7 +14,6 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use crate::check::StatusDelivery;
 use crate::report::atomic::AtomicFile;
 
 pub struct StatusFile {
@@ -39,8 +38,9 @@ impl StatusFile {
         Ok(file)
     }
 
-    /// Writes `rows`, the rows of `batch_id`, unless that batch is written already.
-    pub fn write(&mut self, batch_id: &str, rows: &[StatusDelivery]) {
+    /// Writes `rows`, the rows of `batch_id` (as answered, or as the view holds them), unless
+    /// that batch is written already.
+    pub fn write<R: serde::Serialize>(&mut self, batch_id: &str, rows: &[R]) {
         if !self.written.insert(batch_id.to_string()) {
             return;
         }
@@ -80,9 +80,10 @@ impl StatusFile {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::check::StatusRowWire;
 
     /// A delivered SMS row with a payload digest and one transition carrying `detail`.
-    pub(in crate::run) fn row(key: &str, detail: &str) -> StatusDelivery {
+    pub(in crate::run) fn row(key: &str, detail: &str) -> StatusRowWire {
         serde_json::from_value(serde_json::json!({
             "key": key, "recipient": "r1", "channel": "sms", "state": "delivered",
             "payload_sha256": "ab".repeat(32),
@@ -103,7 +104,7 @@ pub(super) mod tests {
         assert!(file.has("b1") && !file.has("b2"));
         assert!(!path.exists(), "committed only at the end");
         file.commit().unwrap();
-        let back: Vec<StatusDelivery> =
+        let back: Vec<StatusRowWire> =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(
             back, b1,
@@ -116,7 +117,7 @@ pub(super) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("status.json");
         StatusFile::create(&path).unwrap().commit().unwrap();
-        let back: Vec<StatusDelivery> =
+        let back: Vec<StatusRowWire> =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert!(back.is_empty());
     }

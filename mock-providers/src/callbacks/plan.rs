@@ -60,14 +60,54 @@ pub struct SmsPlan {
 }
 
 /// An accepted SMS's status over time: what a poll sees and what its reports say. The SMS
-/// store keeps this alone of a message's plan (its reports are scheduled apart).
+/// store keeps this alone of a message's plan (its reports are scheduled apart), for each of a
+/// hundred thousand messages: 24 bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SmsTimeline {
-    pub final_status: &'static str,
-    pub error_code: Option<u32>,
-    /// When the message becomes `sent`, and then final, after acceptance.
-    pub sent_after: Duration,
-    pub final_after: Duration,
+    /// When the message becomes `sent`, and then final, after acceptance, in nanoseconds.
+    sent_after_ns: u64,
+    final_after_ns: u64,
+    /// How it ends: 0 delivered, else one past its position in [`SMS_FAILURES`].
+    end: u8,
+}
+
+impl SmsTimeline {
+    /// Ends `delivered` without a failure (a position in [`SMS_FAILURES`]); times saturate at
+    /// 584 years.
+    pub(crate) fn new(
+        failure: Option<usize>,
+        sent_after: Duration,
+        final_after: Duration,
+    ) -> SmsTimeline {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        SmsTimeline {
+            sent_after_ns: ns(sent_after),
+            final_after_ns: ns(final_after),
+            end: failure.map_or(0, |i| i as u8 + 1),
+        }
+    }
+
+    /// When the message becomes `sent`, after acceptance.
+    pub fn sent_after(&self) -> Duration {
+        Duration::from_nanos(self.sent_after_ns)
+    }
+
+    /// When the message reaches its final status, after acceptance.
+    pub fn final_after(&self) -> Duration {
+        Duration::from_nanos(self.final_after_ns)
+    }
+
+    pub fn final_status(&self) -> &'static str {
+        match self.end {
+            0 => "delivered",
+            n => SMS_FAILURES[usize::from(n - 1)].0,
+        }
+    }
+
+    /// Twilio's error code for a message that did not arrive.
+    pub fn error_code(&self) -> Option<u32> {
+        (self.end > 0).then(|| SMS_FAILURES[usize::from(self.end - 1)].1)
+    }
 }
 
 /// Twilio error codes for a message that did not arrive.
@@ -97,18 +137,10 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
     let (sent_after, final_after) = (d1.min(d2), d1.max(d2));
     let fail = rng.gen::<f64>() < cfg.fail_rate.get();
     let which = rng.gen_range(0..SMS_FAILURES.len());
-    let (final_status, error_code) = if fail {
-        let (s, c) = SMS_FAILURES[which];
-        (s, Some(c))
-    } else {
-        ("delivered", None)
-    };
-    let timeline = SmsTimeline {
-        final_status,
-        error_code,
-        sent_after,
-        final_after,
-    };
+    let timeline = SmsTimeline::new(fail.then_some(which), sent_after, final_after);
+    let (final_status, error_code) = (timeline.final_status(), timeline.error_code());
+    // The reports say what a poll sees: the times as the store keeps them.
+    let (sent_after, final_after) = (timeline.sent_after(), timeline.final_after());
     if !cfg.enabled {
         // The timeline above is all a poll needs; the reports would never be sent. (They are drawn
         // after it, so skipping them changes nothing that was drawn before.)
@@ -346,7 +378,7 @@ mod tests {
         for (rate, n) in cases {
             let p = sms(1, "+15550000001", 1, "SM1", &cfg(rate));
             assert_eq!(p.reports.len(), n, "rate {rate}: {p:?}");
-            assert!(p.timeline.sent_after <= p.timeline.final_after);
+            assert!(p.timeline.sent_after() <= p.timeline.final_after());
             let genuine: Vec<_> = p
                 .reports
                 .iter()
@@ -355,11 +387,11 @@ mod tests {
             assert_eq!(genuine.len(), 2);
             let sent = genuine.iter().find(|r| r.status == "sent").unwrap();
             let fin = genuine.iter().find(|r| r.status != "sent").unwrap();
-            assert_eq!(fin.status, p.timeline.final_status);
+            assert_eq!(fin.status, p.timeline.final_status());
             if rate == 1.0 {
                 assert!(fin.at <= sent.at, "out of order: final first");
                 let forged = p.reports.iter().find(|r| r.variant.is_forged()).unwrap();
-                assert_ne!(forged.status, p.timeline.final_status);
+                assert_ne!(forged.status, p.timeline.final_status());
                 let stale = p
                     .reports
                     .iter()

@@ -17,7 +17,7 @@ use axum::Extension;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::store::{Field, Stored};
+use super::store::{Origin, Stored};
 use super::{authorized, default_code, twilio_error, SmsState};
 use crate::callbacks::{plan, SmsReport};
 use crate::config::HttpFault;
@@ -306,7 +306,11 @@ async fn handle(
             sid: msg.sid.to_string(),
             to: msg.to.to_string(),
             from: msg.sender().unwrap_or_default(),
-            messaging_service_sid: msg.messaging_service_sid.as_deref().map(str::to_string),
+            messaging_service_sid: msg
+                .origin
+                .messaging_service_sid
+                .as_deref()
+                .map(str::to_string),
             status_callback: msg
                 .status_callback
                 .as_deref()
@@ -367,18 +371,20 @@ fn decide_create(
             &cfg.callbacks,
         );
         let store = &inner.store;
-        let share = |field, text: &Option<String>| text.as_deref().map(|t| store.share(field, t));
+        let origin = Origin {
+            account_sid: cfg.account_sid.as_str().into(),
+            from: form.from.as_deref().map(Box::from),
+            messaging_service_sid: form.messaging_service_sid.as_deref().map(Box::from),
+        };
         let msg = Stored {
             sid,
             to,
-            account_sid: store.share(Field::AccountSid, &cfg.account_sid),
-            from: share(Field::From, &form.from),
-            messaging_service_sid: share(Field::MessagingServiceSid, &form.messaging_service_sid),
-            status_callback: share(Field::StatusCallback, &form.status_callback),
+            origin: store.origin(origin),
+            status_callback: form.status_callback.as_deref().map(|u| store.callback(u)),
             body: form.body.as_str().into(),
             created: chrono::Utc::now(),
-            created_at: Instant::now(),
             attempt,
+            created_at: Instant::now(),
             // The reports are scheduled apart, from the same plan, when the message is answered
             // for: a store of a hundred thousand messages keeps no report.
             timeline: plan.timeline,

@@ -5,8 +5,9 @@
 //! store must never hold a message the ledger does not have as accepted.
 //!
 //! A run keeps a hundred thousand messages here, so each is kept small: the SID and the `To`
-//! number packed ([`crate::packed`]), the texts most messages repeat (account, sender, service,
-//! callback URL) shared ([`Store::share`]), and the indexes keyed by the packed forms.
+//! number packed ([`crate::packed`]), what most messages repeat (their [`Origin`], the callback
+//! URL) shared ([`Store::origin`], [`Store::callback`]), its timeline in 24 bytes, and the
+//! indexes keyed by the packed forms.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -27,16 +28,22 @@ pub struct Stored {
     pub sid: Sid,
     /// The store only takes a message to an E.164 number.
     pub to: Phone,
-    pub account_sid: Arc<str>,
-    pub from: Option<Arc<str>>,
-    pub messaging_service_sid: Option<Arc<str>>,
+    pub origin: Arc<Origin>,
     pub status_callback: Option<Arc<str>>,
     pub body: Box<str>,
     pub created: DateTime<Utc>,
-    pub created_at: Instant,
     pub attempt: u32,
+    pub created_at: Instant,
     /// Of its plan, the status timeline alone (the reports are scheduled apart).
     pub timeline: SmsTimeline,
+}
+
+/// Whose message it is and who sends it: the same for nearly every message of a run.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Origin {
+    pub account_sid: Box<str>,
+    pub from: Option<Box<str>>,
+    pub messaging_service_sid: Option<Box<str>>,
 }
 
 /// Twilio's Message resource, serialised as Twilio writes it (keys in alphabetical order, as a
@@ -120,20 +127,21 @@ fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
 impl Stored {
     /// The sender number: `From`, or the Messaging Service's number ([`service_number`]).
     pub fn sender(&self) -> Option<String> {
-        self.from
+        let o = &self.origin;
+        o.from
             .as_deref()
             .map(str::to_string)
-            .or_else(|| self.messaging_service_sid.as_deref().map(service_number))
+            .or_else(|| o.messaging_service_sid.as_deref().map(service_number))
     }
 
     pub fn status_at(&self, now: Instant) -> StatusAt {
         let age = now.saturating_duration_since(self.created_at);
-        let initial = if self.from.is_some() {
+        let initial = if self.origin.from.is_some() {
             "queued"
         } else {
             "accepted"
         };
-        if age < self.timeline.sent_after {
+        if age < self.timeline.sent_after() {
             return StatusAt {
                 status: initial,
                 date_sent: None,
@@ -141,8 +149,8 @@ impl Stored {
                 error_code: None,
             };
         }
-        let sent = after(self.created, self.timeline.sent_after);
-        if age < self.timeline.final_after {
+        let sent = after(self.created, self.timeline.sent_after());
+        if age < self.timeline.final_after() {
             return StatusAt {
                 status: "sent",
                 date_sent: Some(sent),
@@ -151,17 +159,17 @@ impl Stored {
             };
         }
         StatusAt {
-            status: self.timeline.final_status,
+            status: self.timeline.final_status(),
             date_sent: Some(sent),
-            date_updated: after(self.created, self.timeline.final_after),
-            error_code: self.timeline.error_code,
+            date_updated: after(self.created, self.timeline.final_after()),
+            error_code: self.timeline.error_code(),
         }
     }
 
     pub fn uri(&self) -> String {
         format!(
             "/{API_VERSION}/Accounts/{}/Messages/{}.json",
-            self.account_sid, self.sid
+            self.origin.account_sid, self.sid
         )
     }
 
@@ -171,7 +179,7 @@ impl Stored {
         let to = self.to.to_string();
         let segments = self.body.chars().count().div_ceil(160).max(1);
         Resource {
-            account_sid: &self.account_sid,
+            account_sid: &self.origin.account_sid,
             api_version: API_VERSION,
             body: &self.body,
             date_created: twilio_date(self.created),
@@ -186,7 +194,7 @@ impl Stored {
             } else {
                 self.sender()
             },
-            messaging_service_sid: self.messaging_service_sid.as_deref(),
+            messaging_service_sid: self.origin.messaging_service_sid.as_deref(),
             num_media: "0",
             num_segments: segments.to_string(),
             price: None,
@@ -196,7 +204,7 @@ impl Stored {
             subresource_uris: SubresourceUris {
                 media: format!(
                     "/{API_VERSION}/Accounts/{}/Messages/{}/Media.json",
-                    self.account_sid, self.sid
+                    self.origin.account_sid, self.sid
                 ),
             },
             to,
@@ -219,22 +227,33 @@ struct Maps {
     keys: HashMap<Box<str>, Arc<Stored>>,
 }
 
-/// How many distinct texts one field's [`Shared`] keeps: a run repeats a handful (its account,
-/// its senders, its callback URL), and a field that differs per message (a callback URL with the
+/// How many distinct values one [`Shared`] keeps: a run repeats a handful (its account and
+/// senders, its callback URL), and a field that differs per message (a callback URL with the
 /// delivery in its query) must not grow a set as big as the store.
 const SHARED_TEXTS: usize = 256;
 
-/// One copy of each text a field of the messages repeats, up to [`SHARED_TEXTS`] of them; past
-/// that, a new text gets an `Arc` of its own.
-#[derive(Default)]
-struct Shared(HashSet<Arc<str>>);
+/// One copy of each value the messages repeat, up to [`SHARED_TEXTS`] of them; past that, a new
+/// value gets an `Arc` of its own.
+struct Shared<T: ?Sized>(HashSet<Arc<T>>);
 
-impl Shared {
-    fn get(&mut self, text: &str) -> Arc<str> {
-        if let Some(t) = self.0.get(text) {
-            return t.clone();
-        }
-        let t: Arc<str> = Arc::from(text);
+impl<T: ?Sized> Default for Shared<T> {
+    fn default() -> Self {
+        Shared(HashSet::new())
+    }
+}
+
+impl<T: ?Sized + Eq + std::hash::Hash> Shared<T> {
+    /// The kept copy equal to `value`.
+    fn find<Q>(&self, value: &Q) -> Option<Arc<T>>
+    where
+        Arc<T>: std::borrow::Borrow<Q>,
+        Q: ?Sized + Eq + std::hash::Hash,
+    {
+        self.0.get(value).cloned()
+    }
+
+    /// `t`, kept for the messages after it while there is room.
+    fn keep(&mut self, t: Arc<T>) -> Arc<T> {
         if self.0.len() < SHARED_TEXTS {
             self.0.insert(t.clone());
         }
@@ -242,21 +261,18 @@ impl Shared {
     }
 }
 
-/// A text field of [`Stored`] that [`Store::share`] keeps one copy of per distinct value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Field {
-    AccountSid,
-    From,
-    MessagingServiceSid,
-    StatusCallback,
+/// What the store shares between messages.
+#[derive(Default)]
+struct Sharing {
+    origins: Shared<Origin>,
+    callbacks: Shared<str>,
 }
 
 /// All accepted messages. Cheap to share behind an `Arc`.
 #[derive(Default)]
 pub struct Store {
     maps: Mutex<Maps>,
-    /// Per [`Field`], in its order.
-    shared: Mutex<[Shared; 4]>,
+    shared: Mutex<Sharing>,
 }
 
 impl Store {
@@ -264,11 +280,27 @@ impl Store {
         self.maps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `text` for `field` of a new message, shared with the messages before it that had the
-    /// same (see [`SHARED_TEXTS`]).
-    pub fn share(&self, field: Field, text: &str) -> Arc<str> {
-        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-        shared[field as usize].get(text)
+    fn sharing(&self) -> std::sync::MutexGuard<'_, Sharing> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `origin` for a new message, shared with the messages before it that had the same (see
+    /// [`SHARED_TEXTS`]).
+    pub fn origin(&self, origin: Origin) -> Arc<Origin> {
+        let mut sharing = self.sharing();
+        match sharing.origins.find(&origin) {
+            Some(o) => o,
+            None => sharing.origins.keep(Arc::new(origin)),
+        }
+    }
+
+    /// A new message's callback URL, shared likewise.
+    pub fn callback(&self, url: &str) -> Arc<str> {
+        let mut sharing = self.sharing();
+        match sharing.callbacks.find(url) {
+            Some(u) => u,
+            None => sharing.callbacks.keep(Arc::from(url)),
+        }
     }
 
     pub fn get(&self, sid: &str) -> Option<Arc<Stored>> {
@@ -320,7 +352,7 @@ impl Store {
 
     pub fn clear(&self) {
         *self.lock() = Maps::default();
-        *self.shared.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+        *self.sharing() = Sharing::default();
     }
 }
 
@@ -352,33 +384,37 @@ mod tests {
         Stored {
             sid: Sid::parse("SM00000000000000000000000000000000").unwrap(),
             to: Phone::parse("+15550000001").unwrap(),
-            account_sid: "AC0".into(),
-            from: from.map(Arc::from),
-            messaging_service_sid: ms.map(Arc::from),
+            origin: Arc::new(Origin {
+                account_sid: "AC0".into(),
+                from: from.map(Box::from),
+                messaging_service_sid: ms.map(Box::from),
+            }),
             status_callback: None,
             body: "hello".into(),
             created: created.parse().unwrap(),
-            created_at: Instant::now(),
             attempt: 1,
-            timeline: SmsTimeline {
-                final_status: "delivered",
-                error_code: None,
-                sent_after: Duration::from_secs(60),
-                final_after: Duration::from_secs(120),
-            },
+            created_at: Instant::now(),
+            timeline: SmsTimeline::new(None, Duration::from_secs(60), Duration::from_secs(120)),
         }
     }
 
-    /// A message from `store` as the SMS fake makes one, its texts shared through the store.
+    /// A message from `store` as the SMS fake makes one, its origin and callback shared through
+    /// the store.
     fn message(store: &Store, sid: &str, to: &str, callback: &str) -> Stored {
         let mut m = stored("2024-05-01T10:00:00Z", None, None);
         m.sid = Sid::parse(sid).unwrap();
         m.to = Phone::parse(to).unwrap();
-        m.account_sid = store.share(Field::AccountSid, "AC0");
-        m.from = Some(store.share(Field::From, "+15550009999"));
-        m.messaging_service_sid = Some(store.share(Field::MessagingServiceSid, "MG1"));
-        m.status_callback = Some(store.share(Field::StatusCallback, callback));
+        m.origin = store.origin(origin("MG1"));
+        m.status_callback = Some(store.callback(callback));
         m
+    }
+
+    fn origin(service: &str) -> Origin {
+        Origin {
+            account_sid: "AC0".into(),
+            from: Some("+15550009999".into()),
+            messaging_service_sid: Some(service.into()),
+        }
     }
 
     const SID_A: &str = "SM0000000000000000000000000000000a";
@@ -394,34 +430,32 @@ mod tests {
         let b = store
             .insert(message(&store, SID_B, "+15550000002", cb), None)
             .unwrap();
-        assert!(Arc::ptr_eq(&a.account_sid, &b.account_sid));
-        assert!(Arc::ptr_eq(
-            a.from.as_ref().unwrap(),
-            b.from.as_ref().unwrap()
-        ));
-        let service = |m: &Stored| m.messaging_service_sid.clone().unwrap();
-        assert!(Arc::ptr_eq(&service(&a), &service(&b)));
+        assert!(Arc::ptr_eq(&a.origin, &b.origin));
         let callback = |m: &Stored| m.status_callback.clone().unwrap();
         assert!(Arc::ptr_eq(&callback(&a), &callback(&b)));
-        // A field is shared with itself only: the same text in another field is its own copy.
-        assert!(!Arc::ptr_eq(&store.share(Field::From, "MG1"), &service(&a)));
+        // Another origin is its own copy.
+        assert!(!Arc::ptr_eq(&store.origin(origin("MG2")), &a.origin));
         // A text that differs per message is kept, in a bounded set: the rest get their own.
         let many: Vec<_> = (0..SHARED_TEXTS + 10)
-            .map(|i| store.share(Field::StatusCallback, &format!("{cb}?d={i}")))
+            .map(|i| store.callback(&format!("{cb}?d={i}")))
             .collect();
-        let again = store.share(Field::StatusCallback, &many[SHARED_TEXTS + 5]);
+        let again = store.callback(&many[SHARED_TEXTS + 5]);
         assert_eq!(again, many[SHARED_TEXTS + 5]);
         assert!(!Arc::ptr_eq(&again, &many[SHARED_TEXTS + 5]));
-        assert!(Arc::ptr_eq(
-            &store.share(Field::StatusCallback, &many[3]),
-            &many[3]
-        ));
+        assert!(Arc::ptr_eq(&store.callback(&many[3]), &many[3]));
         // A reset forgets them.
         store.clear();
-        assert!(!Arc::ptr_eq(
-            &store.share(Field::AccountSid, "AC0"),
-            &a.account_sid
-        ));
+        assert!(!Arc::ptr_eq(&store.origin(origin("MG1")), &a.origin));
+    }
+
+    /// A hundred thousand messages stay here for the whole run (issue 13).
+    #[test]
+    fn a_stored_message_stays_small() {
+        assert!(
+            std::mem::size_of::<Stored>() <= 120,
+            "{}",
+            std::mem::size_of::<Stored>()
+        );
     }
 
     #[test]
