@@ -34,6 +34,12 @@ pub struct HarnessUsage {
     /// The harness process's peak resident memory so far (`VmHWM`), in KiB.
     #[serde(default)]
     pub peak_rss_kib: Option<u64>,
+    /// The most memory the harness's allocator had handed out at any of its samples (every 5 s
+    /// and at the run's phase boundaries; glibc's `mallinfo2`, big blocks counted whole), in
+    /// KiB: beside `peak_rss_kib`, how much of the peak was the harness's data and how much was
+    /// freed room the allocator kept resident. None off glibc.
+    #[serde(default)]
+    pub peak_heap_kib: Option<u64>,
 }
 
 /// What the harness reads of one process's `/proc/<pid>/stat` line.
@@ -89,6 +95,7 @@ fn cpu_now() -> Option<f64> {
 pub fn mark() -> Option<Mark> {
     // Best effort: without it the peak is the process's since it started, never less.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
+    crate::malloc::reset_peak();
     Some(Mark {
         cpu_s: cpu_now()?,
         at: Instant::now(),
@@ -103,6 +110,7 @@ impl HarnessUsage {
         let cpu_s = (cpu_now()? - start.cpu_s).max(0.0);
         Some(HarnessUsage {
             peak_rss_kib: peak_rss_kib(None),
+            peak_heap_kib: crate::malloc::peak_in_use_kib(),
             ..HarnessUsage::of(cpu_s, wall_s)
         })
     }
@@ -111,6 +119,7 @@ impl HarnessUsage {
     /// read it (rendering the report's files).
     pub fn refresh_peak(&mut self) {
         self.peak_rss_kib = self.peak_rss_kib.max(peak_rss_kib(None));
+        self.peak_heap_kib = self.peak_heap_kib.max(crate::malloc::peak_in_use_kib());
     }
 
     fn of(cpu_s: f64, wall_s: f64) -> HarnessUsage {
@@ -124,14 +133,19 @@ impl HarnessUsage {
                 0.0
             },
             peak_rss_kib: None,
+            peak_heap_kib: None,
         }
     }
 
     /// One line for the terminal summary.
     pub fn line(&self) -> String {
+        let heap = self
+            .peak_heap_kib
+            .map(|k| format!(" (allocated at most {} MB)", k / 1024))
+            .unwrap_or_default();
         let rss = self
             .peak_rss_kib
-            .map(|k| format!(", peak RSS {} MB", k / 1024))
+            .map(|k| format!(", peak RSS {} MB{heap}", k / 1024))
             .unwrap_or_default();
         format!(
             "{:.0}% of one core ({:.1} CPU s in {:.1} s){rss}",
@@ -200,5 +214,7 @@ mod tests {
         let used = HarnessUsage::since(Some(start)).unwrap();
         assert!(used.cpu_s >= 0.0 && used.wall_s > 0.0, "{used:?}");
         assert!(used.peak_rss_kib.is_some_and(|k| k > 0), "{used:?}");
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        assert!(used.peak_heap_kib.is_some_and(|k| k > 0), "{used:?}");
     }
 }

@@ -2,7 +2,8 @@
 //! the stack's processes (`ting-chaos stack …` returns before `main` calls [`tune`]): the stack
 //! is measured as it would run in production. While a run lasts, [`Trimmer`] gives the pages of
 //! freed buffers back every few seconds, and the phases where the run's memory peaks (before and
-//! after judging) call [`trim`] themselves.
+//! after judging) call [`trim`] themselves; each trim first samples how much the allocator has
+//! handed out ([`peak_in_use_kib`], `report.json` `harness` `peak_heap_kib`).
 //!
 //! A run's memory is many small ledger entries that live to the end plus a few big short-lived
 //! buffers (a status API answer for a batch of 10,000 recipients is tens of megabytes, read and
@@ -33,12 +34,51 @@ pub fn tune() {
     }
 }
 
+/// The most memory the allocator had handed out at any [`sample`] since [`reset_peak`], in KiB.
+static PEAK_IN_USE_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The memory the allocator has handed out now, in KiB (`mallinfo2`: small chunks in use in its
+/// arenas plus the mappings of big blocks, counted whole); `None` off glibc.
+#[allow(unsafe_code)]
+pub fn in_use_kib() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters, under its own locks.
+        let m = unsafe { libc::mallinfo2() };
+        Some(((m.uordblks + m.hblkhd) / 1024) as u64)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
+}
+
+/// Notes [`in_use_kib`] in the peak. [`trim`] calls it, so the peak is sampled every
+/// [`Trimmer::EVERY`] while a run lasts and at its phase boundaries.
+pub fn sample() {
+    if let Some(kib) = in_use_kib() {
+        PEAK_IN_USE_KIB.fetch_max(kib, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The most the allocator had handed out at a sample since [`reset_peak`], now included: set
+/// beside the peak resident memory, how much of it was the harness's data and how much room
+/// freed inside the arenas stayed resident. `None` off glibc.
+pub fn peak_in_use_kib() -> Option<u64> {
+    sample();
+    in_use_kib().map(|_| PEAK_IN_USE_KIB.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Starts the peak afresh (a run's own, when one process runs several).
+pub fn reset_peak() {
+    PEAK_IN_USE_KIB.store(0, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Gives the free memory glibc keeps inside its arenas back to the system (`malloc_trim`): what
 /// a flood of short-lived buffers (status answers, parsed pages) left behind between live
 /// entries. Costs a walk of the arenas' free lists; call it at phase boundaries and every few
 /// seconds while the run settles, never on a request path.
 #[allow(unsafe_code)]
 pub fn trim() {
+    sample();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free pages; it takes the allocator's own locks.
     unsafe {
@@ -80,5 +120,22 @@ impl Drop for Trimmer {
     fn drop(&mut self) {
         // The thread wakes at once and ends.
         self.stop.take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The peak counts what is allocated at a sample: a block alive then is in it. (Other
+    /// tests allocate, free and restart the peak concurrently, so only a lower bound holds.)
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn the_peak_in_use_counts_a_block_alive_at_a_sample() {
+        let block: Vec<Box<[u8; 64]>> = (0..65_536).map(|_| Box::new([1u8; 64])).collect();
+        let peak = peak_in_use_kib().expect("glibc");
+        // 65,536 boxes of 64 bytes: 4 MiB and their list.
+        assert!(peak >= 4 * 1024, "a peak of {peak} KiB");
+        assert!(std::hint::black_box(&block).len() == 65_536);
     }
 }
