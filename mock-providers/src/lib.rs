@@ -39,6 +39,7 @@ pub mod outage;
 pub mod packed;
 pub mod ratelimit;
 mod run;
+pub mod shared;
 pub mod signing;
 pub mod sms;
 pub mod smtp;

@@ -103,7 +103,7 @@ pub struct StatusRowWire {
     #[serde(default)]
     pub provider_message_id: Option<Name>,
     #[serde(default)]
-    pub payload_sha256: Option<Digest>,
+    pub payload_sha256: Option<Box<str>>,
     #[serde(default)]
     pub last_error: Option<Name>,
     #[serde(default)]
@@ -130,7 +130,7 @@ pub use entry::{EmailHeaders, Entry, Field, Interner, Keep, Name};
 pub use event::{EventKind, Role};
 pub use payload_hash::PayloadHash;
 pub use pids::Pids;
-pub use state::{At, Digest, Source, State};
+pub use state::{At, Source, State};
 pub use transition::{StatusTransition, TransitionWire};
 
 /// Something the harness did or saw, on the ledger's monotonic clock.

@@ -3,9 +3,8 @@
 //! on variants the compiler knows: a misspelt state is a compile error, not a rule that silently
 //! never fires. A name outside the contract is kept as written (`Other`), never guessed: it is
 //! no known state, so nothing treats it as settled, terminal or a source it is not. A
-//! transition's time ([`At`]) and a row's payload digest ([`Digest`]) are kept as numbers when
-//! their text reads back from them byte for byte, as written otherwise: the status view of a
-//! big run holds millions of them.
+//! transition's time ([`At`]) is kept as a number when its text reads back from it byte for
+//! byte, as written otherwise: the status view of a big run holds millions of them.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -244,49 +243,7 @@ impl fmt::Display for At {
     }
 }
 
-/// A row's `payload_sha256` as the stack wrote it: 32 bytes when it is 64 lowercase hex digits
-/// (what [`Digest::text`] gives back byte for byte), any other text as written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "String", into = "String")]
-pub enum Digest {
-    Sha256([u8; 32]),
-    Text(Box<str>),
-}
-
-impl Digest {
-    /// The text the stack wrote.
-    pub fn text(&self) -> Cow<'_, str> {
-        match self {
-            Digest::Sha256(b) => Cow::Owned(hex::encode(b)),
-            Digest::Text(s) => Cow::Borrowed(s),
-        }
-    }
-}
-
-impl From<&str> for Digest {
-    fn from(s: &str) -> Digest {
-        let mut b = [0u8; 32];
-        let lower = !s.bytes().any(|c| c.is_ascii_uppercase());
-        match hex::decode_to_slice(s, &mut b) {
-            Ok(()) if lower => Digest::Sha256(b),
-            _ => Digest::Text(s.into()),
-        }
-    }
-}
-
-impl From<String> for Digest {
-    fn from(s: String) -> Digest {
-        Digest::from(s.as_str())
-    }
-}
-
-impl From<Digest> for String {
-    fn from(d: Digest) -> String {
-        d.text().into_owned()
-    }
-}
-
-/// All four are written as plain strings in `status.json` and `report.json`.
+/// All three are written as plain strings in `status.json` and `report.json`.
 macro_rules! string_schema {
     ($t:ty, $name:literal) => {
         impl JsonSchema for $t {
@@ -305,7 +262,6 @@ macro_rules! string_schema {
 string_schema!(State, "State");
 string_schema!(Source, "Source");
 string_schema!(At, "At");
-string_schema!(Digest, "Digest");
 
 #[cfg(test)]
 mod tests {
@@ -367,16 +323,5 @@ mod tests {
             assert_eq!(json, serde_json::to_string(text).unwrap());
         }
         assert!(std::mem::size_of::<Option<At>>() <= 16);
-        let hash = "0bbf170ad2e16cf0d6f44335ca1cc71a7a8c40f7dd4620284c242c9d3fd16385";
-        for (text, bytes) in [
-            (hash, true),
-            (&hash.to_uppercase(), false),
-            (&hash[1..], false),
-            ("sha256:abc", false),
-        ] {
-            let d = Digest::from(text);
-            assert_eq!(matches!(d, Digest::Sha256(_)), bytes, "{text}");
-            assert_eq!(d.text(), text);
-        }
     }
 }

@@ -28,7 +28,6 @@ pub mod plan;
 mod queue;
 mod report;
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,7 +96,7 @@ struct Inner {
     seed: u64,
     core: Arc<Core>,
     /// The signing keys and account ids the messages share, one copy of each.
-    keys: Mutex<HashSet<Arc<str>>>,
+    keys: Mutex<crate::shared::Shared<str>>,
     handle: Option<tokio::runtime::Handle>,
     /// Dropped with the dispatcher: the drivers end, and the reports' own runtime stops.
     _closed: watch::Sender<()>,
@@ -165,7 +164,7 @@ impl Dispatcher {
             inner: Arc::new(Inner {
                 seed,
                 core,
-                keys: Mutex::new(HashSet::new()),
+                keys: Mutex::default(),
                 handle,
                 _closed: closed,
                 _stop: stop,
@@ -274,12 +273,7 @@ impl Dispatcher {
     /// The one shared copy of a configured key or account id.
     fn key(&self, s: &str) -> Arc<str> {
         let mut keys = self.inner.keys.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(k) = keys.get(s) {
-            return k.clone();
-        }
-        let k: Arc<str> = Arc::from(s);
-        keys.insert(k.clone());
-        k
+        keys.text(s)
     }
 
     /// Queues `planned`, the reports about `message`, each at its time from now.

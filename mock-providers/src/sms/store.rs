@@ -9,7 +9,7 @@
 //! URL) shared ([`Store::origin`], [`Store::callback`]), its timeline in 24 bytes, and the
 //! indexes keyed by the packed forms.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::callbacks::plan::SmsTimeline;
 use crate::packed::{Phone, Sid};
+use crate::shared::Shared;
 
 /// Twilio's API version segment.
 pub const API_VERSION: &str = "2010-04-01";
@@ -227,40 +228,6 @@ struct Maps {
     keys: HashMap<Box<str>, Arc<Stored>>,
 }
 
-/// How many distinct values one [`Shared`] keeps: a run repeats a handful (its account and
-/// senders, its callback URL), and a field that differs per message (a callback URL with the
-/// delivery in its query) must not grow a set as big as the store.
-const SHARED_TEXTS: usize = 256;
-
-/// One copy of each value the messages repeat, up to [`SHARED_TEXTS`] of them; past that, a new
-/// value gets an `Arc` of its own.
-struct Shared<T: ?Sized>(HashSet<Arc<T>>);
-
-impl<T: ?Sized> Default for Shared<T> {
-    fn default() -> Self {
-        Shared(HashSet::new())
-    }
-}
-
-impl<T: ?Sized + Eq + std::hash::Hash> Shared<T> {
-    /// The kept copy equal to `value`.
-    fn find<Q>(&self, value: &Q) -> Option<Arc<T>>
-    where
-        Arc<T>: std::borrow::Borrow<Q>,
-        Q: ?Sized + Eq + std::hash::Hash,
-    {
-        self.0.get(value).cloned()
-    }
-
-    /// `t`, kept for the messages after it while there is room.
-    fn keep(&mut self, t: Arc<T>) -> Arc<T> {
-        if self.0.len() < SHARED_TEXTS {
-            self.0.insert(t.clone());
-        }
-        t
-    }
-}
-
 /// What the store shares between messages.
 #[derive(Default)]
 struct Sharing {
@@ -285,7 +252,7 @@ impl Store {
     }
 
     /// `origin` for a new message, shared with the messages before it that had the same (see
-    /// [`SHARED_TEXTS`]).
+    /// [`Shared`]).
     pub fn origin(&self, origin: Origin) -> Arc<Origin> {
         let mut sharing = self.sharing();
         match sharing.origins.find(&origin) {
@@ -296,11 +263,7 @@ impl Store {
 
     /// A new message's callback URL, shared likewise.
     pub fn callback(&self, url: &str) -> Arc<str> {
-        let mut sharing = self.sharing();
-        match sharing.callbacks.find(url) {
-            Some(u) => u,
-            None => sharing.callbacks.keep(Arc::from(url)),
-        }
+        self.sharing().callbacks.text(url)
     }
 
     pub fn get(&self, sid: &str) -> Option<Arc<Stored>> {
@@ -436,12 +399,12 @@ mod tests {
         // Another origin is its own copy.
         assert!(!Arc::ptr_eq(&store.origin(origin("MG2")), &a.origin));
         // A text that differs per message is kept, in a bounded set: the rest get their own.
-        let many: Vec<_> = (0..SHARED_TEXTS + 10)
+        let many: Vec<_> = (0..Shared::<str>::MAX + 10)
             .map(|i| store.callback(&format!("{cb}?d={i}")))
             .collect();
-        let again = store.callback(&many[SHARED_TEXTS + 5]);
-        assert_eq!(again, many[SHARED_TEXTS + 5]);
-        assert!(!Arc::ptr_eq(&again, &many[SHARED_TEXTS + 5]));
+        let again = store.callback(&many[Shared::<str>::MAX + 5]);
+        assert_eq!(again, many[Shared::<str>::MAX + 5]);
+        assert!(!Arc::ptr_eq(&again, &many[Shared::<str>::MAX + 5]));
         assert!(Arc::ptr_eq(&store.callback(&many[3]), &many[3]));
         // A reset forgets them.
         store.clear();
