@@ -36,21 +36,24 @@ use tokio::time::Instant;
 
 use crate::config::{SmsConfig, SmtpConfig};
 use crate::ledger::{CallbackVariant, EntryKind, Ledger, LedgerEntry, Outcome, Provider};
+use crate::packed::{Phone, Sid};
+use crate::sms::store::Origin;
 use queue::{Job, Lane, Pending, Start};
 use report::{Form, Message, Policy, Report};
 
 /// Tries of one provider's reports in flight at once; the rest wait their turn in due order.
 pub const MAX_IN_FLIGHT: usize = 32;
 
-/// What the SMS fake knows about an accepted message that its status callbacks repeat.
+/// What the SMS fake knows about an accepted message that its status callbacks repeat, in the
+/// forms its store keeps (packed SID and number, shared origin and URL): the reports hold these,
+/// not copies.
 #[derive(Clone, Debug)]
 pub struct SmsReport {
-    pub sid: String,
-    pub to: String,
-    /// The sender number: `From`, or the Messaging Service's number for a service send.
-    pub from: String,
-    pub messaging_service_sid: Option<String>,
-    pub status_callback: String,
+    pub sid: Sid,
+    pub to: Phone,
+    /// The account, and who sends: `From`, or a Messaging Service's number.
+    pub origin: Arc<Origin>,
+    pub status_callback: Option<Arc<str>>,
     pub attempt: u32,
 }
 
@@ -207,23 +210,25 @@ impl Dispatcher {
     /// message's (the store keeps only its timeline).
     pub fn sms_accepted(&self, cfg: &SmsConfig, msg: &SmsReport, plan: plan::SmsPlan) {
         let cb = &cfg.callbacks;
-        if !cb.enabled || msg.status_callback.is_empty() {
+        let Some(url) = msg
+            .status_callback
+            .as_ref()
+            .filter(|u| cb.enabled && !u.is_empty())
+        else {
             return;
-        }
+        };
         let message = Arc::new(Message {
-            provider: Provider::Sms,
-            recipient: msg.to.as_str().into(),
             attempt: msg.attempt,
-            url: msg.status_callback.as_str().into(),
+            url: url.clone(),
             policy: Policy {
                 retry_on_error: cb.retry_on_error,
                 max_retries: cb.max_retries,
                 timeout: cb.timeout.0,
             },
             form: Form::Sms {
-                sid: msg.sid.as_str().into(),
-                from: msg.from.as_str().into(),
-                messaging_service_sid: msg.messaging_service_sid.as_deref().map(Box::from),
+                sid: msg.sid,
+                to: msg.to,
+                origin: msg.origin.clone(),
                 account_sid: self.key(&cfg.account_sid),
                 auth_token: self.key(&cfg.auth_token),
             },
@@ -252,25 +257,25 @@ impl Dispatcher {
             ev,
         );
         let message = Arc::new(Message {
-            provider: Provider::Smtp,
-            recipient: entry.recipient.as_str().into(),
             attempt: entry.attempt,
-            url: url.into(),
+            url: self.key(url),
             policy: Policy {
                 retry_on_error: ev.retry_on_error,
                 max_retries: ev.max_retries,
                 timeout: ev.timeout.0,
             },
-            form: Form::Email {
-                message_id: message_id.into(),
-                accepted: chrono::Utc::now(),
-                secret: self.key(&cfg.events_secret),
-            },
+            form: Form::email(
+                &entry.recipient,
+                message_id,
+                chrono::Utc::now(),
+                self.key(&cfg.events_secret),
+            ),
         });
         self.schedule(&message, planned);
     }
 
-    /// The one shared copy of a configured key or account id.
+    /// The one shared copy of a configured key, account id or receiver URL (while there is room:
+    /// [`crate::shared::Shared`]).
     fn key(&self, s: &str) -> Arc<str> {
         let mut keys = self.inner.keys.lock().unwrap_or_else(|p| p.into_inner());
         keys.text(s)
@@ -283,7 +288,7 @@ impl Dispatcher {
             return;
         }
         let core = &self.inner.core;
-        let lane = core.lane(message.provider);
+        let lane = core.lane(message.provider());
         let (now, epoch) = (Instant::now(), core.epoch());
         if let Some(longest) = planned.iter().map(|p| p.at).max() {
             let mut plan = core.plan.lock().unwrap_or_else(|p| p.into_inner());
@@ -328,7 +333,7 @@ async fn drive(core: Arc<Core>, provider: Provider, mut closed: watch::Receiver<
 }
 
 /// Gives a try's slot back however the try ends (answered, cancelled, its runtime stopped).
-struct Slot<'a>(&'a Lane, Option<(Instant, Box<Job>)>);
+struct Slot<'a>(&'a Lane, Option<(Instant, Job)>);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
@@ -338,7 +343,7 @@ impl Drop for Slot<'_> {
 
 /// One try of a report begun by the driver; dropped when the dispatcher cancels its epoch.
 async fn attempt(core: Arc<Core>, start: Start) {
-    let mut slot = Slot(core.lane(start.job.report.message.provider), None);
+    let mut slot = Slot(core.lane(start.job.report.message.provider()), None);
     let mut epoch = core.epoch.subscribe();
     if *epoch.borrow_and_update() != start.job.epoch {
         return;
@@ -352,7 +357,7 @@ async fn attempt(core: Arc<Core>, start: Start) {
 /// Sends one try of a report and records it; returns the job and when to try it again when
 /// the receiver answered 5xx, timed out or could not be reached (after a backoff or the answer's
 /// `Retry-After`, whole seconds, when that is longer, as a webhook sender does).
-async fn try_once(core: &Core, start: Start) -> Option<(Instant, Box<Job>)> {
+async fn try_once(core: &Core, start: Start) -> Option<(Instant, Job)> {
     let Start {
         mut job,
         due,
@@ -412,9 +417,9 @@ fn record_try(
 ) {
     let message = &report.message;
     let mut d = LedgerEntry::draft(
-        message.provider,
+        message.provider(),
         EntryKind::Callback,
-        message.recipient.to_string(),
+        message.recipient().into_owned(),
     );
     d.attempt = message.attempt;
     d.outcome = Outcome::Info;
@@ -425,7 +430,7 @@ fn record_try(
     d.fault = (report.variant != CallbackVariant::Genuine)
         .then(|| format!("callback {:?}", report.variant).to_lowercase());
     d.idempotency_key = Some(report.token.to_string());
-    d.message_id = Some(report.message_id().to_string());
+    d.message_id = Some(report.message_id().into_owned());
     d.callback_status = Some(report.status.to_string());
     d.callback_variant = Some(report.variant);
     d.callback_url = Some(message.url.to_string());
@@ -567,5 +572,50 @@ mod flood {
         tokio::time::timeout(Duration::from_secs(5), d.quiesced())
             .await
             .expect("a cancel leaves nothing pending");
+    }
+}
+
+#[cfg(test)]
+mod sharing {
+    use super::*;
+
+    /// An SMS's reports hold the store's own origin and callback URL (one more reference each),
+    /// not copies of them, however many reports the plan has.
+    #[tokio::test]
+    async fn sms_reports_share_the_stores_origin_and_url() {
+        let d = Dispatcher::new(5, Ledger::new());
+        let mut cfg = SmsConfig::default();
+        cfg.callbacks.enabled = true;
+        cfg.callbacks.duplicate_rate = crate::units::Ratio(1.0);
+        cfg.callbacks.delay_min = crate::units::HumanDuration::from_millis(60_000);
+        cfg.callbacks.delay_max = crate::units::HumanDuration::from_millis(60_000);
+        let msg = SmsReport {
+            sid: Sid::random(),
+            to: Phone::parse("+15550000001").unwrap(),
+            origin: Arc::new(Origin {
+                account_sid: "AC1".into(),
+                from: Some("+15559999999".into()),
+                messaging_service_sid: None,
+            }),
+            status_callback: Some("http://127.0.0.1:1/cb".into()),
+            attempt: 1,
+        };
+        let url = msg.status_callback.clone().unwrap();
+        let (origins, urls) = (Arc::strong_count(&msg.origin), Arc::strong_count(&url));
+        let plan = plan::sms(
+            5,
+            &msg.to.to_string(),
+            1,
+            &msg.sid.to_string(),
+            &cfg.callbacks,
+        );
+        assert!(plan.reports.len() >= 4, "genuine and duplicate reports");
+        d.sms_accepted(&cfg, &msg, plan);
+        assert!(d.pending() >= 4);
+        assert_eq!(Arc::strong_count(&msg.origin), origins + 1);
+        assert_eq!(Arc::strong_count(&url), urls + 1);
+        d.cancel_all();
+        assert_eq!(d.pending(), 0);
+        assert_eq!(Arc::strong_count(&msg.origin), origins);
     }
 }

@@ -30,10 +30,35 @@ pub struct Planned {
     pub token: Uuid,
     /// The message the report is about (a made-up one for [`CallbackVariant::UnknownId`]).
     pub message_id: String,
-    /// SMS failures: Twilio `ErrorCode`.
-    pub error_code: Option<u32>,
-    /// E-mail bounces and deferrals: the reason given.
-    pub reason: Option<&'static str>,
+}
+
+impl Planned {
+    /// SMS failures: Twilio's `ErrorCode` ([`error_code`]).
+    pub fn error_code(&self) -> Option<u32> {
+        error_code(self.status)
+    }
+
+    /// E-mail bounces and deferrals: the reason given ([`reason`]).
+    pub fn reason(&self) -> Option<&'static str> {
+        reason(self.status)
+    }
+}
+
+/// Twilio's `ErrorCode` in a report that an SMS is `status`: a failure's code, else none.
+pub fn error_code(status: &str) -> Option<u32> {
+    SMS_FAILURES
+        .iter()
+        .find(|(s, _)| *s == status)
+        .map(|(_, code)| *code)
+}
+
+/// The reason an e-mail event of type `status` gives: a bounce's or a deferral's, else none.
+pub fn reason(status: &str) -> Option<&'static str> {
+    match status {
+        "bounced" => Some("550 5.1.1 mailbox unavailable"),
+        "deferred" => Some("451 4.2.0 mailbox busy, will retry"),
+        _ => None,
+    }
 }
 
 /// Share of forged reports sent with no signature at all ([`CallbackVariant::Unsigned`]); the
@@ -106,7 +131,7 @@ impl SmsTimeline {
 
     /// Twilio's error code for a message that did not arrive.
     pub fn error_code(&self) -> Option<u32> {
-        (self.end > 0).then(|| SMS_FAILURES[usize::from(self.end - 1)].1)
+        error_code(self.final_status())
     }
 }
 
@@ -138,7 +163,7 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
     let fail = rng.gen::<f64>() < cfg.fail_rate.get();
     let which = rng.gen_range(0..SMS_FAILURES.len());
     let timeline = SmsTimeline::new(fail.then_some(which), sent_after, final_after);
-    let (final_status, error_code) = (timeline.final_status(), timeline.error_code());
+    let final_status = timeline.final_status();
     // The reports say what a poll sees: the times as the store keeps them.
     let (sent_after, final_after) = (timeline.sent_after(), timeline.final_after());
     if !cfg.enabled {
@@ -173,8 +198,6 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
         variant: CallbackVariant::Genuine,
         token,
         message_id: sid.to_string(),
-        error_code: if status == "sent" { None } else { error_code },
-        reason: None,
     };
     let (sent_at, final_at) = if out_of_order {
         (final_after, sent_after)
@@ -199,14 +222,13 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
         reports.push(s);
     }
     if forged {
-        let (status, code) = if fail {
-            ("delivered", None)
+        let status = if fail {
+            "delivered"
         } else {
-            (SMS_FAILURES[which].0, Some(SMS_FAILURES[which].1))
+            SMS_FAILURES[which].0
         };
         reports.push(Planned {
             variant: forged_as,
-            error_code: code,
             ..genuine(forged_at, status, tokens[3])
         });
     }
@@ -214,7 +236,6 @@ pub fn sms(seed: u64, recipient: &str, attempt: u32, sid: &str, cfg: &CallbackCo
         reports.push(Planned {
             variant: CallbackVariant::UnknownId,
             message_id: unknown_sid,
-            error_code: None,
             ..genuine(unknown_at, "delivered", tokens[4])
         });
     }
@@ -287,8 +308,6 @@ pub fn email(
         variant: CallbackVariant::Genuine,
         token,
         message_id: message_id.to_string(),
-        error_code: None,
-        reason: bounced.then_some("550 5.1.1 mailbox unavailable"),
     };
     let genuine = event(bounced, at, tokens[0]);
     let mut out = vec![genuine.clone()];
@@ -296,7 +315,6 @@ pub fn email(
         at: stamp,
         stamp,
         status,
-        reason: (status == "deferred").then_some("451 4.2.0 mailbox busy, will retry"),
         ..event(false, stamp, token)
     };
     let mut intermediate = Vec::new();
@@ -538,6 +556,6 @@ mod tests {
             .unwrap();
         assert_eq!((&g.token, g.stamp, g.status), (&d.token, d.stamp, d.status));
         assert_eq!(g.status, "bounced");
-        assert!(g.reason.is_some());
+        assert!(g.reason().is_some());
     }
 }

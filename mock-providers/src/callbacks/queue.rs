@@ -3,8 +3,9 @@
 //! tries in flight — never more than [`super::MAX_IN_FLIGHT`].
 //!
 //! A flood keeps a hundred thousand reports or more due at once. Each is a [`Job`] here (a
-//! boxed [`Report`] and its try count), not a task: the only tasks are the lane's driver and its
-//! tries in flight. Pure bookkeeping under one short lock; the driver and the tries live in
+//! [`Report`] and its try count, kept inline in the heap's and the line's buffers: no allocation
+//! per report, so a drained flood leaves no small chunks behind among the run's long-lived
+//! data), not a task: the only tasks are the lane's driver and its tries in flight. Pure bookkeeping under one short lock; the driver and the tries live in
 //! [`super`]. A job's times are what a task per report measured: `late` from its due time to
 //! when the driver saw it due, `queued` from then to when a slot was free.
 
@@ -81,8 +82,8 @@ pub(super) struct Job {
 
 impl Job {
     /// A job for `report`, scheduled at `now` in `epoch`.
-    pub fn new(report: Report, now: Instant, epoch: u64, ticket: Ticket) -> Box<Job> {
-        Box::new(Job {
+    pub fn new(report: Report, now: Instant, epoch: u64, ticket: Ticket) -> Job {
+        Job {
             report,
             tries: Tries {
                 made: 0,
@@ -91,7 +92,7 @@ impl Job {
             },
             epoch,
             _ticket: ticket,
-        })
+        }
     }
 }
 
@@ -100,7 +101,7 @@ impl Job {
 struct Waiting {
     due: Instant,
     seq: u64,
-    job: Box<Job>,
+    job: Job,
 }
 
 impl PartialEq for Waiting {
@@ -127,12 +128,12 @@ impl Ord for Waiting {
 struct Ready {
     due: Instant,
     awake: Instant,
-    job: Box<Job>,
+    job: Job,
 }
 
 /// A try to begin now: the job, when it was due, and when the driver saw it due.
 pub(super) struct Start {
-    pub job: Box<Job>,
+    pub job: Job,
     pub due: Instant,
     pub awake: Instant,
 }
@@ -158,7 +159,7 @@ impl Lane {
     }
 
     /// Queues `job` to be tried at `due`, and wakes the driver when it is now the earliest.
-    pub fn push(&self, due: Instant, job: Box<Job>) {
+    pub fn push(&self, due: Instant, job: Job) {
         let earliest = {
             let mut s = self.lock();
             s.seq += 1;
@@ -203,7 +204,7 @@ impl Lane {
     }
 
     /// A try ended: its slot is free, and `retry`, if any, is queued again; wakes the driver.
-    pub fn finished(&self, retry: Option<(Instant, Box<Job>)>) {
+    pub fn finished(&self, retry: Option<(Instant, Job)>) {
         {
             let mut s = self.lock();
             s.in_flight = s.in_flight.saturating_sub(1);
@@ -253,12 +254,9 @@ mod tests {
     use super::super::plan;
     use super::super::report::{Form, Message, Policy, Report};
     use super::*;
-    use crate::ledger::Provider;
 
-    fn job(pending: &Arc<Pending>, epoch: u64) -> Box<Job> {
+    fn job(pending: &Arc<Pending>, epoch: u64) -> Job {
         let message = Arc::new(Message {
-            provider: Provider::Smtp,
-            recipient: "a@b.test".into(),
             attempt: 1,
             url: "http://127.0.0.1:1/".into(),
             policy: Policy {
@@ -266,11 +264,7 @@ mod tests {
                 max_retries: 0,
                 timeout: Duration::from_secs(1),
             },
-            form: Form::Email {
-                message_id: "<m>".into(),
-                accepted: chrono::Utc::now(),
-                secret: "s".into(),
-            },
+            form: Form::email("a@b.test", "<m>", chrono::Utc::now(), "s".into()),
         });
         let cfg = crate::config::CallbackConfig {
             enabled: true,
@@ -332,11 +326,13 @@ mod tests {
         assert_eq!(retry.len(), 1);
     }
 
-    /// A queued report is a small box: a hundred thousand due at once stay tens of megabytes.
+    /// A queued report is a few words inline in the heap: a hundred thousand due at once stay
+    /// a few tens of megabytes, in buffers given back when they drain.
     #[test]
     fn a_queued_job_is_small() {
         let size = std::mem::size_of::<Job>();
-        assert!(size <= 152, "Job grew to {size} bytes");
-        assert!(std::mem::size_of::<Waiting>() <= 40);
+        assert!(size <= 112, "Job grew to {size} bytes");
+        assert!(std::mem::size_of::<Waiting>() <= 136);
+        assert!(std::mem::size_of::<Ready>() <= 144);
     }
 }

@@ -2,21 +2,27 @@
 //! a try begins.
 //!
 //! A flood keeps a hundred thousand reports or more due at once, so a waiting report holds no
-//! body, header or URL of its own: what every report about one accepted message repeats (its
-//! receiver's URL, the recipient, the SMS's numbers, the signing key, the retry policy) is one
-//! shared [`Message`], and a [`Report`] keeps only what differs (status, event id, variant,
-//! times). [`Report::request`] renders the same bytes every time it is called, so a retry or a
-//! duplicate is byte-identical to its original, as when the body was fixed at scheduling.
+//! body, header or URL of its own, and no allocation of its own: what every report about one
+//! accepted message repeats (its receiver's URL, the recipient, the SMS's numbers, the signing
+//! key, the retry policy) is one shared [`Message`] — for an SMS, the packed SID and number and
+//! the SMS store's own shared origin and URL, not copies — and a [`Report`] keeps only what
+//! differs (status, event id, variant, time), inline in the queue's buffer. Twilio's error code
+//! and an e-mail event's reason follow from the status ([`plan::error_code`], [`plan::reason`]).
+//! [`Report::request`] renders the same bytes every time it is called, so a retry or a duplicate
+//! is byte-identical to its original, as when the body was fixed at scheduling.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::plan::Planned;
+use super::plan::{self, Planned};
 use crate::ledger::{CallbackVariant, Provider};
+use crate::packed::{Phone, Sid};
 use crate::signing;
+use crate::sms::store::Origin;
 
 /// How a report's receiver is retried (the provider's callback profile when it was scheduled).
 #[derive(Clone, Copy, Debug)]
@@ -40,11 +46,9 @@ impl Policy {
 /// What the reports about one accepted message share.
 #[derive(Debug)]
 pub(super) struct Message {
-    pub provider: Provider,
-    /// The ledger's recipient: the SMS's `To`, the e-mail's RCPT address.
-    pub recipient: Box<str>,
     pub attempt: u32,
-    pub url: Box<str>,
+    /// The receiver's URL, shared with every message that names the same one.
+    pub url: Arc<str>,
     pub policy: Policy,
     pub form: Form,
 }
@@ -54,27 +58,79 @@ pub(super) struct Message {
 pub(super) enum Form {
     /// Twilio status callbacks: form-encoded, signed over the URL and the parameters.
     Sms {
-        sid: Box<str>,
-        from: Box<str>,
-        messaging_service_sid: Option<Box<str>>,
+        sid: Sid,
+        to: Phone,
+        /// The account and sender, as the SMS store shares them.
+        origin: Arc<Origin>,
         account_sid: Arc<str>,
         auth_token: Arc<str>,
     },
     /// E-mail delivery events: JSON, signed over the body with the events secret.
     Email {
-        message_id: Box<str>,
+        /// The RCPT address and then the Message-ID, in one allocation ([`Form::email`]).
+        texts: Box<str>,
+        recipient_len: u32,
         /// When the message was accepted: an event's `timestamp` is this plus its stamp.
         accepted: DateTime<Utc>,
         secret: Arc<str>,
     },
 }
 
+impl Form {
+    /// An e-mail's form: `recipient` and `message_id` kept in one allocation.
+    pub fn email(
+        recipient: &str,
+        message_id: &str,
+        accepted: DateTime<Utc>,
+        secret: Arc<str>,
+    ) -> Form {
+        Form::Email {
+            texts: [recipient, message_id].concat().into(),
+            // A recipient longer than 4 GiB is not an SMTP address; cut at the whole text then.
+            recipient_len: u32::try_from(recipient.len()).unwrap_or(u32::MAX),
+            accepted,
+            secret,
+        }
+    }
+}
+
 impl Message {
-    /// The message's own id: the SMS sid or the e-mail's Message-ID.
-    fn own_id(&self) -> &str {
+    pub fn provider(&self) -> Provider {
+        match self.form {
+            Form::Sms { .. } => Provider::Sms,
+            Form::Email { .. } => Provider::Smtp,
+        }
+    }
+
+    /// The ledger's recipient: the SMS's `To`, the e-mail's RCPT address.
+    pub fn recipient(&self) -> Cow<'_, str> {
         match &self.form {
-            Form::Sms { sid, .. } => sid,
-            Form::Email { message_id, .. } => message_id,
+            Form::Sms { to, .. } => Cow::Owned(to.to_string()),
+            Form::Email {
+                texts,
+                recipient_len,
+                ..
+            } => Cow::Borrowed(texts.get(..*recipient_len as usize).unwrap_or(texts)),
+        }
+    }
+
+    /// The message's own id: the SMS sid or the e-mail's Message-ID.
+    fn own_id(&self) -> Cow<'_, str> {
+        match &self.form {
+            Form::Sms { sid, .. } => Cow::Owned(sid.to_string()),
+            Form::Email {
+                texts,
+                recipient_len,
+                ..
+            } => Cow::Borrowed(texts.get(*recipient_len as usize..).unwrap_or_default()),
+        }
+    }
+
+    /// Whether `id` is the message's own id.
+    fn is_own_id(&self, id: &str) -> bool {
+        match &self.form {
+            Form::Sms { sid, .. } => Sid::parse(id) == Some(*sid),
+            Form::Email { .. } => self.own_id() == id,
         }
     }
 }
@@ -87,10 +143,9 @@ pub(super) struct Report {
     pub status: &'static str,
     pub token: Uuid,
     pub variant: CallbackVariant,
-    pub error_code: Option<u32>,
-    pub reason: Option<&'static str>,
-    /// When the reported event happened, after acceptance (an e-mail event's `timestamp`).
-    pub stamp: Duration,
+    /// When the reported event happened, after acceptance (an e-mail event's `timestamp`), in
+    /// nanoseconds (saturating at 584 years).
+    stamp_ns: u64,
     other_id: Option<Box<str>>,
 }
 
@@ -103,51 +158,50 @@ pub(super) struct Request {
 
 impl Report {
     pub fn new(message: Arc<Message>, p: Planned) -> Report {
-        let other_id = (p.message_id != message.own_id()).then(|| p.message_id.into());
+        let other_id = (!message.is_own_id(&p.message_id)).then(|| p.message_id.into());
         Report {
             message,
             status: p.status,
             token: p.token,
             variant: p.variant,
-            error_code: p.error_code,
-            reason: p.reason,
-            stamp: p.stamp,
+            stamp_ns: u64::try_from(p.stamp.as_nanos()).unwrap_or(u64::MAX),
             other_id,
         }
     }
 
     /// The message the report is about (a made-up one for [`CallbackVariant::UnknownId`]).
-    pub fn message_id(&self) -> &str {
-        self.other_id
-            .as_deref()
-            .unwrap_or_else(|| self.message.own_id())
+    pub fn message_id(&self) -> Cow<'_, str> {
+        match &self.other_id {
+            Some(id) => Cow::Borrowed(id),
+            None => self.message.own_id(),
+        }
     }
 
     /// The body and headers of a try; the same bytes every time.
     pub fn request(&self) -> Request {
         match &self.message.form {
             Form::Sms {
-                from,
-                messaging_service_sid,
+                to,
+                origin,
                 account_sid,
                 auth_token,
                 ..
             } => {
-                let id = self.message_id();
+                let id = self.message_id().into_owned();
                 let mut params: Vec<(&str, String)> = vec![
-                    ("MessageSid", id.to_string()),
-                    ("SmsSid", id.to_string()),
+                    ("MessageSid", id.clone()),
+                    ("SmsSid", id),
                     ("MessageStatus", self.status.to_string()),
                     ("SmsStatus", self.status.to_string()),
                     ("AccountSid", account_sid.to_string()),
-                    ("To", self.message.recipient.to_string()),
-                    ("From", from.to_string()),
+                    ("To", to.to_string()),
+                    ("From", origin.sender().unwrap_or_default()),
                     ("ApiVersion", "2010-04-01".to_string()),
                 ];
-                if let Some(ms) = messaging_service_sid {
+                if let Some(ms) = &origin.messaging_service_sid {
                     params.push(("MessagingServiceSid", ms.to_string()));
                 }
-                if let Some(code) = self.error_code {
+                if let Some(code) = plan::error_code(self.status) {
                     params.push(("ErrorCode", code.to_string()));
                 }
                 let mut headers = Vec::with_capacity(2);
@@ -167,15 +221,15 @@ impl Report {
                 accepted, secret, ..
             } => {
                 let stamp = *accepted
-                    + chrono::Duration::from_std(self.stamp)
+                    + chrono::Duration::from_std(Duration::from_nanos(self.stamp_ns))
                         .unwrap_or_else(|_| chrono::Duration::zero());
                 let body = serde_json::json!({
                     "id": self.token.to_string(),
                     "type": self.status,
                     "message_id": self.message_id(),
-                    "recipient": self.message.recipient,
+                    "recipient": self.message.recipient(),
                     "timestamp": stamp.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                    "reason": self.reason,
+                    "reason": plan::reason(self.status),
                 });
                 let body = serde_json::to_vec(&body).unwrap_or_default();
                 let headers = signing_key(self.variant, secret)
@@ -209,8 +263,6 @@ mod tests {
 
     fn sms() -> Arc<Message> {
         Arc::new(Message {
-            provider: Provider::Sms,
-            recipient: "+15550001".into(),
             attempt: 1,
             url: "http://127.0.0.1:1/cb".into(),
             policy: Policy {
@@ -219,20 +271,40 @@ mod tests {
                 timeout: Duration::from_secs(1),
             },
             form: Form::Sms {
-                sid: "SM1".into(),
-                from: "+15559999".into(),
-                messaging_service_sid: None,
+                sid: Sid::parse(SID).unwrap(),
+                to: Phone::parse("+15550001").unwrap(),
+                origin: Arc::new(Origin {
+                    account_sid: "AC1".into(),
+                    from: Some("+15559999".into()),
+                    messaging_service_sid: None,
+                }),
                 account_sid: "AC1".into(),
                 auth_token: "secret".into(),
             },
         })
     }
 
-    /// A waiting report is a pointer to its message and a few words: a flood of them stays small.
+    const SID: &str = "SM0000000000000000000000000000000a";
+
+    fn email() -> Arc<Message> {
+        Arc::new(Message {
+            attempt: 1,
+            url: "http://127.0.0.1:1/events".into(),
+            policy: Policy {
+                retry_on_error: false,
+                max_retries: 0,
+                timeout: Duration::from_secs(1),
+            },
+            form: Form::email("a@b.test", "<m1@x>", Utc::now(), "s".into()),
+        })
+    }
+
+    /// A waiting report is a pointer to its message and a few words, with no allocation of its
+    /// own unless the plan made up its message id: a flood of them stays small.
     #[test]
     fn a_waiting_report_is_small() {
         let size = std::mem::size_of::<Report>();
-        assert!(size <= 104, "Report grew to {size} bytes");
+        assert!(size <= 72, "Report grew to {size} bytes");
     }
 
     /// Rendered twice, a report is the same bytes; the message id is the message's own unless
@@ -244,7 +316,7 @@ mod tests {
             unknown_id_rate: crate::units::Ratio(1.0),
             ..Default::default()
         };
-        let plan = super::super::plan::sms(7, "+15550001", 1, "SM1", &cfg);
+        let plan = plan::sms(7, "+15550001", 1, SID, &cfg);
         assert!(plan.reports.len() >= 3, "genuine reports and an unknown id");
         for p in plan.reports {
             let unknown = p.variant == CallbackVariant::UnknownId;
@@ -257,6 +329,55 @@ mod tests {
             assert_eq!(a.headers, b.headers);
             let body = String::from_utf8(a.body).unwrap();
             assert!(body.contains(&format!("MessageSid={id}")), "{body}");
+            assert!(body.contains("To=%2B15550001&From=%2B15559999"), "{body}");
         }
+    }
+
+    /// The status decides what else a report says: a failed SMS its Twilio error code, a bounce
+    /// or deferral its reason; a report of any other status neither.
+    #[test]
+    fn error_codes_and_reasons_follow_the_status() {
+        let cfg = |fail| crate::config::CallbackConfig {
+            enabled: true,
+            fail_rate: crate::units::Ratio(fail),
+            forged_rate: crate::units::Ratio(1.0),
+            deferred_rate: crate::units::Ratio(1.0),
+            ..Default::default()
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for fail in [0.0, 1.0] {
+            for p in plan::sms(3, "+15550001", 1, SID, &cfg(fail)).reports {
+                let status = p.status;
+                let body = String::from_utf8(Report::new(sms(), p).request().body).unwrap();
+                let code = match status {
+                    "undelivered" => Some("ErrorCode=30003"),
+                    "failed" => Some("ErrorCode=30008"),
+                    _ => None,
+                };
+                assert_eq!(code.is_some(), body.contains("ErrorCode="), "{body}");
+                assert!(code.is_none_or(|c| body.ends_with(c)), "{body}");
+                seen.insert(status);
+            }
+            for p in plan::email(3, "a@b.test", 1, "<m1@x>", &cfg(fail)) {
+                let status = p.status;
+                let body = Report::new(email(), p).request().body;
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let reason = match status {
+                    "bounced" => serde_json::json!("550 5.1.1 mailbox unavailable"),
+                    "deferred" => serde_json::json!("451 4.2.0 mailbox busy, will retry"),
+                    _ => serde_json::Value::Null,
+                };
+                assert_eq!(v["reason"], reason, "{v}");
+                assert_eq!(v["recipient"], "a@b.test");
+                seen.insert(status);
+            }
+        }
+        for status in ["sent", "delivered", "deferred", "bounced"] {
+            assert!(seen.contains(status), "{status} not exercised: {seen:?}");
+        }
+        assert!(
+            seen.contains("undelivered") || seen.contains("failed"),
+            "{seen:?}"
+        );
     }
 }

@@ -303,28 +303,19 @@ async fn handle(
     if let Some(msg) = committed {
         hub.ledger.before_response(&entry).await;
         let report = SmsReport {
-            sid: msg.sid.to_string(),
-            to: msg.to.to_string(),
-            from: msg.sender().unwrap_or_default(),
-            messaging_service_sid: msg
-                .origin
-                .messaging_service_sid
-                .as_deref()
-                .map(str::to_string),
-            status_callback: msg
-                .status_callback
-                .as_deref()
-                .unwrap_or_default()
-                .to_string(),
+            sid: msg.sid,
+            to: msg.to,
+            origin: msg.origin.clone(),
+            status_callback: msg.status_callback.clone(),
             attempt: msg.attempt,
         };
         // The plan is a pure function of the message: the store keeps its timeline (what a poll
         // sees), the dispatcher its reports, the same ones.
         let plan = plan::sms(
             hub.seed,
-            &report.to,
+            &msg.to.to_string(),
             msg.attempt,
-            &report.sid,
+            &msg.sid.to_string(),
             &cfg.callbacks,
         );
         hub.callbacks.sms_accepted(&cfg, &report, plan);

@@ -125,14 +125,20 @@ fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     t + chrono::Duration::from_std(d).unwrap_or_else(|_| chrono::Duration::zero())
 }
 
+impl Origin {
+    /// The sender number: `From`, or the Messaging Service's number ([`service_number`]).
+    pub fn sender(&self) -> Option<String> {
+        self.from
+            .as_deref()
+            .map(str::to_string)
+            .or_else(|| self.messaging_service_sid.as_deref().map(service_number))
+    }
+}
+
 impl Stored {
     /// The sender number: `From`, or the Messaging Service's number ([`service_number`]).
     pub fn sender(&self) -> Option<String> {
-        let o = &self.origin;
-        o.from
-            .as_deref()
-            .map(str::to_string)
-            .or_else(|| o.messaging_service_sid.as_deref().map(service_number))
+        self.origin.sender()
     }
 
     pub fn status_at(&self, now: Instant) -> StatusAt {
