@@ -375,7 +375,7 @@ fn row_json(row: &StatusDelivery, rule: &str, detail: Value) -> Value {
         "recipient": row.recipient,
         "channel": row.channel.as_str(),
         "address": row.address,
-        "key": row.key,
+        "key": row.key(),
         "transition": detail,
         "stack_state": row.state,
     })

@@ -15,6 +15,7 @@
 //!
 //! Sends themselves are `exactly_once`'s: a delivery created twice is sent twice.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::json;
@@ -61,11 +62,11 @@ pub fn check(input: &Input) -> Verdict {
             }));
         }
     }
-    let mut rows: HashMap<(&str, Channel), Vec<&str>> = HashMap::new();
+    let mut rows: HashMap<(&str, Channel), Vec<Cow<str>>> = HashMap::new();
     for d in input.status.unwrap_or_default() {
         rows.entry((&*d.recipient, d.channel))
             .or_default()
-            .push(&*d.key);
+            .push(d.key());
     }
     let mut doubled: Vec<_> = rows
         .into_iter()

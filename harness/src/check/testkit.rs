@@ -239,7 +239,7 @@ impl World {
         self.status
             .get_or_insert_with(Vec::new)
             .push(StatusDelivery {
-                key: format!("b0:{recipient}:{}", channel.as_str()).into(),
+                key: RowKey::Batch("b0".into()),
                 recipient: recipient.into(),
                 channel,
                 address: Some(addr(recipient, channel).into()),
@@ -269,7 +269,7 @@ impl World {
         self.status
             .get_or_insert_with(Vec::new)
             .push(StatusDelivery {
-                key: format!("b0:{recipient}:{}", channel.as_str()).into(),
+                key: RowKey::Batch("b0".into()),
                 recipient: recipient.into(),
                 channel,
                 address: Some(addr(recipient, channel).into()),

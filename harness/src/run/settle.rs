@@ -230,17 +230,7 @@ mod tests {
     }
 
     fn row(r: &str, state: &str) -> StatusDelivery {
-        StatusDelivery {
-            key: format!("b:{r}:sms").into(),
-            recipient: r.into(),
-            channel: Channel::Sms,
-            address: None,
-            state: state.into(),
-            attempts: 1,
-            provider_message_id: None,
-            last_error: None,
-            transitions: Box::default(),
-        }
+        StatusDelivery::keyed("b", r, Channel::Sms, state.into())
     }
 
     #[test]

@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 
 use super::status_file::StatusFile;
 use crate::check::{
-    Interner, LostBatch, StatusAnswers, StatusDelivery, StatusRowWire, UnreadableStatus,
+    Interner, LostBatch, Name, StatusAnswers, StatusDelivery, StatusRowWire, UnreadableStatus,
 };
 use crate::load::{self, StatusAnswer};
 
@@ -308,7 +308,7 @@ impl StatusPoller {
                 if let Some(file) = &mut self.file {
                     file.write(batch_id, &page.deliveries);
                 }
-                let fresh = view(page.deliveries);
+                let fresh = view(page.deliveries, &self.names.name(batch_id));
                 let mut rows = match self.rows.remove(batch_id) {
                     Some(held) if incremental => merge(held, fresh),
                     Some(held) => keep_unchanged(held, fresh),
@@ -401,11 +401,14 @@ impl StatusPoller {
     }
 }
 
-/// Freshly parsed rows as the view holds them, without what no checker reads: the
+/// Freshly parsed rows of `batch` as the view holds them, without what no checker reads: the
 /// transitions' details and the payload digest (the run's last poll writes them to
-/// `status.json` first, [`StatusFile`]). Each wire row is dropped as its view row is made.
-fn view(rows: Vec<StatusRowWire>) -> Vec<StatusDelivery> {
-    rows.into_iter().map(StatusDelivery::from).collect()
+/// `status.json` first, [`StatusFile`]), and with the batch id shared by the keys of the
+/// contract's form. Each wire row is dropped as its view row is made.
+fn view(rows: Vec<StatusRowWire>, batch: &Name) -> Vec<StatusDelivery> {
+    rows.into_iter()
+        .map(|w| StatusDelivery::of(w, batch))
+        .collect()
 }
 
 /// Drops the spare capacity a parsed answer leaves in its lists, and shares strings through
@@ -430,13 +433,13 @@ fn compact(rows: &mut Vec<StatusDelivery>, names: &Interner) {
 
 /// `held` with each row of `changed` in place of the held row with its key (appended if new).
 fn merge(mut held: Vec<StatusDelivery>, changed: Vec<StatusDelivery>) -> Vec<StatusDelivery> {
-    let at: std::collections::HashMap<Box<str>, usize> = held
+    let at: std::collections::HashMap<String, usize> = held
         .iter()
         .enumerate()
-        .map(|(i, r)| (r.key.clone(), i))
+        .map(|(i, r)| (r.key().into_owned(), i))
         .collect();
     for row in changed {
-        match at.get(&row.key) {
+        match at.get(&*row.key()) {
             // An unchanged row keeps its old copy (see `keep_unchanged`).
             Some(i) if held[*i] == row => {}
             Some(i) => held[*i] = row,
@@ -467,7 +470,6 @@ fn keep_unchanged(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Name;
 
     fn row(key: &str, state: &str) -> StatusRowWire {
         serde_json::from_value(serde_json::json!({
@@ -524,7 +526,7 @@ mod tests {
             .rows()
             .unwrap()
             .into_iter()
-            .map(|r| (r.key.to_string(), r.state.to_string()))
+            .map(|r| (r.key().to_string(), r.state.to_string()))
             .collect();
         assert_eq!(
             states,
@@ -557,7 +559,7 @@ mod tests {
             false,
             1,
         );
-        let held_b = p.rows().unwrap()[1].key.as_ptr();
+        let held_b = p.rows().unwrap()[1].key().as_ptr();
         p.record(
             "b1",
             page(&[("a", "delivered"), ("b", "delivered")], "c2"),
@@ -570,8 +572,8 @@ mod tests {
             crate::check::State::Delivered,
             "changed: taken"
         );
-        assert_eq!(rows[1].key.as_ptr(), held_b, "unchanged: the held copy");
-        let held_a = rows[0].key.as_ptr();
+        assert_eq!(rows[1].key().as_ptr(), held_b, "unchanged: the held copy");
+        let held_a = rows[0].key().as_ptr();
         p.record(
             "b1",
             page(&[("a", "delivered"), ("c", "sending")], "c3"),
@@ -581,7 +583,7 @@ mod tests {
         let rows = p.rows().unwrap();
         assert_eq!(rows.len(), 3);
         assert_eq!(
-            rows[0].key.as_ptr(),
+            rows[0].key().as_ptr(),
             held_a,
             "incremental, unchanged: the held copy"
         );
