@@ -129,6 +129,12 @@ pub fn retry_after_secs(wait: std::time::Duration) -> u64 {
     (wait.as_secs_f64().ceil() as u64).max(1)
 }
 
+/// A `Retry-After` of `secs` as the ledger records it, in milliseconds (saturating: a wait
+/// configured in centuries is recorded as the longest, never wrapped).
+pub fn retry_after_ms(secs: u64) -> u64 {
+    secs.saturating_mul(1000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +235,12 @@ mod tests {
         for (ms, secs) in [(1, 1), (200, 1), (1_000, 1), (1_001, 2), (2_500, 3)] {
             assert_eq!(retry_after_secs(Duration::from_millis(ms)), secs, "{ms} ms");
         }
+    }
+
+    #[test]
+    fn retry_after_in_milliseconds_saturates() {
+        assert_eq!(retry_after_ms(3), 3_000);
+        let longest = retry_after_secs(Duration::MAX);
+        assert_eq!(retry_after_ms(longest), u64::MAX);
     }
 }

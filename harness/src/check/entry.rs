@@ -302,7 +302,7 @@ trait Unset: Copy + PartialEq {
     /// The value that means none.
     const UNSET: Self;
     /// What a recorded [`Unset::UNSET`] is kept as: the nearest value, one unit off (a time
-    /// 584 years out, a wait of 49 days).
+    /// 584 years out, a wait of 49 days or of 584 million years).
     const NEAREST: Self;
 }
 

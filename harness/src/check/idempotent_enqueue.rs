@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use super::common::{figures, ms, not_checked, Findings};
-use super::{Input, Verdict};
+use super::{Input, StatusDelivery, Verdict};
 use crate::report::RepeatRecord;
 use crate::scenario::Channel;
 
@@ -62,15 +62,15 @@ pub fn check(input: &Input) -> Verdict {
             }));
         }
     }
-    let mut rows: HashMap<(&str, Channel), Vec<Cow<str>>> = HashMap::new();
+    let mut rows: HashMap<(&str, Channel), Vec<&StatusDelivery>> = HashMap::new();
     for d in input.status.unwrap_or_default() {
-        rows.entry((&*d.recipient, d.channel))
-            .or_default()
-            .push(d.key());
+        rows.entry((&*d.recipient, d.channel)).or_default().push(d);
     }
-    let mut doubled: Vec<_> = rows
+    // A key is read back as text only where a rule reports it (most are kept as their batch id).
+    let mut doubled: Vec<(_, Vec<Cow<str>>)> = rows
         .into_iter()
-        .filter(|(_, keys)| keys.len() > 1)
+        .filter(|(_, same)| same.len() > 1)
+        .map(|(at, same)| (at, same.iter().map(|d| d.key()).collect()))
         .collect();
     doubled.sort();
     for ((recipient, channel), keys) in &doubled {
@@ -196,6 +196,11 @@ mod tests {
         let v = check(&w.input());
         assert_eq!(rules(&v), ["duplicate_rows"]);
         assert_eq!(v.counterexamples[0]["recipient"], "r1");
+        let keys = serde_json::json!(["b0:r1:line", "b0:r1:line"]);
+        assert_eq!(
+            v.counterexamples[0]["keys"], keys,
+            "each key as the stack wrote it"
+        );
         // Nothing repeated and no status API: nothing judged, not a pass.
         assert_eq!(check(&World::new().input()).status, Status::NotChecked);
         // Repeats asked for and none made: insufficient.

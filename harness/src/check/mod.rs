@@ -70,8 +70,9 @@ pub struct Expected {
 /// checkers read it: everything the stack wrote but the transitions' details and the payload
 /// digest, which no checker reads ([`StatusRowWire`] has them, for `status.json`). The status
 /// view of a big run holds hundreds of thousands for the whole run, so its strings are boxed
-/// (no spare capacity), its states and sources small enums and its times numbers where they
-/// read back byte for byte ([`At`]).
+/// (no spare capacity) or shared, its key kept as its batch id when it has the contract's form
+/// ([`RowKey`]), its states and sources small enums and its times numbers where they read back
+/// byte for byte ([`At`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusDelivery {
     /// Read as text with [`StatusDelivery::key`].

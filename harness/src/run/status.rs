@@ -646,7 +646,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("status.json");
         let mut p = StatusPoller::new(2, Interner::default());
-        p.record("b2", answer(whole("k2", "polled SM2: delivered")), false, 1);
+        // The held batch's key has the contract's form: the view keeps its batch id alone.
+        p.record(
+            "b2",
+            answer(whole("b2:r1:sms", "polled SM2: delivered")),
+            false,
+            1,
+        );
         p.file = Some(StatusFile::create(&path).unwrap());
         p.record(
             "b1",
@@ -659,7 +665,7 @@ mod tests {
 
         let written: Vec<StatusRowWire> =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let mut held = whole("k2", "");
+        let mut held = whole("b2:r1:sms", "");
         held.payload_sha256 = None;
         held.transitions[0].detail = None;
         assert_eq!(written, [whole("k1", "sms status delivered for SM1"), held]);
@@ -668,6 +674,43 @@ mod tests {
         for row in view {
             assert_eq!(row.transitions.len(), 1, "the transition itself is kept");
         }
+    }
+
+    /// Rows keyed in the contract's form hold their batch id alone; an incremental answer still
+    /// finds each held row by its key, and every key reads back as the stack wrote it.
+    #[test]
+    fn contract_form_keys_are_merged_by_their_text() {
+        let row = |r: &str, state: &str| -> StatusRowWire {
+            serde_json::from_value(serde_json::json!({
+                "key": format!("b1:{r}:line"), "recipient": r, "channel": "line", "state": state
+            }))
+            .unwrap()
+        };
+        let page = |rows: Vec<StatusRowWire>, cursor: &str| {
+            StatusAnswer::Page(load::StatusPage {
+                deliveries: rows,
+                cursor: Some(cursor.into()),
+            })
+        };
+        let mut p = StatusPoller::new(3, Interner::default());
+        let first = vec![row("r1", "sending"), row("r2", "sending")];
+        p.record("b1", page(first, "c1"), false, 1);
+        let changed = vec![row("r2", "delivered"), row("r3", "pending")];
+        p.record("b1", page(changed, "c2"), true, 2);
+        let rows = p.rows().unwrap();
+        let view: Vec<(String, String)> = rows
+            .iter()
+            .map(|r| (r.key().into_owned(), r.state.to_string()))
+            .collect();
+        let want = [
+            ("b1:r1:line", "sending"),
+            ("b1:r2:line", "delivered"),
+            ("b1:r3:line", "pending"),
+        ];
+        assert_eq!(view, want.map(|(k, s)| (k.to_string(), s.to_string())));
+        assert!(rows
+            .iter()
+            .all(|r| matches!(r.key, crate::check::RowKey::Batch(_))));
     }
 
     /// No status API: no file.

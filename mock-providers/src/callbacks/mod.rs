@@ -98,7 +98,9 @@ impl Core {
 struct Inner {
     seed: u64,
     core: Arc<Core>,
-    /// The signing keys and account ids the messages share, one copy of each.
+    /// The signing keys, account ids and receiver URLs the messages share, one copy of each
+    /// while there is room ([`crate::shared::Shared`]: e-mail event URLs made per message fill
+    /// it, and later values are then each message's own).
     keys: Mutex<crate::shared::Shared<str>>,
     handle: Option<tokio::runtime::Handle>,
     /// Dropped with the dispatcher: the drivers end, and the reports' own runtime stops.

@@ -3,9 +3,10 @@
 //! tries in flight — never more than [`super::MAX_IN_FLIGHT`].
 //!
 //! A flood keeps a hundred thousand reports or more due at once. Each is a [`Job`] here (a
-//! [`Report`] and its try count, kept inline in the heap's and the line's buffers: no allocation
-//! per report, so a drained flood leaves no small chunks behind among the run's long-lived
-//! data), not a task: the only tasks are the lane's driver and its tries in flight. Pure bookkeeping under one short lock; the driver and the tries live in
+//! [`Report`] and its try count, kept inline in the heap's and the line's buffers: no
+//! allocation of its own but a made-up message id, so a drained flood leaves few small chunks
+//! behind among the run's long-lived data), not a task: the only tasks are the lane's driver and
+//! its tries in flight. Pure bookkeeping under one short lock; the driver and the tries live in
 //! [`super`]. A job's times are what a task per report measured: `late` from its due time to
 //! when the driver saw it due, `queued` from then to when a slot was free.
 

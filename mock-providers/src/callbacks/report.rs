@@ -2,7 +2,8 @@
 //! a try begins.
 //!
 //! A flood keeps a hundred thousand reports or more due at once, so a waiting report holds no
-//! body, header or URL of its own, and no allocation of its own: what every report about one
+//! body, header or URL of its own, and no allocation of its own but the made-up message id of
+//! an unknown-id report: what every report about one
 //! accepted message repeats (its receiver's URL, the recipient, the SMS's numbers, the signing
 //! key, the retry policy) is one shared [`Message`] — for an SMS, the packed SID and number and
 //! the SMS store's own shared origin and URL, not copies — and a [`Report`] keeps only what

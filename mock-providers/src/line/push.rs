@@ -202,7 +202,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
             d.outcome = Outcome::Transient;
             d.fault = Some("rate_limit".into());
             d.error = Some(RATE_LIMITED.into());
-            d.retry_after_ms = Some(secs * 1000);
+            d.retry_after_ms = Some(decide::retry_after_ms(secs));
             (
                 429,
                 json!({ "message": RATE_LIMITED }),
@@ -233,7 +233,7 @@ async fn handle(st: LineState, peer: SocketAddr, headers: HeaderMap, raw: Bytes)
             d.error = Some(message.into());
             // The header is whole seconds; the ledger records what was sent.
             let secs = fault.retry_after.map(|r| decide::retry_after_secs(r.0));
-            d.retry_after_ms = secs.map(|s| s * 1000);
+            d.retry_after_ms = secs.map(decide::retry_after_ms);
             let extra = secs.map(|s| ("retry-after", s.to_string()));
             (fault.status, json!({ "message": message }), extra)
         }

@@ -255,7 +255,7 @@ async fn handle(
             d.status = "429".into();
             d.fault = Some("rate_limit".into());
             d.error = Some("20429".into());
-            d.retry_after_ms = Some(secs * 1000);
+            d.retry_after_ms = Some(decide::retry_after_ms(secs));
             (
                 twilio_error(429, 20429, &form.to).header("retry-after", secs.to_string()),
                 None,
@@ -287,7 +287,7 @@ async fn handle(
             d.error = Some(code.to_string());
             // The header is whole seconds; the ledger records what was sent.
             let secs = fault.retry_after.map(|r| decide::retry_after_secs(r.0));
-            d.retry_after_ms = secs.map(|s| s * 1000);
+            d.retry_after_ms = secs.map(decide::retry_after_ms);
             let mut r = twilio_error(fault.status, code, &form.to);
             if let Some(s) = secs {
                 r = r.header("retry-after", s.to_string());
