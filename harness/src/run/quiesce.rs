@@ -21,7 +21,7 @@ use super::provision::Fakes;
 use super::start::{Stack, Workload};
 use super::status_file::StatusFile;
 use super::{infra, not_accepted, progress, settle, status, Resources};
-use crate::check::{EventKind, LostBatch, Quiescence, StatusAnswers, StatusDelivery};
+use crate::check::{EventKind, Expected, LostBatch, Quiescence, StatusAnswers, StatusDelivery};
 use crate::load::{Enqueued, TrickleRun};
 use crate::scenario::{Channel, Scenario};
 
@@ -113,7 +113,7 @@ pub(super) async fn wait(
             break Quiescence {
                 reached: false,
                 at_ns: world.now_ns(),
-                open: tracker.open(&work.expected, None, &reporting),
+                open: names(tracker.open(&work.expected, None, &reporting)),
                 awaiting_report: Vec::new(),
                 past_deadline_ms: None,
                 deadline_ms: None,
@@ -142,8 +142,7 @@ pub(super) async fn wait(
             // says; of the others, those the view still has open are what quiescence waits on.
             let unsettled: HashSet<&str> =
                 tracker.open_batches(&work.expected).into_iter().collect();
-            let view_open =
-                tracker.open_in(&work.expected, status_view.rows().as_deref(), &reporting);
+            let view_open = tracker.open_in(&work.expected, status_view.by_batch(), &reporting);
             let waiting = |id: &str| !unsettled.contains(id) && view_open.contains(id);
             let in_flight = |id: &str| unsettled.contains(id);
             let now = world.now_ns();
@@ -160,18 +159,15 @@ pub(super) async fn wait(
                 tracing::warn!("status API: {e:#}");
             }
         }
-        let status = status_view.rows();
+        let status = status_view.by_batch();
         if let Some(t) = &trickle {
             // The trickle runs while the batches drain (and past that, up to its minimum).
             let batches = &work.expected[..work.batch_deliveries];
-            if tracker
-                .open(batches, status.as_deref(), &reporting)
-                .is_empty()
-            {
+            if tracker.open(batches, status, &reporting).is_empty() {
                 t.stop();
             }
         }
-        let open = tracker.open(&work.expected, status.as_deref(), &reporting);
+        let open = tracker.open(&work.expected, status, &reporting);
         let pending = res
             .providers
             .as_ref()
@@ -194,8 +190,8 @@ pub(super) async fn wait(
                 tracing::warn!("status API: {e:#}");
             }
             last_status = Some(Instant::now());
-            let status = status_view.rows();
-            let open = tracker.open(&work.expected, status.as_deref(), &reporting);
+            let status = status_view.by_batch();
+            let open = tracker.open(&work.expected, status, &reporting);
             confirmed = status.is_some() && open.is_empty();
             (open, status)
         } else {
@@ -213,7 +209,7 @@ pub(super) async fn wait(
             break Quiescence {
                 reached: true,
                 at_ns: world.now_ns(),
-                open,
+                open: names(open),
                 awaiting_report: Vec::new(),
                 past_deadline_ms: deadline.past_ms(),
                 deadline_ms: deadline.moved_ms(),
@@ -248,14 +244,18 @@ pub(super) async fn wait(
             // (delivered, or given up after its retries): the stack may be waiting for a report
             // it never got. A row no report was ever sent for stays open.
             let awaiting_report = if pending == 0 {
-                let without = tracker.open(&work.expected, status.as_deref(), &[]);
+                let without: HashSet<String> = tracker
+                    .open(&work.expected, status, &[])
+                    .into_iter()
+                    .map(settle::delivery_name)
+                    .collect();
                 let reported = stack
                     .world
                     .journal
                     .since(0, |all| settle::reported(all, &work.expected));
                 open.iter()
+                    .map(|d| settle::delivery_name(d))
                     .filter(|d| !without.contains(d) && reported.contains(d.as_str()))
-                    .cloned()
                     .collect()
             } else {
                 Vec::new()
@@ -264,7 +264,7 @@ pub(super) async fn wait(
             break Quiescence {
                 reached: false,
                 at_ns: world.now_ns(),
-                open,
+                open: names(open),
                 awaiting_report,
                 past_deadline_ms: deadline.past_ms(),
                 deadline_ms: deadline.moved_ms(),
@@ -374,6 +374,11 @@ fn take_trickle(
         work.expected.extend(order.expected);
     }
     batch_ids.extend(t.take_accepted());
+}
+
+/// The deliveries still open, named as the report names them ([`settle::delivery_name`]).
+fn names(open: Vec<&Expected>) -> Vec<String> {
+    open.into_iter().map(settle::delivery_name).collect()
 }
 
 fn snapshot(stack: &Stack, work: &Workload, pending: usize, t0: Instant) -> progress::Snapshot {

@@ -368,10 +368,17 @@ impl StatusPoller {
         (self.capability == Capability::Present).then_some(file)
     }
 
-    /// Every row of the batches the stack still knows, borrowed (the view is the only copy);
-    /// `None` without a status API.
+    /// Every row of the batches the stack still knows, borrowed, in one list (for tests; the
+    /// run reads the view batch by batch, [`StatusPoller::by_batch`]); `None` without a status
+    /// API.
+    #[cfg(test)]
     pub fn rows(&self) -> Option<Vec<&StatusDelivery>> {
         (self.capability == Capability::Present).then(|| self.rows.values().flatten().collect())
+    }
+
+    /// The view batch by batch, borrowed; `None` without a status API.
+    pub fn by_batch(&self) -> Option<&super::settle::StatusByBatch> {
+        (self.capability == Capability::Present).then_some(&self.rows)
     }
 
     /// Every row of the batches the stack still knows, moved out of the view; `None` without a
