@@ -24,7 +24,7 @@ impl<T: ?Sized> Shared<T> {
 
 impl<T: ?Sized + Eq + Hash> Shared<T> {
     /// The kept copy equal to `value`.
-    pub fn find<Q>(&self, value: &Q) -> Option<Arc<T>>
+    fn find<Q>(&self, value: &Q) -> Option<Arc<T>>
     where
         Arc<T>: std::borrow::Borrow<Q>,
         Q: ?Sized + Eq + Hash,
@@ -33,11 +33,21 @@ impl<T: ?Sized + Eq + Hash> Shared<T> {
     }
 
     /// `t`, kept for the records after it while there is room.
-    pub fn keep(&mut self, t: Arc<T>) -> Arc<T> {
+    fn keep(&mut self, t: Arc<T>) -> Arc<T> {
         if self.0.len() < Self::MAX {
             self.0.insert(t.clone());
         }
         t
+    }
+}
+
+impl<T: Eq + Hash> Shared<T> {
+    /// The kept copy equal to `value`, or `value` itself (kept while there is room).
+    pub fn value(&mut self, value: T) -> Arc<T> {
+        match self.find(&value) {
+            Some(t) => t,
+            None => self.keep(Arc::new(value)),
+        }
     }
 }
 

@@ -36,26 +36,12 @@ use tokio::time::Instant;
 
 use crate::config::{SmsConfig, SmtpConfig};
 use crate::ledger::{CallbackVariant, EntryKind, Ledger, LedgerEntry, Outcome, Provider};
-use crate::packed::{Phone, Sid};
-use crate::sms::store::Origin;
+use crate::sms::store::Stored;
 use queue::{Job, Lane, Pending, Start};
 use report::{Form, Message, Policy, Report};
 
 /// Tries of one provider's reports in flight at once; the rest wait their turn in due order.
 pub const MAX_IN_FLIGHT: usize = 32;
-
-/// What the SMS fake knows about an accepted message that its status callbacks repeat, in the
-/// forms its store keeps (packed SID and number, shared origin and URL): the reports hold these,
-/// not copies.
-#[derive(Clone, Debug)]
-pub struct SmsReport {
-    pub sid: Sid,
-    pub to: Phone,
-    /// The account, and who sends: `From`, or a Messaging Service's number.
-    pub origin: Arc<Origin>,
-    pub status_callback: Option<Arc<str>>,
-    pub attempt: u32,
-}
 
 /// What the reports' driver and tries share with the dispatcher.
 struct Core {
@@ -208,9 +194,10 @@ impl Dispatcher {
         *core.plan.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// Schedules the status callbacks of an accepted SMS, if callbacks are on. `plan` is the
-    /// message's (the store keeps only its timeline).
-    pub fn sms_accepted(&self, cfg: &SmsConfig, msg: &SmsReport, plan: plan::SmsPlan) {
+    /// Schedules the status callbacks of `msg`, an SMS the store accepted, if callbacks are on.
+    /// `reports` are its plan's (the store keeps only the timeline). The reports hold the
+    /// store's own packed SID and number and its shared origin and URL, not copies.
+    pub fn sms_accepted(&self, cfg: &SmsConfig, msg: &Stored, reports: Vec<plan::Planned>) {
         let cb = &cfg.callbacks;
         let Some(url) = msg
             .status_callback
@@ -235,7 +222,7 @@ impl Dispatcher {
                 auth_token: self.key(&cfg.auth_token),
             },
         });
-        self.schedule(&message, plan.reports);
+        self.schedule(&message, reports);
     }
 
     /// Schedules the delivery events of an accepted e-mail (one recipient of one message), if
@@ -591,16 +578,20 @@ mod sharing {
         cfg.callbacks.duplicate_rate = crate::units::Ratio(1.0);
         cfg.callbacks.delay_min = crate::units::HumanDuration::from_millis(60_000);
         cfg.callbacks.delay_max = crate::units::HumanDuration::from_millis(60_000);
-        let msg = SmsReport {
-            sid: Sid::random(),
-            to: Phone::parse("+15550000001").unwrap(),
-            origin: Arc::new(Origin {
+        let msg = Stored {
+            sid: crate::packed::Sid::random(),
+            to: crate::packed::Phone::parse("+15550000001").unwrap(),
+            origin: Arc::new(crate::sms::store::Origin {
                 account_sid: "AC1".into(),
                 from: Some("+15559999999".into()),
                 messaging_service_sid: None,
             }),
             status_callback: Some("http://127.0.0.1:1/cb".into()),
+            body: "hi".into(),
+            created: chrono::Utc::now(),
             attempt: 1,
+            created_at: Instant::now(),
+            timeline: plan::SmsTimeline::new(None, Duration::ZERO, Duration::ZERO),
         };
         let url = msg.status_callback.clone().unwrap();
         let (origins, urls) = (Arc::strong_count(&msg.origin), Arc::strong_count(&url));
@@ -612,7 +603,7 @@ mod sharing {
             &cfg.callbacks,
         );
         assert!(plan.reports.len() >= 4, "genuine and duplicate reports");
-        d.sms_accepted(&cfg, &msg, plan);
+        d.sms_accepted(&cfg, &msg, plan.reports);
         assert!(d.pending() >= 4);
         assert_eq!(Arc::strong_count(&msg.origin), origins + 1);
         assert_eq!(Arc::strong_count(&url), urls + 1);

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::store::{Origin, Stored};
 use super::{authorized, default_code, twilio_error, SmsState};
-use crate::callbacks::{plan, SmsReport};
+use crate::callbacks::plan;
 use crate::config::HttpFault;
 use crate::decide::{self, Verdict};
 use crate::http::{detached, sha256_hex, ConnCut, Reply};
@@ -138,6 +138,13 @@ fn callback_url(url: &str) -> bool {
     url.len() <= MAX_CALLBACK_URL && crate::validate::webhook_url(url)
 }
 
+/// A message the store took, and the delivery reports its plan has for it (scheduled once the
+/// create is answered for).
+struct Committed {
+    msg: Arc<Stored>,
+    reports: Vec<plan::Planned>,
+}
+
 enum Decision {
     Repeat(Arc<Stored>),
     RateLimited(std::time::Duration),
@@ -148,9 +155,9 @@ enum Decision {
     Fault {
         fault: HttpFault,
         permanent: bool,
-        msg: Option<Arc<Stored>>,
+        committed: Option<Committed>,
     },
-    Accept(Arc<Stored>),
+    Accept(Committed),
 }
 
 async fn handle(
@@ -232,13 +239,13 @@ async fn handle(
     }
 
     let (reply, committed) = match decision {
-        Decision::Accept(msg) => {
+        Decision::Accept(c) => {
             d.outcome = Outcome::Accepted;
             d.status = "201".into();
-            d.message_id = Some(msg.sid.to_string());
+            d.message_id = Some(c.msg.sid.to_string());
             (
-                Reply::serialized(201, &msg.resource(Instant::now())),
-                Some(msg),
+                Reply::serialized(201, &c.msg.resource(Instant::now())),
+                Some(c),
             )
         }
         Decision::Repeat(msg) => {
@@ -271,10 +278,10 @@ async fn handle(
         Decision::Fault {
             fault,
             permanent,
-            msg,
+            committed,
         } => {
             let code = fault.code.unwrap_or_else(|| default_code(fault.status));
-            d.outcome = if msg.is_some() {
+            d.outcome = if committed.is_some() {
                 Outcome::Accepted
             } else if permanent {
                 Outcome::Permanent
@@ -282,7 +289,7 @@ async fn handle(
                 Outcome::Transient
             };
             d.status = fault.status.to_string();
-            d.message_id = msg.as_ref().map(|m| m.sid.to_string());
+            d.message_id = committed.as_ref().map(|c| c.msg.sid.to_string());
             d.fault = Some(decide::label(&fault));
             d.error = Some(code.to_string());
             // The header is whole seconds; the ledger records what was sent.
@@ -292,7 +299,7 @@ async fn handle(
             if let Some(s) = secs {
                 r = r.header("retry-after", s.to_string());
             }
-            (r, msg)
+            (r, committed)
         }
     };
     d.client_hung_up = crate::http::client_gone();
@@ -300,25 +307,10 @@ async fn handle(
         link::mark_reset(&mut d);
     }
     let entry = hub.ledger.record(d);
-    if let Some(msg) = committed {
+    if let Some(c) = committed {
         hub.ledger.before_response(&entry).await;
-        let report = SmsReport {
-            sid: msg.sid,
-            to: msg.to,
-            origin: msg.origin.clone(),
-            status_callback: msg.status_callback.clone(),
-            attempt: msg.attempt,
-        };
-        // The plan is a pure function of the message: the store keeps its timeline (what a poll
-        // sees), the dispatcher its reports, the same ones.
-        let plan = plan::sms(
-            hub.seed,
-            &msg.to.to_string(),
-            msg.attempt,
-            &msg.sid.to_string(),
-            &cfg.callbacks,
-        );
-        hub.callbacks.sms_accepted(&cfg, &report, plan);
+        // One plan: the store keeps its timeline (what a poll sees), the dispatcher its reports.
+        hub.callbacks.sms_accepted(&cfg, &c.msg, c.reports);
     }
     if reset {
         return reply.cut();
@@ -380,7 +372,8 @@ fn decide_create(
             // for: a store of a hundred thousand messages keeps no report.
             timeline: plan.timeline,
         };
-        store.insert(msg, key)
+        let reports = plan.reports;
+        store.insert(msg, key).map(|msg| Committed { msg, reports })
     };
     match decide::decide(
         hub.seed,
@@ -401,20 +394,20 @@ fn decide_create(
             }
         }
         Verdict::Fault { fault, permanent } if fault.after_commit => match commit() {
-            Ok(msg) => Decision::Fault {
+            Ok(c) => Decision::Fault {
                 fault: fault.into_owned(),
                 permanent,
-                msg: Some(msg),
+                committed: Some(c),
             },
             Err(orig) => Decision::Repeat(orig),
         },
         Verdict::Fault { fault, permanent } => Decision::Fault {
             fault: fault.into_owned(),
             permanent,
-            msg: None,
+            committed: None,
         },
         Verdict::Accept => match commit() {
-            Ok(msg) => Decision::Accept(msg),
+            Ok(c) => Decision::Accept(c),
             Err(orig) => Decision::Repeat(orig),
         },
     }

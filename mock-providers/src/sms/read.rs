@@ -168,7 +168,7 @@ pub(super) async fn list(
         .store
         .list(to)
         .into_iter()
-        .filter(|m| from.is_none_or(|f| m.sender().as_deref() == Some(f)))
+        .filter(|m| from.is_none_or(|f| m.origin.sender().as_deref() == Some(f)))
         .filter(|m| {
             dates
                 .iter()

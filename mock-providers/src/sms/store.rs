@@ -136,11 +136,6 @@ impl Origin {
 }
 
 impl Stored {
-    /// The sender number: `From`, or the Messaging Service's number ([`service_number`]).
-    pub fn sender(&self) -> Option<String> {
-        self.origin.sender()
-    }
-
     pub fn status_at(&self, now: Instant) -> StatusAt {
         let age = now.saturating_duration_since(self.created_at);
         let initial = if self.origin.from.is_some() {
@@ -199,7 +194,7 @@ impl Stored {
             from: if s.status == "accepted" {
                 None
             } else {
-                self.sender()
+                self.origin.sender()
             },
             messaging_service_sid: self.origin.messaging_service_sid.as_deref(),
             num_media: "0",
@@ -260,11 +255,7 @@ impl Store {
     /// `origin` for a new message, shared with the messages before it that had the same (see
     /// [`Shared`]).
     pub fn origin(&self, origin: Origin) -> Arc<Origin> {
-        let mut sharing = self.sharing();
-        match sharing.origins.find(&origin) {
-            Some(o) => o,
-            None => sharing.origins.keep(Arc::new(origin)),
-        }
+        self.sharing().origins.value(origin)
     }
 
     /// A new message's callback URL, shared likewise.
@@ -511,7 +502,7 @@ mod tests {
         assert_eq!(r["status"], "sent");
         assert_eq!(r["from"].as_str(), Some(service_number("MG1").as_str()));
         assert!(crate::sms::is_e164(&service_number("MG1")));
-        assert_eq!(service_number("MG1"), m.sender().unwrap());
+        assert_eq!(service_number("MG1"), m.origin.sender().unwrap());
         assert_ne!(service_number("MG1"), service_number("MG2"));
     }
 }
