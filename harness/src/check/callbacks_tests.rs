@@ -378,3 +378,56 @@ fn an_unsigned_report_answered_2xx_or_applied_is_a_violation() {
     got.sort();
     assert_eq!(got, ["forged_accepted", "forged_answered_2xx"], "{v:#?}");
 }
+
+/// Of a message's genuine final reports, the first is the truth, and it counts as acknowledged
+/// when any of them was: a later contradicting report is not what the stack is judged against.
+#[test]
+fn the_first_genuine_final_report_is_the_truth_and_any_acknowledgement_counts() {
+    let mut w = World::new();
+    let s = w.expect("r1", Sms);
+    w.send(Sms, &s, Accepted, 0).message_id("SM1");
+    w.callback(Sms, &s, "SM1", "delivered", Genuine, Some(503), 100);
+    w.callback(Sms, &s, "SM1", "undelivered", Genuine, Some(200), 200);
+    w.status_row(
+        "r1",
+        Sms,
+        Some("SM1"),
+        &["pending", "sending", "submitted", "undelivered@callback"],
+    );
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Violated, "{v:#?}");
+    assert_eq!(v.counterexamples[0]["genuine_report"], "delivered");
+    assert_eq!(v.figures["judged"], 1);
+}
+
+/// Two rows naming one message id: the last listed is the one judged (as before, when a map
+/// built in row order kept it).
+#[test]
+fn of_two_rows_naming_one_message_the_last_listed_is_judged() {
+    let mut w = World::new();
+    let s = w.expect("r1", Sms);
+    w.send(Sms, &s, Accepted, 0).message_id("SM1");
+    w.callback(Sms, &s, "SM1", "delivered", Genuine, Some(200), 100);
+    w.status_row("r0", Sms, Some("SM1"), &["pending", "failed"]);
+    w.status_row(
+        "r1",
+        Sms,
+        Some("SM1"),
+        &["pending", "sending", "submitted", "delivered@callback"],
+    );
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    let mut w2 = World::new();
+    let s = w2.expect("r1", Sms);
+    w2.send(Sms, &s, Accepted, 0).message_id("SM1");
+    w2.callback(Sms, &s, "SM1", "delivered", Genuine, Some(200), 100);
+    w2.status_row(
+        "r1",
+        Sms,
+        Some("SM1"),
+        &["pending", "sending", "submitted", "delivered@callback"],
+    );
+    w2.status_row("r0", Sms, Some("SM1"), &["pending", "failed"]);
+    let v = check(&w2.input());
+    assert_eq!(v.status, Status::Violated, "{v:#?}");
+}

@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use mock_providers::ledger::{Outcome, Provider};
 use serde_json::{json, Value};
 
-use super::common::{attempt_json, channel_of, delivery_json, figures, Findings};
+use super::common::{attempt_json, channel_of, delivery_json, figures, ByAddress, Findings};
 use super::{Input, Verdict};
 use crate::load::recipients;
 
@@ -55,13 +55,13 @@ pub fn check(input: &Input) -> Verdict {
         }
     }
 
-    let expected: HashSet<_> = input
-        .expected
-        .iter()
-        .map(|e| (e.channel.provider(), e.address.as_str()))
+    let expected = ByAddress::new(input.expected);
+    // In key order, as `keys` gives them.
+    let unexpected_keys: Vec<_> = sends
+        .keys()
+        .filter(|(p, a)| !expected.contains(*p, a))
         .collect();
-    let mut unexpected_keys: Vec<_> = sends.keys().filter(|k| !expected.contains(k)).collect();
-    unexpected_keys.sort();
+    drop(expected);
     // The load's own recipients (also of batches never accepted), generated again only when
     // some address is unexpected: a big run's are hundreds of thousands of strings.
     let recipients = if unexpected_keys.is_empty() {

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use mock_providers::ledger::{EntryKind, Outcome, Provider};
+use mock_providers::ledger::Outcome;
 use serde_json::json;
 
 use super::common::{figures, ms, not_checked, Findings};
@@ -56,19 +56,24 @@ pub fn check(input: &Input) -> Verdict {
     if orders.is_empty() {
         return not_checked(NAME, "no trickle in [load]: no small orders to time");
     }
-    let mut first_accept: HashMap<(Provider, &str), u64> = HashMap::new();
-    for e in input
-        .ledger
-        .iter()
-        .filter(|e| e.kind == EntryKind::Send && e.outcome == Outcome::Accepted)
-    {
-        let t = first_accept
-            .entry((e.provider, e.recipient.as_str()))
-            .or_insert(e.mono_ns);
-        *t = (*t).min(e.mono_ns);
-    }
+    // When a delivery was first accepted: looked up for the orders' few deliveries only.
+    let sends = input.sends();
+    let first_accept = |e: &super::Expected| {
+        sends
+            .of_expected(e)
+            .iter()
+            .filter(|s| s.outcome == Outcome::Accepted)
+            .map(|s| s.mono_ns)
+            .min()
+    };
+    let order_ids: std::collections::HashSet<&str> =
+        orders.iter().map(|b| b.batch_id.as_str()).collect();
     let mut deliveries: HashMap<&str, Vec<&super::Expected>> = HashMap::new();
-    for e in input.expected.iter().filter(|e| !e.bad) {
+    for e in input
+        .expected
+        .iter()
+        .filter(|e| !e.bad && order_ids.contains(e.batch_id.as_str()))
+    {
         deliveries.entry(e.batch_id.as_str()).or_default().push(e);
     }
     let mut timed = Vec::new();
@@ -80,8 +85,8 @@ pub fn check(input: &Input) -> Verdict {
         let accepts: Option<Vec<(u64, String)>> = ds
             .iter()
             .map(|e| {
-                let at = first_accept.get(&(e.channel.provider(), e.address.as_str()))?;
-                Some((*at, format!("{}/{}", e.recipient, e.channel.as_str())))
+                let at = first_accept(e)?;
+                Some((at, format!("{}/{}", e.recipient, e.channel.as_str())))
             })
             .collect();
         let Some(accepts) = accepts else {

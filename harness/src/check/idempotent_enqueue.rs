@@ -16,7 +16,6 @@
 //! Sends themselves are `exactly_once`'s: a delivery created twice is sent twice.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use serde_json::json;
 
@@ -62,15 +61,15 @@ pub fn check(input: &Input) -> Verdict {
             }));
         }
     }
-    let mut rows: HashMap<(&str, Channel), Vec<&StatusDelivery>> = HashMap::new();
-    for d in input.status.unwrap_or_default() {
-        rows.entry((&*d.recipient, d.channel)).or_default().push(d);
-    }
+    // Rows grouped by (recipient, channel) by sorting: 8 bytes a row, where a map of a list
+    // per delivery took ~40 MB at 300,000 rows. Stable, so a group keeps the listed order.
+    let mut rows: Vec<&StatusDelivery> = input.status.unwrap_or_default().iter().collect();
+    rows.sort_by(|a, b| at(a).cmp(&at(b)));
     // A key is read back as text only where a rule reports it (most are kept as their batch id).
     let mut doubled: Vec<(_, Vec<Cow<str>>)> = rows
-        .into_iter()
-        .filter(|(_, same)| same.len() > 1)
-        .map(|(at, same)| (at, same.iter().map(|d| d.key()).collect()))
+        .chunk_by(|a, b| at(a) == at(b))
+        .filter(|same| same.len() > 1)
+        .map(|same| (at(same[0]), same.iter().map(|d| d.key()).collect()))
         .collect();
     doubled.sort();
     for ((recipient, channel), keys) in &doubled {
@@ -93,6 +92,11 @@ pub fn check(input: &Input) -> Verdict {
         findings.total()
     );
     findings.verdict(NAME, summary, figs)
+}
+
+/// The delivery a status row is about.
+fn at(d: &StatusDelivery) -> (&str, Channel) {
+    (d.recipient.as_str(), d.channel)
 }
 
 /// The rule a repeat's answer breaks, if any.

@@ -54,7 +54,7 @@
 //! in time (it may have been the victim's), or a repeated acceptance with no known sender (it may
 //! have been a zombie's), is unjudged, and more than 1% of them makes the verdict insufficient.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use mock_providers::ledger::{EntryKind, Outcome, Provider};
 use serde_json::json;
@@ -62,8 +62,8 @@ use serde_json::json;
 use super::availability::stops;
 use super::backlog::Queue;
 use super::common::{
-    attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, Findings,
-    Sends, ANSWER_RECORD_WINDOW_NS,
+    attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, ByAddress,
+    Findings, Sends, ANSWER_RECORD_WINDOW_NS,
 };
 use super::wallclock::WallClock;
 use super::{Entry, Expected, Input, State, StatusDelivery, TimelineEvent, Verdict};
@@ -106,7 +106,7 @@ fn timed_transitions(
 }
 
 /// The delivery's row in the stack's status API.
-fn row_of<'a>(input: &Input<'a>, e: Option<&&Expected>) -> Option<&'a StatusDelivery> {
+fn row_of<'a>(input: &Input<'a>, e: Option<&Expected>) -> Option<&'a StatusDelivery> {
     let (e, rows) = (e?, input.status?);
     rows.iter()
         .find(|d| *d.recipient == *e.recipient && d.channel == e.channel)
@@ -172,7 +172,7 @@ impl Caught<'_> {
     fn judge(
         &self,
         input: &Input,
-        e: Option<&&Expected>,
+        e: Option<&Expected>,
         ev: &TimelineEvent,
         n: &mut Tally,
         findings: &mut Findings,
@@ -250,11 +250,7 @@ pub fn check(input: &Input) -> Verdict {
     }
     let sends = input.sends();
     let first_attempts = Queue::first_attempts(sends);
-    let expected: HashMap<(Provider, &str), &Expected> = input
-        .expected
-        .iter()
-        .map(|e| ((e.channel.provider(), e.address.as_str()), e))
-        .collect();
+    let expected = ByAddress::new(input.expected);
     let (lease, slack) = (
         input.scenario.stack.lease.as_nanos() as u64,
         input.scenario.expect.recovery_slack.as_nanos() as u64,
@@ -324,7 +320,7 @@ pub fn check(input: &Input) -> Verdict {
                 let caught = finals.iter().all(|s| {
                     s.mono_ns + ANSWER_RECORD_WINDOW_NS > t && input.pids.get(s.seq) == Some(pid)
                 });
-                let e = expected.get(&(provider, address));
+                let e = expected.get(provider, address);
                 let row = row_of(input, e);
                 let moved = timed_transitions(clock.as_ref(), row);
                 if let (true, Some(moved), Some(m)) = (victims && caught, moved, finals.last()) {
@@ -375,7 +371,7 @@ pub fn check(input: &Input) -> Verdict {
                 .min();
             let on_ledger = next_attempt.into_iter().chain(final_answer).min();
             // The stack's own release, recorded after the answer to P's request.
-            let e = expected.get(&(provider, address));
+            let e = expected.get(provider, address);
             let moved = timed_transitions(clock.as_ref(), row_of(input, e));
             // P's request (or, for an unknown sender, the one in flight with none known).
             let mine = all.iter().rfind(|s| {
@@ -487,7 +483,7 @@ pub fn check(input: &Input) -> Verdict {
 fn zombies(
     input: &Input,
     sends: &Sends,
-    expected: &HashMap<(Provider, &str), &Expected>,
+    expected: &ByAddress,
     ev: &TimelineEvent,
     under_way: &HashSet<u64>,
     clock: Option<&WallClock>,
@@ -519,7 +515,7 @@ fn zombies(
                 && input.pids.get(o.seq) != Some(pid)
         });
         let Some(first) = first else { continue };
-        let e = expected.get(&(s.provider, s.recipient.as_str()));
+        let e = expected.get(s.provider, &s.recipient);
         let claimed_anew = timed_transitions(clock, row_of(input, e)).is_some_and(|moved| {
             let after = woke_at.max(first.mono_ns.saturating_sub(CLOCK_TOLERANCE_NS));
             moved

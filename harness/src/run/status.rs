@@ -384,8 +384,15 @@ impl StatusPoller {
     /// Every row of the batches the stack still knows, moved out of the view; `None` without a
     /// status API.
     pub fn into_rows(self) -> Option<Vec<StatusDelivery>> {
-        (self.capability == Capability::Present)
-            .then(|| self.rows.into_values().flatten().collect())
+        (self.capability == Capability::Present).then(|| {
+            // Room for exactly the rows: a list grown by doubling had room for 524,288 at
+            // 300,000 rows, 20 MB more than it held at the run's peak.
+            let mut all = Vec::with_capacity(self.rows.values().map(Vec::len).sum());
+            for rows in self.rows.into_values() {
+                all.extend(rows);
+            }
+            all
+        })
     }
 
     /// How the status API answered: requests made, answers that were not the contract's.
