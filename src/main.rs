@@ -142,7 +142,6 @@ fn main() -> ExitCode {
     if let Command::Stack { role, flaws } = cli.command {
         return ExitCode::from(stack_role(role, flaws) as u8);
     }
-    ting_chaos_harness::malloc::tune();
     init_tracing();
     let code = match cli.command {
         Command::Validate { files, stack, set } => validate(

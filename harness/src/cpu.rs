@@ -35,9 +35,10 @@ pub struct HarnessUsage {
     #[serde(default)]
     pub peak_rss_kib: Option<u64>,
     /// The most memory the harness's allocator had handed out at any of its samples (every 5 s
-    /// and at the run's phase boundaries; glibc's `mallinfo2`, big blocks counted whole), in
-    /// KiB: beside `peak_rss_kib`, how much of the peak was the harness's data and how much was
-    /// freed room the allocator kept resident. None off glibc.
+    /// and at the run's phase boundaries; jemalloc's `stats.allocated`, big blocks counted
+    /// whole, also room never written), in KiB: beside `peak_rss_kib`, how much of the peak was
+    /// the harness's data and how much was room the allocator kept resident. None when the
+    /// allocator's statistics cannot be read.
     #[serde(default)]
     pub peak_heap_kib: Option<u64>,
 }

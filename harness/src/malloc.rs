@@ -1,54 +1,80 @@
-//! The harness process's allocator settings (glibc only; a no-op elsewhere). Never applied to
-//! the stack's processes (`ting-chaos stack …` returns before `main` calls [`tune`]): the stack
-//! is measured as it would run in production. While a run lasts, [`Trimmer`] gives the pages of
-//! freed buffers back every few seconds, and the phases where the run's memory peaks (before and
-//! after judging) call [`trim`] themselves; each trim first samples how much the allocator has
-//! handed out ([`peak_in_use_kib`], `report.json` `harness` `peak_heap_kib`).
+//! The process's allocator: jemalloc, for every role of the binary (the harness with its fakes,
+//! and the reference stack's processes, which run from the same executable). While a run lasts,
+//! [`Trimmer`] samples how much is allocated and gives freed pages back every few seconds, and
+//! the phases where the run's memory peaks (before and between the checkers) call [`trim`]
+//! themselves; each trim first samples how much the allocator has handed out
+//! ([`peak_in_use_kib`], `report.json` `harness` `peak_heap_kib`).
 //!
-//! A run's memory is many small ledger entries that live to the end plus a few big short-lived
-//! buffers (a status API answer for a batch of 10,000 recipients is tens of megabytes, read and
-//! parsed once a second). With glibc's defaults the many threads of the fakes' and the
-//! harness's runtimes get up to eight arenas per core, and each big buffer freed raises the
-//! mmap threshold so that the next one is carved out of an arena: freed, it stays resident
-//! between live entries. Restart-midway at 20,000 recipients peaked at 497 MB resident with the
-//! defaults and 426 MB with these settings, for the same live heap.
+//! A run's memory is many small ledger entries that live to the end, beside floods of
+//! short-lived ones: a status API answer for a batch of 10,000 recipients parsed once a second,
+//! the fakes' queued delivery reports, each checker's indexes. glibc's malloc (even held to two
+//! arenas and trimmed every 5 s) kept the room those freed resident between the long-lived
+//! entries: campaign-100k sat at ~360 MB resident through the settle for ~295 MB allocated, and
+//! peaked at 387–389 MB. jemalloc keeps blocks of one size class together and gives back whole
+//! free pages ([`CONF`]): the same run peaks at 350 MB and takes ~10% less CPU
+//! (`reports/bench/README.md`, footnote 13).
+//!
+//! jemalloc does not move a big block in place when it grows (glibc remapped it), so a list
+//! that grows by doubling is copied, and both copies are resident for a moment. The biggest,
+//! the ledger's entries (70 MB at 100,000 recipients), gets its room up front (`run::journal`);
+//! the fakes' queue of delivery reports still grows by doubling (~20 MB copied once when
+//! 170,000 reports are due at once).
 
-/// Arenas at most: the harness's threads mostly wait on the network, not on `malloc`.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const ARENA_MAX: i32 = 2;
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Allocations from this size up get their own mapping, returned to the system when freed.
-/// Fixed, so that glibc's dynamic threshold never moves the big buffers into an arena.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const MMAP_THRESHOLD: i32 = 1 << 20;
-
-/// Applies the settings; call it first thing in `main`, before any thread is started.
-#[allow(unsafe_code)]
-pub fn tune() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator parameters; it is called before other threads
-    // exist and its failure (return 0) leaves the defaults in place, which is harmless.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, ARENA_MAX);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-    }
-}
+/// jemalloc's settings, read before `main` (its `malloc_conf`, under the prefix this build of
+/// jemalloc carries): two arenas (the default, four per core, kept restart-midway's harness at
+/// 58 MB against 50; its threads mostly wait on the network, and each has its own cache of
+/// small blocks); a background thread returns freed pages a second after they fall free,
+/// directly (no "muzzy" stage that `MADV_FREE` would leave counted as resident until the
+/// kernel needs it).
+#[allow(unsafe_code, non_upper_case_globals)]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static CONF: &[u8; 70] =
+    b"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 /// The most memory the allocator had handed out at any [`sample`] since [`reset_peak`], in KiB.
 static PEAK_IN_USE_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The memory the allocator has handed out now, in KiB (`mallinfo2`: small chunks in use in its
-/// arenas plus the mappings of big blocks, counted whole); `None` off glibc.
+/// Reads the value jemalloc keeps under `name` (a NUL-terminated mallctl name), of type `T`:
+/// the statistic's or setting's own C type (`size_t`, `ssize_t`, `unsigned`, `bool`), or jemalloc
+/// refuses the read for its size.
+#[allow(unsafe_code)]
+fn read<T: Copy + Default>(name: &std::ffi::CStr) -> Option<T> {
+    let mut value = T::default();
+    let mut len = std::mem::size_of::<T>();
+    // SAFETY: `name` is NUL-terminated; `value` and `len` are valid for writes of `len` bytes,
+    // and jemalloc writes no more than `len` (it refuses a read whose size is not its type's);
+    // nothing is written to jemalloc.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            (&raw mut value).cast(),
+            &raw mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (rc == 0).then_some(value)
+}
+
+/// The memory the allocator has handed out now, in KiB (jemalloc's `stats.allocated`: the
+/// blocks the program holds, big ones counted whole even where never written), refreshed first.
 #[allow(unsafe_code)]
 pub fn in_use_kib() -> Option<u64> {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: mallinfo2 only reads the allocator's counters, under its own locks.
-        let m = unsafe { libc::mallinfo2() };
-        Some(((m.uordblks + m.hblkhd) / 1024) as u64)
+    let mut epoch: u64 = 1;
+    // SAFETY: writing `epoch` (a u64, its type) only refreshes jemalloc's statistics.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"epoch".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&raw mut epoch).cast(),
+            std::mem::size_of::<u64>(),
+        );
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    None
+    read::<usize>(c"stats.allocated").map(|b| b as u64 / 1024)
 }
 
 /// Notes [`in_use_kib`] in the peak. [`trim`] calls it, so the peak is sampled every
@@ -60,8 +86,8 @@ pub fn sample() {
 }
 
 /// The most the allocator had handed out at a sample since [`reset_peak`], now included: set
-/// beside the peak resident memory, how much of it was the harness's data and how much room
-/// freed inside the arenas stayed resident. `None` off glibc.
+/// beside the peak resident memory, how much of it was the harness's data and how much was
+/// room the allocator kept. `None` when its statistics cannot be read.
 pub fn peak_in_use_kib() -> Option<u64> {
     sample();
     in_use_kib().map(|_| PEAK_IN_USE_KIB.load(std::sync::atomic::Ordering::Relaxed))
@@ -72,24 +98,27 @@ pub fn reset_peak() {
     PEAK_IN_USE_KIB.store(0, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Gives the free memory glibc keeps inside its arenas back to the system (`malloc_trim`): what
-/// a flood of short-lived buffers (status answers, parsed pages) left behind between live
-/// entries. Costs a walk of the arenas' free lists; call it at phase boundaries and every few
-/// seconds while the run settles, never on a request path.
+/// Gives every freed page back to the system now (jemalloc's `arena.<all>.purge`), without
+/// waiting for the background thread: what a checker's indexes or a flood of parsed answers
+/// left. Call it at phase boundaries and between checkers, never on a request path.
 #[allow(unsafe_code)]
 pub fn trim() {
     sample();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free pages; it takes the allocator's own locks.
+    // "arena.<MALLCTL_ARENAS_ALL>.purge": 4096 names every arena.
+    // SAFETY: a purge takes no value and returns none; it only releases free pages.
     unsafe {
-        libc::malloc_trim(0);
+        tikv_jemalloc_sys::mallctl(
+            c"arena.4096.purge".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
     }
 }
 
-/// Calls [`trim`] every [`Trimmer::EVERY`] on a thread of its own until dropped: a run frees
-/// big batches of small buffers at moments no phase boundary marks (a batch's body and
-/// recipients once it is posted, a status view replaced), and glibc keeps their pages resident
-/// until asked.
+/// Calls [`trim`] every [`Trimmer::EVERY`] on a thread of its own until dropped: the peak of
+/// what is allocated is sampled there between phase boundaries.
 pub struct Trimmer {
     stop: Option<std::sync::mpsc::Sender<()>>,
 }
@@ -97,7 +126,7 @@ pub struct Trimmer {
 impl Trimmer {
     pub const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-    /// Starts the thread; without one (it could not be spawned) nothing is trimmed but at the
+    /// Starts the thread; without one (it could not be spawned) nothing is sampled but at the
     /// phase boundaries.
     pub fn start() -> Trimmer {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
@@ -129,13 +158,23 @@ mod tests {
 
     /// The peak counts what is allocated at a sample: a block alive then is in it. (Other
     /// tests allocate, free and restart the peak concurrently, so only a lower bound holds.)
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn the_peak_in_use_counts_a_block_alive_at_a_sample() {
         let block: Vec<Box<[u8; 64]>> = (0..65_536).map(|_| Box::new([1u8; 64])).collect();
-        let peak = peak_in_use_kib().expect("glibc");
+        let peak = peak_in_use_kib().expect("jemalloc's statistics");
         // 65,536 boxes of 64 bytes: 4 MiB and their list.
         assert!(peak >= 4 * 1024, "a peak of {peak} KiB");
         assert!(std::hint::black_box(&block).len() == 65_536);
+    }
+
+    /// The settings are one NUL-terminated string, as jemalloc reads them, and took effect.
+    #[test]
+    fn the_settings_are_read_by_jemalloc() {
+        assert_eq!(CONF.iter().position(|b| *b == 0), Some(CONF.len() - 1));
+        assert!(std::str::from_utf8(&CONF[..CONF.len() - 1]).is_ok());
+        assert_eq!(read::<bool>(c"background_thread"), Some(true));
+        assert_eq!(read::<isize>(c"opt.muzzy_decay_ms"), Some(0));
+        assert_eq!(read::<isize>(c"opt.dirty_decay_ms"), Some(1000));
+        assert_eq!(read::<u32>(c"opt.narenas"), Some(2));
     }
 }

@@ -104,7 +104,7 @@ pub(super) async fn stack(
         names.adopt(&e.address);
         names.adopt(&e.recipient);
     }
-    let journal = journal::Journal::start(ledger, report_dir, keep, names)?;
+    let journal = journal::Journal::start(ledger, report_dir, (keep, names), work.expected.len())?;
     let world = world::World::new(
         scenario.clone(),
         (ledger.clone(), journal),

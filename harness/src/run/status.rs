@@ -467,8 +467,8 @@ fn merge(mut held: Vec<StatusDelivery>, changed: Vec<StatusDelivery>) -> Vec<Sta
 /// copy (matched by position and key, as a stack lists its rows in a stable order). The
 /// freshly parsed copies are dropped at once, so the next batch's answer is parsed into their
 /// room: replacing a big run's whole view instead (its last poll asks for every row of every
-/// batch) leaves the old rows' room free between the ledger's entries, where glibc cannot give
-/// it back.
+/// batch) leaves the old rows' room free between the ledger's entries, where the allocator
+/// cannot give back the pages it shares with them.
 fn keep_unchanged(
     held: Vec<StatusDelivery>,
     mut fresh: Vec<StatusDelivery>,
