@@ -29,7 +29,11 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// small blocks); a background thread returns freed pages a second after they fall free,
 /// directly (no "muzzy" stage that `MADV_FREE` would leave counted as resident until the
 /// kernel needs it).
+/// A user's `_RJEM_MALLOC_CONF` environment variable is read after it and overrides it.
 #[allow(unsafe_code, non_upper_case_globals)]
+// SAFETY: jemalloc reads the symbol as a `const char *`: a `&'static [u8; N]` is one thin
+// pointer, to a NUL-terminated string that lives as long as the process; the only other
+// definition of the name is jemalloc's own weak default, which this one replaces.
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static CONF: &[u8; 70] =
     b"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
@@ -37,16 +41,24 @@ pub static CONF: &[u8; 70] =
 /// The most memory the allocator had handed out at any [`sample`] since [`reset_peak`], in KiB.
 static PEAK_IN_USE_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Reads the value jemalloc keeps under `name` (a NUL-terminated mallctl name), of type `T`:
-/// the statistic's or setting's own C type (`size_t`, `ssize_t`, `unsigned`, `bool`), or jemalloc
-/// refuses the read for its size.
+/// A number jemalloc keeps: any bit pattern of its size is a value, so a read that jemalloc
+/// refuses half-way (it copies what fits, then says the size was wrong) leaves no invalid one.
+trait Number: Copy + Default {}
+impl Number for u8 {}
+impl Number for u32 {}
+impl Number for usize {}
+impl Number for isize {}
+
+/// Reads the number jemalloc keeps under `name` (a NUL-terminated mallctl name), as `T`: the
+/// number's own C type (`size_t`, `ssize_t`, `unsigned`; `u8` for a `bool`), or jemalloc
+/// refuses the read.
 #[allow(unsafe_code)]
-fn read<T: Copy + Default>(name: &std::ffi::CStr) -> Option<T> {
+fn read<T: Number>(name: &std::ffi::CStr) -> Option<T> {
     let mut value = T::default();
     let mut len = std::mem::size_of::<T>();
     // SAFETY: `name` is NUL-terminated; `value` and `len` are valid for writes of `len` bytes,
-    // and jemalloc writes no more than `len` (it refuses a read whose size is not its type's);
-    // nothing is written to jemalloc.
+    // and jemalloc copies at most `len` bytes; `T` is a plain number (`Number`), valid
+    // whatever it copied. Nothing is written to jemalloc.
     let rc = unsafe {
         tikv_jemalloc_sys::mallctl(
             name.as_ptr(),
@@ -103,6 +115,9 @@ pub fn reset_peak() {
 /// left. Call it at phase boundaries and between checkers, never on a request path.
 #[allow(unsafe_code)]
 pub fn trim() {
+    // The settings are read by jemalloc, not by Rust: named here, their object is linked into
+    // every binary that trims, whatever the linker keeps.
+    std::hint::black_box(CONF.as_ptr());
     sample();
     // "arena.<MALLCTL_ARENAS_ALL>.purge": 4096 names every arena.
     // SAFETY: a purge takes no value and returns none; it only releases free pages.
@@ -172,7 +187,7 @@ mod tests {
     fn the_settings_are_read_by_jemalloc() {
         assert_eq!(CONF.iter().position(|b| *b == 0), Some(CONF.len() - 1));
         assert!(std::str::from_utf8(&CONF[..CONF.len() - 1]).is_ok());
-        assert_eq!(read::<bool>(c"background_thread"), Some(true));
+        assert_eq!(read::<u8>(c"background_thread"), Some(1));
         assert_eq!(read::<isize>(c"opt.muzzy_decay_ms"), Some(0));
         assert_eq!(read::<isize>(c"opt.dirty_decay_ms"), Some(1000));
         assert_eq!(read::<u32>(c"opt.narenas"), Some(2));

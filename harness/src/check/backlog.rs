@@ -18,8 +18,8 @@ impl Queue {
     /// Every delivery's first attempt, due from the start.
     pub fn first_attempts(sends: &Sends) -> Queue {
         let mut v: Vec<(u64, u64)> = sends
-            .keys()
-            .filter_map(|(p, a)| sends.by_key(p, a).first().map(|s| (s.received_ns, 0)))
+            .groups()
+            .filter_map(|(_, attempts)| attempts.first().map(|s| (s.received_ns, 0)))
             .collect();
         v.sort_unstable();
         Queue(v)

@@ -48,8 +48,8 @@ use mock_providers::ledger::{CallbackVariant, EntryKind, Provider};
 use serde_json::{json, Value};
 
 use super::common::{channel_of, figures, ms, not_checked, Findings};
+use super::keyed::Keyed;
 use super::{Input, Source, State, StatusDelivery, Verdict};
-use crate::scenario::Channel;
 
 pub const NAME: &str = "callbacks";
 
@@ -74,6 +74,7 @@ fn agrees(report: &str, state: &State) -> bool {
     }
 }
 
+#[derive(Clone, Copy)]
 struct Truth<'a> {
     status: &'a str,
     acked: bool,
@@ -110,7 +111,7 @@ pub fn check(input: &Input) -> Verdict {
     let mut findings = Findings::default();
     // Every genuine final report, keyed by its message: grouped below by sorting (a map of
     // 200,000 messages took three times the room).
-    let mut finals: Vec<((Provider, &str), &Entry, bool)> = Vec::new();
+    let mut finals: Vec<((Provider, &str), Truth)> = Vec::new();
     let mut forged: HashMap<(Provider, &str), Vec<&str>> = HashMap::new();
     let mut forged_sig = 0u64;
     // Forged reports answered 2xx, reported after the disagreements (a state changed by a forged
@@ -126,7 +127,12 @@ pub fn check(input: &Input) -> Verdict {
             .is_some_and(|c| (200..300).contains(&c));
         match cb.callback_variant() {
             Some(CallbackVariant::Genuine) if is_final_report(status) => {
-                finals.push(((cb.provider, norm(id)), cb, acked));
+                let truth = Truth {
+                    status,
+                    acked,
+                    first: cb,
+                };
+                finals.push(((cb.provider, norm(id)), truth));
             }
             Some(v) if v.is_forged() || v == CallbackVariant::UnknownId => {
                 forged
@@ -157,7 +163,7 @@ pub fn check(input: &Input) -> Verdict {
     let by_id = RowsById::of(rows);
     let (mut judged, mut not_acked, mut unmatched, mut pending) = (0u64, 0u64, 0u64, 0u64);
     for ((provider, id), t) in &truth {
-        let Some(row) = by_id.get(channel_of(*provider), id) else {
+        let Some(row) = by_id.get(*provider, id) else {
             unmatched += 1;
             continue;
         };
@@ -365,56 +371,43 @@ fn late_non_final<'a>(cbs: &[&'a Entry]) -> HashMap<(Provider, &'a str), Vec<(&'
 }
 
 /// What the genuine final reports about each message say, in (provider, message id) order:
-/// the first report's status, and whether any was acknowledged. `finals` in ledger order.
+/// the first report's status, and whether any was acknowledged. `finals`: each report's own,
+/// in ledger order.
 fn truth_of<'a>(
-    mut finals: Vec<((Provider, &'a str), &'a Entry, bool)>,
+    mut finals: Vec<((Provider, &'a str), Truth<'a>)>,
 ) -> Vec<((Provider, &'a str), Truth<'a>)> {
     // Stable: each message's reports stay in ledger order, so the first is its first.
-    finals.sort_by_key(|(key, _, _)| *key);
+    finals.sort_by_key(|(key, _)| *key);
     finals
         .chunk_by(|a, b| a.0 == b.0)
-        .filter_map(|reports| {
-            let (key, first, _) = reports[0];
-            Some((
-                key,
-                Truth {
-                    status: first.callback_status.as_deref()?,
-                    acked: reports.iter().any(|(_, _, acked)| *acked),
-                    first,
-                },
-            ))
+        .map(|reports| {
+            let (key, first) = &reports[0];
+            let acked = reports.iter().any(|(_, t)| t.acked);
+            (*key, Truth { acked, ..*first })
         })
         .collect()
 }
 
-/// The status rows that name a provider message id, found by (channel, id) as the reports
-/// write it (`norm`): sorted and searched, 8 bytes a row. Of rows naming the same message, the
-/// last listed is the one found.
+/// The status rows that name a provider message id, found by (provider, id) as the reports
+/// write it (`norm`; [`Keyed`]). Of rows naming the same message, the last listed is the one
+/// found.
 struct RowsById<'a> {
-    sorted: Vec<&'a StatusDelivery>,
+    by: Keyed<'a, StatusDelivery>,
 }
 
 impl<'a> RowsById<'a> {
     fn of(rows: &'a [StatusDelivery]) -> RowsById<'a> {
-        let mut sorted: Vec<&StatusDelivery> = rows
-            .iter()
-            .filter(|r| r.provider_message_id.is_some())
-            .collect();
-        // Stable: rows naming the same message keep their listed order.
-        sorted.sort_by(|a, b| RowsById::key(a).cmp(&RowsById::key(b)));
-        RowsById { sorted }
+        let named = rows.iter().filter(|r| r.provider_message_id.is_some());
+        RowsById {
+            by: Keyed::new(named, |r| {
+                let id = r.provider_message_id.as_deref().map_or("", norm);
+                (r.channel.provider(), id)
+            }),
+        }
     }
 
-    fn key(r: &StatusDelivery) -> (Channel, &str) {
-        (r.channel, r.provider_message_id.as_deref().map_or("", norm))
-    }
-
-    fn get(&self, channel: Channel, id: &str) -> Option<&'a StatusDelivery> {
-        let end = self
-            .sorted
-            .partition_point(|r| RowsById::key(r) <= (channel, id));
-        let last = *self.sorted[..end].last()?;
-        (RowsById::key(last) == (channel, id)).then_some(last)
+    fn get(&self, provider: Provider, id: &str) -> Option<&'a StatusDelivery> {
+        self.by.last((provider, id))
     }
 }
 

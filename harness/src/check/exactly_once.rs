@@ -56,11 +56,11 @@ pub fn check(input: &Input) -> Verdict {
     }
 
     let expected = ByAddress::new(input.expected);
-    // In key order, as `keys` gives them.
-    let unexpected_keys: Vec<_> = sends
+    let mut unexpected_keys: Vec<_> = sends
         .keys()
         .filter(|(p, a)| !expected.contains(*p, a))
         .collect();
+    unexpected_keys.sort();
     drop(expected);
     // The load's own recipients (also of batches never accepted), generated again only when
     // some address is unexpected: a big run's are hundreds of thousands of strings.

@@ -24,6 +24,7 @@ pub mod graceful_shutdown;
 pub mod headers;
 pub mod idempotent_enqueue;
 pub mod immutable_payload;
+mod keyed;
 pub mod no_loss;
 mod outages;
 mod payload_hash;
@@ -499,8 +500,8 @@ impl Verdict {
 }
 
 /// Runs every checker, in report order. A checker switched off in `[expect]` is `NotChecked`
-/// with reason "disabled in [expect]"; idempotent_enqueue, responsiveness, fairness and
-/// quiescence have no switch (each is "not checked" when its load is absent). A checker that ran
+/// with reason "disabled in [expect]"; idempotent_enqueue, responsiveness, fairness,
+/// quiescence and crashes have no switch (each is "not checked" when its load is absent). A checker that ran
 /// is held to `[expect] min_judged` on top of its own minimums.
 pub fn run_all(input: &Input) -> Vec<Verdict> {
     run_all_then(input, || {})

@@ -66,9 +66,10 @@ impl Journal {
     /// Starts spooling `ledger` to `dir/ledger.jsonl` (a temporary file until
     /// [`Journal::commit`]), keeping the HTML parts `keep` names; the entries' strings share
     /// the copies in `names`. The list of entries has room for [`Journal::ROOM_PER_DELIVERY`]
-    /// per delivery of the run's `deliveries` from the start: grown by doubling, it would be
-    /// copied whole, and both copies resident for a moment (at 100,000 recipients, 54 MB on
-    /// top of the run's peak); room never written takes no memory.
+    /// per delivery of the run's `deliveries` from the start: grown by doubling, it may be
+    /// copied whole, both copies resident for a moment (at 100,000 recipients, 54 MB on top of
+    /// the run's peak); room never written takes no memory (the allocator maps fresh pages for
+    /// a block this big, unless it has freed ones of that size at hand).
     pub fn start(
         ledger: &Ledger,
         dir: &Path,
@@ -105,8 +106,8 @@ impl Journal {
     pub fn freeze(&self) -> Vec<Entry> {
         let mut kept = self.kept.lock().expect("journal poisoned");
         kept.frozen = true;
-        // Kept with its room: never written, the room takes no memory, and shrinking a big
-        // block can copy it.
+        // Kept with its room: never written, it takes no memory, and shrinking a big block can
+        // copy it.
         std::mem::take(&mut kept.entries)
     }
 
