@@ -179,7 +179,7 @@ pub fn check(input: &Input) -> Verdict {
         "slo_ms": slo_ms,
         "orders": timed.len(),
     }));
-    let campaign = campaign_sends(input, &orders);
+    let campaign = campaign_sends(input, &order_ids);
     let mut behind_campaign = 0usize;
     for o in timed
         .iter()
@@ -217,9 +217,7 @@ pub fn check(input: &Input) -> Verdict {
 /// When each send of the campaign (every batch but the trickle's orders) reached its provider,
 /// ascending: the campaign's deliveries' attempts from the checkers' shared send index, each
 /// once (by `seq`) should two deliveries share an address.
-fn campaign_sends(input: &Input, orders: &[&crate::report::BatchEnqueue]) -> Vec<u64> {
-    let order_ids: std::collections::HashSet<&str> =
-        orders.iter().map(|b| b.batch_id.as_str()).collect();
+fn campaign_sends(input: &Input, order_ids: &std::collections::HashSet<&str>) -> Vec<u64> {
     let sends = input.sends();
     let mut at: Vec<(u64, u64)> = input
         .expected
