@@ -4,14 +4,16 @@
 pub mod recipients;
 mod repeat;
 mod retry;
+mod status_page;
 mod stream_json;
 mod trickle;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use serde_json::json;
+
+pub use status_page::{fetch_batch_status, StatusAnswer, StatusPage};
 
 use crate::report::EnqueueFailures;
 use crate::scenario::{Pacing, Scenario};
@@ -503,76 +505,4 @@ pub async fn enqueue(
     }
     out.batches.sort_by_key(|b| b.sent_ns);
     Ok(out)
-}
-
-/// One answer of the status API for a batch.
-#[derive(Debug, serde::Deserialize)]
-pub struct StatusPage {
-    pub deliveries: Vec<crate::check::StatusRowWire>,
-    /// The incremental form's cursor: the next request may pass it as `?since=` and get only
-    /// the deliveries that changed after it. Absent: the stack has no incremental form.
-    #[serde(default)]
-    pub cursor: Option<String>,
-}
-
-/// One answer of the status API for a batch, read at the boundary.
-#[derive(Debug)]
-pub enum StatusAnswer {
-    /// 404, 405 or 501: no status API, or (after it answered once) a batch it does not know.
-    NotFound,
-    /// The contract's answer.
-    Page(StatusPage),
-    /// A 2xx answer that is not the contract's: not JSON, not its shape, or longer than any
-    /// whole list of the batch could be. The stack's failure, kept as a counterexample.
-    Unreadable {
-        http_status: u16,
-        error: String,
-        body_head: String,
-    },
-}
-
-/// Bytes of an unreadable answer kept to show what the stack sent.
-const BODY_HEAD: usize = 200;
-
-/// One batch's answer from the status API (`GET /v1/batches/{id}/deliveries`, with `?since=`
-/// when a cursor is given), read up to `cap` bytes: what it means is `run/status.rs`'s business.
-/// `Err` when there was no answer to use (no connection, a timeout, a body cut off, an error
-/// status other than 404 / 405 / 501): the next poll asks again.
-pub async fn fetch_batch_status(
-    client: &reqwest::Client,
-    api_base: &str,
-    batch_id: &str,
-    since: Option<&str>,
-    cap: usize,
-) -> anyhow::Result<StatusAnswer> {
-    let mut req = client.get(format!("{api_base}/v1/batches/{batch_id}/deliveries"));
-    if let Some(cursor) = since {
-        req = req.query(&[("since", cursor)]);
-    }
-    let resp = req.send().await.context("status API request")?;
-    let status = resp.status();
-    if matches!(status.as_u16(), 404 | 405 | 501) {
-        return Ok(StatusAnswer::NotFound);
-    }
-    if !status.is_success() {
-        anyhow::bail!("status API answered HTTP {status}");
-    }
-    let head = |body: &[u8]| String::from_utf8_lossy(body).into_owned();
-    match stream_json::parse::<StatusPage>(resp, cap, BODY_HEAD).await {
-        Ok(page) => Ok(StatusAnswer::Page(page)),
-        Err(stream_json::Failed::TooLong { head: first }) => Ok(StatusAnswer::Unreadable {
-            http_status: status.as_u16(),
-            error: format!(
-                "the answer is longer than {cap} bytes, more than the whole list of this run's \
-                 deliveries can take"
-            ),
-            body_head: head(&first),
-        }),
-        Err(stream_json::Failed::Parse { error, head: first }) => Ok(StatusAnswer::Unreadable {
-            http_status: status.as_u16(),
-            error: format!("not the contract's answer: {error}"),
-            body_head: head(&first),
-        }),
-        Err(stream_json::Failed::Transport(e)) => Err(anyhow::anyhow!("status API body: {e}")),
-    }
 }

@@ -8,7 +8,7 @@
 
 use std::io::Read;
 
-use serde::de::DeserializeOwned;
+use serde::de::DeserializeSeed;
 use tokio::sync::mpsc;
 
 /// Chunks of the body in flight between the reader and the parser at most.
@@ -34,20 +34,28 @@ enum Cut {
     Transport(String),
 }
 
-/// Parses `resp`'s body as a `T` while it arrives, reading at most `cap` bytes, and keeping the
-/// first `head` bytes to show when it is not a `T`.
-pub async fn parse<T: DeserializeOwned + Send + 'static>(
+/// Parses `resp`'s body with `seed` while it arrives (`PhantomData::<T>` for a plain `T`),
+/// reading at most `cap` bytes, and keeping the first `head` bytes to show when it is not what
+/// the seed reads.
+pub async fn parse<S, T>(
     mut resp: reqwest::Response,
     cap: usize,
     head: usize,
-) -> Result<T, Failed> {
+    seed: S,
+) -> Result<T, Failed>
+where
+    S: for<'de> DeserializeSeed<'de, Value = T> + Send + 'static,
+    T: Send + 'static,
+{
     let (tx, rx) = mpsc::channel::<bytes::Bytes>(IN_FLIGHT);
     let parser = tokio::task::spawn_blocking(move || {
         let reader = std::io::BufReader::new(Chunks {
             rx,
             current: bytes::Bytes::new(),
         });
-        serde_json::from_reader::<_, T>(reader)
+        let mut de = serde_json::Deserializer::from_reader(reader);
+        let value = seed.deserialize(&mut de)?;
+        de.end().map(|()| value)
     });
     let mut first: Vec<u8> = Vec::new();
     let mut read = 0usize;

@@ -47,6 +47,15 @@ impl AtomicFile {
         self.w.as_mut().expect("an uncommitted file has its writer")
     }
 
+    /// Flushes what was written so far and opens the temporary file to read it from the start.
+    pub fn read_back(&mut self) -> anyhow::Result<std::fs::File> {
+        if let Some(w) = &mut self.w {
+            w.flush()
+                .with_context(|| format!("flush {}", self.tmp.display()))?;
+        }
+        std::fs::File::open(&self.tmp).with_context(|| format!("open {}", self.tmp.display()))
+    }
+
     /// Flushes, syncs and renames the file over `path`.
     pub fn commit(mut self) -> anyhow::Result<()> {
         let w = self.w.take().expect("committed once");

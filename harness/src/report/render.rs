@@ -6,7 +6,7 @@
 //! Every file is written atomically (temporary file, then rename) so a reader never sees half a
 //! page. Rendering reads the report and the ledger only; it must never change `report.json`.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -24,13 +24,13 @@ pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<Entry>, usize)> {
     let mut entries = Vec::new();
     let mut skipped = 0;
     let names = crate::check::Interner::default();
-    for line in std::io::BufReader::new(file).split(b'\n') {
-        let line = line.with_context(|| format!("read {}", path.display()))?;
-        if line.trim_ascii().is_empty() {
-            continue;
-        }
-        match serde_json::from_slice(&line) {
-            Ok(e) => entries.push(Entry::of(&e, &names, &crate::check::Keep::NoHtml)),
+    let keep = crate::check::Keep::NoHtml;
+    for entry in crate::run::journal::read(std::io::BufReader::new(file), &names, &keep) {
+        match entry {
+            Ok(e) => entries.push(e),
+            Err(e) if e.is::<std::io::Error>() => {
+                return Err(e.context(format!("read {}", path.display())))
+            }
             Err(_) => skipped += 1,
         }
     }

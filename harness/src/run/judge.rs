@@ -37,7 +37,7 @@ pub(super) async fn stop_and_judge(
     settled: &Settled,
     res: &mut Resources,
     clock: &mut PhaseClock,
-) -> Judged {
+) -> anyhow::Result<Judged> {
     stack
         .supervisor
         .shutdown_all(scenario.stack.shutdown_grace.max(Duration::from_secs(1)))
@@ -57,7 +57,7 @@ pub(super) async fn stop_and_judge(
     crate::malloc::trim();
     let world = &stack.world;
     world.resolve_pending();
-    let entries = world.journal.freeze();
+    let entries = world.journal.freeze()?;
     let pids = world.take_pids();
     let timeline = world.timeline();
     let processes = stack.supervisor.records();
@@ -85,7 +85,7 @@ pub(super) async fn stop_and_judge(
     // Each checker's indexes go back before the next builds its own.
     let checks = check::run_all_then(&input, crate::malloc::trim);
     clock.lap(|p| &mut p.judge_s);
-    Judged {
+    Ok(Judged {
         entries,
         pids,
         timeline,
@@ -93,5 +93,5 @@ pub(super) async fn stop_and_judge(
         seen,
         others,
         checks,
-    }
+    })
 }

@@ -9,7 +9,7 @@ mod chaos;
 mod db_links;
 mod drive;
 mod env;
-mod journal;
+pub(crate) mod journal;
 mod judge;
 mod not_accepted;
 mod output;
@@ -218,7 +218,9 @@ impl Resources {
         let mut r = output::skeleton(s, kind);
         r.error = Some(error.into());
         if let Some(w) = &self.world {
-            r.ledger_summary = w.journal.since(0, output::ledger_summary);
+            r.ledger_summary = w.journal.since(0, |all| {
+                output::ledger_summary(all.iter().map(|e| (e.provider, e.kind, e.outcome)))
+            });
             r.timeline = w.timeline();
             r.processes = w.supervisor.records();
         }
@@ -299,7 +301,7 @@ async fn execute(
     stack.chaos.stop();
 
     let judged =
-        judge::stop_and_judge(scenario, probe, &stack, &work, &settled, res, &mut clock).await;
+        judge::stop_and_judge(scenario, probe, &stack, &work, &settled, res, &mut clock).await?;
     output::report(
         (scenario, opts, report_dir),
         (&ledger, &db),

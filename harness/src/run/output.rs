@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-use mock_providers::ledger::{EntryKind, Ledger};
+use mock_providers::ledger::{EntryKind, Ledger, Outcome, Provider};
 
 use super::judge::Judged;
 use super::provision::Database;
@@ -112,7 +112,7 @@ pub(super) async fn report(
         repeats: enqueue.repeats.clone(),
         enqueue_failures: enqueue.failures.clone(),
     };
-    report.ledger_summary = ledger_summary(&entries);
+    report.ledger_summary = ledger_summary(entries.iter().map(|e| (e.provider, e.kind, e.outcome)));
     report.callbacks_sent = entries
         .iter()
         .filter(|e| e.kind == EntryKind::Callback)
@@ -173,15 +173,18 @@ fn judge_gates_and_verdict(report: &mut Report, scenario: &Scenario, opts: &RunO
     report.verdict = overall.verdict.as_str().into();
 }
 
-/// Counts of send attempts by provider and outcome.
-pub(super) fn ledger_summary(entries: &[Entry]) -> BTreeMap<String, BTreeMap<String, u64>> {
+/// Counts of send attempts by provider and outcome, from every entry's (provider, kind,
+/// outcome): the judged entries', or a partial report's briefs.
+pub(super) fn ledger_summary(
+    entries: impl IntoIterator<Item = (Provider, EntryKind, Outcome)>,
+) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut m: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for e in entries.iter().filter(|e| e.kind == EntryKind::Send) {
-        let outcome = serde_json::to_value(e.outcome)
+    for (provider, _, outcome) in entries.into_iter().filter(|e| e.1 == EntryKind::Send) {
+        let outcome = serde_json::to_value(outcome)
             .ok()
             .and_then(|v| v.as_str().map(String::from))
             .unwrap_or_default();
-        *m.entry(e.provider.as_str().into())
+        *m.entry(provider.as_str().into())
             .or_default()
             .entry(outcome)
             .or_default() += 1;

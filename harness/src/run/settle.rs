@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use mock_providers::ledger::{CallbackVariant, EntryKind, Provider};
 
+use super::journal::Brief;
 use crate::check::common::{is_failure, is_final};
-use crate::check::{Entry, Expected, Name, State, StatusDelivery};
+use crate::check::{Expected, Name, State, StatusDelivery};
 use crate::scenario::Channel;
 
 /// What the ledger showed of one delivery, classified as `no_loss` classifies it
@@ -70,11 +71,11 @@ impl Tracker {
     }
 
     /// Folds in new ledger entries (`since` order).
-    pub fn feed(&mut self, entries: &[Entry]) {
+    pub fn feed(&mut self, entries: &[Brief]) {
         for e in entries {
             self.next_seq = self.next_seq.max(e.seq + 1);
             if e.kind == EntryKind::Callback {
-                self.answered_reports += u64::from(e.callback_response().is_some_and(|c| c < 500));
+                self.answered_reports += u64::from(e.response.is_some_and(|c| c < 500));
             }
             if e.kind != EntryKind::Send {
                 continue;
@@ -196,12 +197,10 @@ fn by_delivery(rows: Option<&Vec<StatusDelivery>>) -> HashMap<(&str, Channel), &
 
 /// The deliveries (`recipient/channel`, as [`Tracker::open`] names them) that a genuine delivery
 /// report was sent for: a genuine `Callback` entry to their address.
-pub fn reported(ledger: &[Entry], expected: &[Expected]) -> std::collections::HashSet<String> {
+pub fn reported(ledger: &[Brief], expected: &[Expected]) -> std::collections::HashSet<String> {
     let to: std::collections::HashSet<(Provider, &str)> = ledger
         .iter()
-        .filter(|e| {
-            e.kind == EntryKind::Callback && e.callback_variant() == Some(CallbackVariant::Genuine)
-        })
+        .filter(|e| e.kind == EntryKind::Callback && e.variant == Some(CallbackVariant::Genuine))
         .map(|e| (e.provider, e.recipient.as_str()))
         .collect();
     expected
@@ -214,6 +213,7 @@ pub fn reported(ledger: &[Entry], expected: &[Expected]) -> std::collections::Ha
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::Interner;
     use mock_providers::ledger::{LedgerEntry, Outcome};
 
     fn exp(r: &str) -> Expected {
@@ -228,11 +228,11 @@ mod tests {
         }
     }
 
-    fn send(seq: u64, r: &str, outcome: Outcome) -> Entry {
+    fn send(seq: u64, r: &str, outcome: Outcome) -> Brief {
         let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Send, format!("+1{r}"));
         e.seq = seq;
         e.outcome = outcome;
-        Entry::alone(&e)
+        Brief::of(&e, &Interner::default())
     }
 
     #[test]
@@ -242,7 +242,7 @@ mod tests {
             let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Callback, "+1".to_string());
             e.seq = seq;
             e.callback_response = code;
-            Entry::alone(&e)
+            Brief::of(&e, &Interner::default())
         };
         t.feed(&[tried(0, Some(200)), tried(1, Some(403))]);
         t.feed(&[tried(2, Some(503)), tried(3, None)]);
@@ -352,7 +352,7 @@ mod tests {
         let cb = |r: &str, v: CallbackVariant| {
             let mut e = LedgerEntry::draft(Provider::Sms, EntryKind::Callback, format!("+1{r}"));
             e.callback_variant = Some(v);
-            Entry::alone(&e)
+            Brief::of(&e, &Interner::default())
         };
         let ledger = [
             cb("a", CallbackVariant::Genuine),

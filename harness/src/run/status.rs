@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 
 use super::status_file::StatusFile;
 use crate::check::{
-    Interner, LostBatch, Name, StatusAnswers, StatusDelivery, StatusRowWire, UnreadableStatus,
+    Interner, LostBatch, StatusAnswers, StatusDelivery, StatusRowWire, UnreadableStatus,
 };
 use crate::load::{self, StatusAnswer};
 
@@ -151,13 +151,14 @@ impl StatusPoller {
             // never end holds no more of the harness's memory than when it was asked in turn.
             let cap = self.cap / asks.len();
             let fetched = futures::future::join_all(asks.iter().map(|(id, since)| {
-                load::fetch_batch_status(client, api_base, id, since.as_deref(), cap)
+                let rows = self.reader(id);
+                load::fetch_batch_status(client, api_base, id, since.as_deref(), cap, rows)
             }))
             .await;
             let mut timed_out = false;
             for ((id, since), fetched) in asks.iter().zip(fetched) {
                 match fetched {
-                    Ok(answer) => self.record(id, answer, since.is_some(), now_ns),
+                    Ok(answer) => self.take(id, answer, since.is_some(), now_ns),
                     Err(e) => {
                         self.answers.last_failure = Some(format!("{e:#}"));
                         timed_out |= e
@@ -166,6 +167,11 @@ impl StatusPoller {
                         failed = Some(e);
                     }
                 }
+            }
+            if self.file.is_some() {
+                // The run's last poll reads every batch whole, back to back: each answer's
+                // parsing (a big batch's is tens of megabytes) goes back before the next.
+                crate::malloc::trim();
             }
             if timed_out {
                 break;
@@ -270,9 +276,32 @@ impl StatusPoller {
             .map(|(c, _)| c.clone())
     }
 
+    /// What an answer for `batch_id` keeps of each row as it is parsed ([`Parsed`]): the view's
+    /// row, its strings the copies the expected deliveries and the ledger hold (never adding
+    /// one: a stack could make them unique on every answer), and during the run's last poll the
+    /// row's JSON for `status.json`.
+    fn reader(&self, batch_id: &str) -> impl FnMut(StatusRowWire) -> Parsed + Send + 'static {
+        let batch = self.names.name(batch_id);
+        let names = self.names.clone();
+        let json = self.file.is_some();
+        move |wire| {
+            let json = json.then(|| serde_json::to_string(&wire).unwrap_or_default().into());
+            let mut row = StatusDelivery::of(wire, &batch);
+            share(&mut row, &names);
+            Parsed { row, json }
+        }
+    }
+
+    /// [`StatusPoller::take`] for an answer of wire rows, read as a fetch reads them.
+    #[cfg(test)]
+    fn record(&mut self, batch_id: &str, answer: StatusAnswer, incremental: bool, now_ns: u64) {
+        let answer = answer.map_rows(self.reader(batch_id));
+        self.take(batch_id, answer, incremental, now_ns);
+    }
+
     /// Takes one batch's answer: its rows (all of them, or those changed since the cursor when
     /// `incremental`), "not found", or an answer that is not the contract's.
-    fn record(&mut self, batch_id: &str, answer: StatusAnswer, incremental: bool, now_ns: u64) {
+    fn take(&mut self, batch_id: &str, answer: Answer, incremental: bool, now_ns: u64) {
         if !matches!(answer, StatusAnswer::Unreadable { .. }) {
             self.answers.readable += 1;
         }
@@ -306,15 +335,18 @@ impl StatusPoller {
                     return;
                 }
                 if let Some(file) = &mut self.file {
-                    file.write(batch_id, &page.deliveries);
+                    file.write_json(
+                        batch_id,
+                        page.deliveries.iter().filter_map(|p| p.json.as_deref()),
+                    );
                 }
-                let fresh = view(page.deliveries, &self.names.name(batch_id));
+                let fresh = page.deliveries.into_iter().map(|p| p.row).collect();
                 let mut rows = match self.rows.remove(batch_id) {
                     Some(held) if incremental => merge(held, fresh),
                     Some(held) => keep_unchanged(held, fresh),
                     None => fresh,
                 };
-                compact(&mut rows, &self.names);
+                rows.shrink_to_fit();
                 self.rows.insert(batch_id.to_string(), rows);
                 match page.cursor {
                     Some(c) => {
@@ -389,7 +421,13 @@ impl StatusPoller {
             // 300,000 rows, 20 MB more than it held at the run's peak.
             let mut all = Vec::with_capacity(self.rows.values().map(Vec::len).sum());
             for rows in self.rows.into_values() {
+                let big = rows.len() > SMALL_BATCH;
                 all.extend(rows);
+                if big {
+                    // The batch's own list goes back at once: both whole views resident were
+                    // 20-30 MB on top of a big run's peak.
+                    crate::malloc::trim();
+                }
             }
             all
         })
@@ -415,32 +453,30 @@ impl StatusPoller {
     }
 }
 
-/// Freshly parsed rows of `batch` as the view holds them, without what no checker reads: the
-/// transitions' details and the payload digest (the run's last poll writes them to
-/// `status.json` first, [`StatusFile`]), and with the batch id shared by the keys of the
-/// contract's form. Each wire row is dropped as its view row is made.
-fn view(rows: Vec<StatusRowWire>, batch: &Name) -> Vec<StatusDelivery> {
-    rows.into_iter()
-        .map(|w| StatusDelivery::of(w, batch))
-        .collect()
+/// A row of an answer as [`StatusPoller::reader`] keeps it: the view's row, without what no
+/// checker reads (the transitions' details and the payload digest) and with the batch id shared
+/// by the keys of the contract's form; and, during the run's last poll only, the row as the
+/// stack wrote it, for `status.json` ([`StatusFile`]). Each wire row is dropped as it is read.
+struct Parsed {
+    row: StatusDelivery,
+    json: Option<Box<str>>,
 }
 
-/// Drops the spare capacity a parsed answer leaves in its lists, and shares strings through
-/// `names`: a row's recipient id, address and message id take the copy the expected deliveries
-/// or the ledger already hold (never adding one: a stack could make them unique on every
-/// answer). The view of a big run holds hundreds of thousands of rows for the whole run.
-fn compact(rows: &mut Vec<StatusDelivery>, names: &Interner) {
-    rows.shrink_to_fit();
-    for r in rows.iter_mut() {
-        let known = [
-            Some(&mut r.recipient),
-            r.address.as_mut(),
-            r.provider_message_id.as_mut(),
-        ];
-        for n in known.into_iter().flatten() {
-            if let Some(shared) = names.shared(n) {
-                *n = shared;
-            }
+/// An answer as the poller reads it.
+type Answer = StatusAnswer<Parsed>;
+
+/// Shares `row`'s strings through `names`: its recipient id, address and message id take the
+/// copy the expected deliveries or the ledger already hold (never adding one). The view of a big
+/// run holds hundreds of thousands of rows for the whole run.
+fn share(row: &mut StatusDelivery, names: &Interner) {
+    let known = [
+        Some(&mut row.recipient),
+        row.address.as_mut(),
+        row.provider_message_id.as_mut(),
+    ];
+    for n in known.into_iter().flatten() {
+        if let Some(shared) = names.shared(n) {
+            *n = shared;
         }
     }
 }
@@ -484,6 +520,7 @@ fn keep_unchanged(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::Name;
 
     fn row(key: &str, state: &str) -> StatusRowWire {
         serde_json::from_value(serde_json::json!({
@@ -903,7 +940,9 @@ mod tests {
             ("moved", "status API answered HTTP 302 Found"),
         ];
         for (batch, want) in cases {
-            let got = load::fetch_batch_status(&client, &base, batch, None, cap).await;
+            let got =
+                load::fetch_batch_status(&client, &base, batch, None, cap, std::convert::identity)
+                    .await;
             let seen = match &got {
                 Ok(StatusAnswer::Page(p)) => {
                     assert_eq!(p.deliveries[0].state.as_str(), "exploded");

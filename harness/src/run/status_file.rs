@@ -5,10 +5,11 @@
 //! and payload digests are the stack's to show and no checker's to judge; at 100,000 recipients
 //! they were ~30 MB of the view. The view drops them as each answer arrives
 //! (`status::StatusPoller`), and the run's last poll, which asks every batch for its whole list,
-//! hands each answer here whole before dropping them. The file is a JSON array of the rows, one
-//! row to a line, batch after batch in the order they were asked. A batch that last poll got no
-//! answer for is written after the others as the view last held it: without details or
-//! digests. Committed (flushed, synced, renamed) with the report; a run that stops before leaves
+//! hands each answer here whole (each row's wire form as JSON, made as the row was read). The
+//! file is a JSON array of the rows, one row to a line, batch after batch in the order they were
+//! asked. A batch that last poll got no answer for is written after the others as the view last
+//! held it: without details or digests. Committed (flushed, synced, renamed) with the report; a
+//! run that stops before leaves
 //! none, as with `ledger.jsonl`.
 
 use std::collections::HashSet;
@@ -38,20 +39,34 @@ impl StatusFile {
         Ok(file)
     }
 
-    /// Writes `rows`, the rows of `batch_id` (as answered, or as the view holds them), unless
+    /// Writes the rows of `batch_id` as answered, each the JSON of its wire row (made as the
+    /// answer was read), unless that batch is written already.
+    pub fn write_json<'a>(&mut self, batch_id: &str, rows: impl IntoIterator<Item = &'a str>) {
+        if self.written.insert(batch_id.to_string()) {
+            for json in rows {
+                self.row(|w| w.write_all(json.as_bytes()));
+            }
+        }
+    }
+
+    /// Writes `rows`, the rows of `batch_id` (as the view holds them, or as answered), unless
     /// that batch is written already.
     pub fn write<R: serde::Serialize>(&mut self, batch_id: &str, rows: &[R]) {
-        if !self.written.insert(batch_id.to_string()) {
-            return;
+        if self.written.insert(batch_id.to_string()) {
+            for row in rows {
+                self.row(|w| serde_json::to_writer(&mut *w, row).map_err(std::io::Error::other));
+            }
         }
-        for row in rows {
-            let first = self.rows == 0;
-            self.rows += 1;
-            self.put(|w| {
-                w.write_all(if first { b"\n" } else { b",\n" })?;
-                serde_json::to_writer(&mut *w, row).map_err(std::io::Error::other)
-            });
-        }
+    }
+
+    /// Writes one row of the array.
+    fn row(&mut self, f: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>) {
+        let first = self.rows == 0;
+        self.rows += 1;
+        self.put(|w| {
+            w.write_all(if first { b"\n" } else { b",\n" })?;
+            f(w)
+        });
     }
 
     /// Whether `batch_id`'s rows are in the file.

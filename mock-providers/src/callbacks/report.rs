@@ -5,18 +5,21 @@
 //! body, header or URL of its own, and no allocation of its own but the made-up message id of
 //! an unknown-id report: what every report about one
 //! accepted message repeats (its receiver's URL, the recipient, the SMS's numbers, the signing
-//! key, the retry policy) is one shared [`Message`] — for an SMS, the packed SID and number and
-//! the SMS store's own shared origin and URL, not copies — and a [`Report`] keeps only what
-//! differs (status, event id, variant, time), inline in the queue's buffer. Twilio's error code
-//! and an e-mail event's reason follow from the status ([`plan::error_code`], [`plan::reason`]).
-//! [`Report::request`] renders the same bytes every time it is called, so a retry or a duplicate
-//! is byte-identical to its original, as when the body was fixed at scheduling.
+//! key, the retry policy, when its reports were scheduled and in which epoch) is one shared
+//! [`Message`] — for an SMS, the packed SID and number and the SMS store's own shared origin and
+//! URL, not copies — and a [`Report`] keeps only what differs (status, event id, variant, time),
+//! 48 bytes inline in the queue: the status one byte ([`Status`]), the rare made-up id behind
+//! one pointer. Twilio's error code and an e-mail event's reason follow from the status
+//! ([`plan::error_code`], [`plan::reason`]). [`Report::request`] renders the same bytes every
+//! time it is called, so a retry or a duplicate is byte-identical to its original, as when the
+//! body was fixed at scheduling.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::plan::{self, Planned};
@@ -48,6 +51,11 @@ impl Policy {
 #[derive(Debug)]
 pub(super) struct Message {
     pub attempt: u32,
+    /// When its reports were scheduled (all at once): their receiver-down patience runs from
+    /// there.
+    pub since: Instant,
+    /// The dispatcher's epoch then: a report of an earlier epoch was cancelled.
+    pub epoch: u64,
     /// The receiver's URL, shared with every message that names the same one.
     pub url: Arc<str>,
     pub policy: Policy,
@@ -136,18 +144,75 @@ impl Message {
     }
 }
 
+/// A report's status, one of those the plans give ([`plan`]: an SMS's status, an e-mail
+/// event's type): one byte in the queue, the plan's text when rendered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Status {
+    Sent,
+    Delivered,
+    Undelivered,
+    Failed,
+    Processed,
+    Deferred,
+    Bounced,
+    Complained,
+}
+
+impl Status {
+    const ALL: [Status; 8] = [
+        Status::Sent,
+        Status::Delivered,
+        Status::Undelivered,
+        Status::Failed,
+        Status::Processed,
+        Status::Deferred,
+        Status::Bounced,
+        Status::Complained,
+    ];
+
+    /// The status as the plan spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Sent => "sent",
+            Status::Delivered => "delivered",
+            Status::Undelivered => "undelivered",
+            Status::Failed => "failed",
+            Status::Processed => "processed",
+            Status::Deferred => "deferred",
+            Status::Bounced => "bounced",
+            Status::Complained => "complained",
+        }
+    }
+
+    /// The status spelled `text`, if it is one of these.
+    fn of(text: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
 /// One report about a [`Message`]: what [`Planned`] says, without its send time (the queue's
 /// key) and with the message id only when it is not the message's own (an unknown-id report).
 #[derive(Debug)]
 pub(super) struct Report {
     pub message: Arc<Message>,
-    pub status: &'static str,
     pub token: Uuid,
-    pub variant: CallbackVariant,
     /// When the reported event happened, after acceptance (an e-mail event's `timestamp`), in
     /// nanoseconds (saturating at 584 years).
     stamp_ns: u64,
-    other_id: Option<Box<str>>,
+    /// What only a rare report says: none for most, one pointer for all.
+    unusual: Option<Box<Unusual>>,
+    /// The status; `None` when it is not a [`Status`] (then `unusual` keeps it).
+    status: Option<Status>,
+    pub variant: CallbackVariant,
+}
+
+/// What a rare report says that neither its [`Message`] nor [`Status`] can: the made-up
+/// message id of an unknown-id report, or a status no plan gives (kept so that any [`Planned`]
+/// renders as it says).
+#[derive(Debug)]
+struct Unusual {
+    message_id: Option<Box<str>>,
+    status: Option<&'static str>,
 }
 
 /// A report's request, rendered for one try.
@@ -159,20 +224,40 @@ pub(super) struct Request {
 
 impl Report {
     pub fn new(message: Arc<Message>, p: Planned) -> Report {
-        let other_id = (!message.is_own_id(&p.message_id)).then(|| p.message_id.into());
+        let status = Status::of(p.status);
+        let unusual = Unusual {
+            message_id: (!message.is_own_id(&p.message_id)).then(|| p.message_id.into()),
+            status: status.is_none().then_some(p.status),
+        };
+        let rare = unusual.message_id.is_some() || unusual.status.is_some();
         Report {
             message,
-            status: p.status,
             token: p.token,
-            variant: p.variant,
             stamp_ns: u64::try_from(p.stamp.as_nanos()).unwrap_or(u64::MAX),
-            other_id,
+            unusual: rare.then(|| Box::new(unusual)),
+            status,
+            variant: p.variant,
         }
+    }
+
+    /// The status the report gives, as the plan spelled it.
+    pub fn status(&self) -> &'static str {
+        let unusual = || self.unusual.as_ref()?.status;
+        // `new` keeps every status: as a `Status`, or in `unusual`.
+        self.status
+            .map(Status::as_str)
+            .or_else(unusual)
+            .unwrap_or_default()
+    }
+
+    /// The made-up message id of an unknown-id report; none for a report about its own message.
+    fn other_id(&self) -> Option<&str> {
+        self.unusual.as_ref()?.message_id.as_deref()
     }
 
     /// The message the report is about (a made-up one for [`CallbackVariant::UnknownId`]).
     pub fn message_id(&self) -> Cow<'_, str> {
-        match &self.other_id {
+        match self.other_id() {
             Some(id) => Cow::Borrowed(id),
             None => self.message.own_id(),
         }
@@ -180,6 +265,7 @@ impl Report {
 
     /// The body and headers of a try; the same bytes every time.
     pub fn request(&self) -> Request {
+        let status = self.status();
         match &self.message.form {
             Form::Sms {
                 to,
@@ -192,8 +278,8 @@ impl Report {
                 let mut params: Vec<(&str, String)> = vec![
                     ("MessageSid", id.clone()),
                     ("SmsSid", id),
-                    ("MessageStatus", self.status.to_string()),
-                    ("SmsStatus", self.status.to_string()),
+                    ("MessageStatus", status.to_string()),
+                    ("SmsStatus", status.to_string()),
                     ("AccountSid", account_sid.to_string()),
                     ("To", to.to_string()),
                     ("From", origin.sender().unwrap_or_default()),
@@ -202,7 +288,7 @@ impl Report {
                 if let Some(ms) = &origin.messaging_service_sid {
                     params.push(("MessagingServiceSid", ms.to_string()));
                 }
-                if let Some(code) = plan::error_code(self.status) {
+                if let Some(code) = plan::error_code(status) {
                     params.push(("ErrorCode", code.to_string()));
                 }
                 let mut headers = Vec::with_capacity(2);
@@ -226,11 +312,11 @@ impl Report {
                         .unwrap_or_else(|_| chrono::Duration::zero());
                 let body = serde_json::json!({
                     "id": self.token.to_string(),
-                    "type": self.status,
+                    "type": status,
                     "message_id": self.message_id(),
                     "recipient": self.message.recipient(),
                     "timestamp": stamp.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                    "reason": plan::reason(self.status),
+                    "reason": plan::reason(status),
                 });
                 let body = serde_json::to_vec(&body).unwrap_or_default();
                 let headers = signing_key(self.variant, secret)
@@ -265,6 +351,8 @@ mod tests {
     fn sms() -> Arc<Message> {
         Arc::new(Message {
             attempt: 1,
+            since: Instant::now(),
+            epoch: 0,
             url: "http://127.0.0.1:1/cb".into(),
             policy: Policy {
                 retry_on_error: true,
@@ -290,6 +378,8 @@ mod tests {
     fn email() -> Arc<Message> {
         Arc::new(Message {
             attempt: 1,
+            since: Instant::now(),
+            epoch: 0,
             url: "http://127.0.0.1:1/events".into(),
             policy: Policy {
                 retry_on_error: false,
@@ -305,7 +395,48 @@ mod tests {
     #[test]
     fn a_waiting_report_is_small() {
         let size = std::mem::size_of::<Report>();
-        assert!(size <= 72, "Report grew to {size} bytes");
+        assert!(size <= 48, "Report grew to {size} bytes");
+    }
+
+    /// Every status a plan gives is a [`Status`], kept as one byte and rendered as the plan
+    /// spelled it; a status no plan gives is kept aside and rendered as given all the same.
+    #[test]
+    fn statuses_are_kept_as_a_byte_and_rendered_as_planned() {
+        let cfg = |rate| crate::config::CallbackConfig {
+            enabled: true,
+            processed: true,
+            fail_rate: crate::units::Ratio(rate),
+            deferred_rate: crate::units::Ratio(rate),
+            complaint_rate: crate::units::Ratio(rate),
+            forged_rate: crate::units::Ratio(rate),
+            stale_rate: crate::units::Ratio(rate),
+            ..Default::default()
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for (seed, rate) in (0..20).flat_map(|seed| [(seed, 0.0), (seed, 0.5), (seed, 1.0)]) {
+            let sms_plan = plan::sms(seed, "+15550001", 1, SID, &cfg(rate)).reports;
+            let reports = sms_plan.into_iter().map(|p| Report::new(sms(), p));
+            let mail = plan::email(seed, "a@b.test", 1, "<m1@x>", &cfg(rate));
+            for r in reports.chain(mail.into_iter().map(|p| Report::new(email(), p))) {
+                let status = r.status.expect("a planned status is a Status");
+                assert!(r.unusual.is_none() || r.variant == CallbackVariant::UnknownId);
+                assert_eq!(r.status(), status.as_str());
+                seen.insert(r.status());
+            }
+        }
+        let all: std::collections::BTreeSet<_> = Status::ALL.map(Status::as_str).into();
+        assert_eq!(seen, all, "every Status planned, and no other");
+        let mut odd = plan::sms(1, "+15550001", 1, SID, &cfg(0.0))
+            .reports
+            .remove(0);
+        odd.status = "queued";
+        let r = Report::new(sms(), odd);
+        assert_eq!((r.status, r.status()), (None, "queued"));
+        let body = String::from_utf8(r.request().body).unwrap();
+        assert!(
+            body.contains("MessageStatus=queued&SmsStatus=queued"),
+            "{body}"
+        );
     }
 
     /// Rendered twice, a report is the same bytes; the message id is the message's own unless
@@ -323,7 +454,7 @@ mod tests {
             let unknown = p.variant == CallbackVariant::UnknownId;
             let id = p.message_id.clone();
             let r = Report::new(sms(), p);
-            assert_eq!(r.other_id.is_some(), unknown);
+            assert_eq!(r.other_id().is_some(), unknown);
             assert_eq!(r.message_id(), id);
             let (a, b) = (r.request(), r.request());
             assert_eq!(a.body, b.body);
