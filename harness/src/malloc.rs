@@ -11,14 +11,15 @@
 //! arenas and trimmed every 5 s) kept the room those freed resident between the long-lived
 //! entries: campaign-100k sat at ~360 MB resident through the settle for ~295 MB allocated, and
 //! peaked at 387–389 MB. jemalloc keeps blocks of one size class together and gives back whole
-//! free pages ([`CONF`]): the same run peaks at 350 MB and takes ~10% less CPU
+//! free pages ([`CONF`]): the same run peaked at 350 MB and took ~8% less CPU
 //! (`reports/bench/README.md`, footnote 13).
 //!
 //! jemalloc does not move a big block in place when it grows (glibc remapped it), so a list
-//! that grows by doubling is copied, and both copies are resident for a moment. The biggest,
-//! the ledger's entries (70 MB at 100,000 recipients), gets its room up front (`run::journal`);
-//! the fakes' queue of delivery reports still grows by doubling (~20 MB copied once when
-//! 170,000 reports are due at once).
+//! that grows by doubling is copied, and both copies are resident for a moment. The biggest
+//! get their room up front or grow in chunks: the run's briefs of its ledger entries
+//! (`run::journal`), the entries read back to judge (exactly their count), the fakes' line of
+//! delivery reports due (chunks, `mock_providers` `callbacks/fifo.rs`); the fakes' heap of
+//! reports not due yet still doubles, and stays small.
 
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -40,6 +40,7 @@ pub enum StatusAnswer<R = StatusRowWire> {
 
 impl StatusAnswer {
     /// The answer with each wire row made what `row` makes of it (as a fetch would have).
+    #[cfg(test)]
     pub fn map_rows<R>(self, row: impl FnMut(StatusRowWire) -> R) -> StatusAnswer<R> {
         match self {
             StatusAnswer::NotFound => StatusAnswer::NotFound,

@@ -47,13 +47,23 @@ impl AtomicFile {
         self.w.as_mut().expect("an uncommitted file has its writer")
     }
 
-    /// Flushes what was written so far and opens the temporary file to read it from the start.
+    /// Flushes what was written so far and opens the temporary file to read it from the start
+    /// (`Err` if the name now leads to another file than the one being written).
     pub fn read_back(&mut self) -> anyhow::Result<std::fs::File> {
-        if let Some(w) = &mut self.w {
-            w.flush()
-                .with_context(|| format!("flush {}", self.tmp.display()))?;
-        }
-        std::fs::File::open(&self.tmp).with_context(|| format!("open {}", self.tmp.display()))
+        use std::os::unix::fs::MetadataExt;
+        let w = self.w.as_mut().context("the file was committed")?;
+        w.flush()
+            .with_context(|| format!("flush {}", self.tmp.display()))?;
+        let written = w.get_ref().metadata()?;
+        let file = std::fs::File::open(&self.tmp)
+            .with_context(|| format!("open {}", self.tmp.display()))?;
+        let read = file.metadata()?;
+        anyhow::ensure!(
+            (read.dev(), read.ino()) == (written.dev(), written.ino()),
+            "{} was replaced while it was written",
+            self.tmp.display()
+        );
+        Ok(file)
     }
 
     /// Flushes, syncs and renames the file over `path`.
@@ -99,5 +109,24 @@ mod tests {
         assert_eq!(left.len(), 1, "no temporary file left behind");
         // A folder that does not exist is an error, not a panic.
         assert!(write_atomic(&dir.path().join("no/such/file"), |w| w.write_all(b"x")).is_err());
+    }
+
+    /// What was written so far reads back while the file is still being written; a file put
+    /// in its place is refused, not read.
+    #[test]
+    fn reads_back_what_was_written_and_only_that_file() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.jsonl");
+        let mut file = AtomicFile::create(&path).unwrap();
+        file.writer().write_all(b"one\n").unwrap();
+        let mut text = String::new();
+        file.read_back().unwrap().read_to_string(&mut text).unwrap();
+        assert_eq!(text, "one\n");
+        file.writer().write_all(b"two\n").unwrap();
+        std::fs::remove_file(&file.tmp).unwrap();
+        std::fs::write(&file.tmp, b"another run's\n").unwrap();
+        let err = file.read_back().unwrap_err();
+        assert!(format!("{err:#}").contains("was replaced"), "{err:#}");
     }
 }

@@ -27,7 +27,8 @@ pub(crate) mod stats;
 pub use enqueue_failures::{EnqueueFailures, FailedEnqueue, NotAccepted};
 pub use read::{read_report, ReadError};
 pub use render::{
-    read_ledger, rerender, step_summary_path, write_all, write_rendered, RerenderError,
+    read_entries, read_ledger, rerender, step_summary_path, write_all, write_rendered,
+    RerenderError,
 };
 pub use stats::{
     enqueue_times, latency, metrics, sends_by_pid, sends_unattributed, uncertain, Bucket,

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::check::Entry;
+use mock_providers::ledger::LedgerEntry;
+
+use crate::check::{Entry, Interner, Keep};
 
 use super::{html, junit, markdown, stats, Report};
 
@@ -23,9 +25,9 @@ pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<Entry>, usize)> {
     let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
     let mut entries = Vec::new();
     let mut skipped = 0;
-    let names = crate::check::Interner::default();
-    let keep = crate::check::Keep::NoHtml;
-    for entry in crate::run::journal::read(std::io::BufReader::new(file), &names, &keep) {
+    let names = Interner::default();
+    let keep = Keep::NoHtml;
+    for entry in read_entries(std::io::BufReader::new(file), &names, &keep) {
         match entry {
             Ok(e) => entries.push(e),
             Err(e) if e.is::<std::io::Error>() => {
@@ -35,6 +37,24 @@ pub fn read_ledger(path: &Path) -> anyhow::Result<(Vec<Entry>, usize)> {
         }
     }
     Ok((entries, skipped))
+}
+
+/// The entries of a ledger's JSON lines (`ledger.jsonl`), each as the checkers' [`Entry`] (its
+/// strings shared through `names`, the HTML parts `keep` names), one at a time, so a ledger of
+/// hundreds of megabytes is never in memory whole. Blank lines are skipped; a line that cannot
+/// be read or does not parse is an `Err`.
+pub fn read_entries<'a>(
+    lines: impl std::io::BufRead + 'a,
+    names: &'a Interner,
+    keep: &'a Keep,
+) -> impl Iterator<Item = anyhow::Result<Entry>> + 'a {
+    lines
+        .split(b'\n')
+        .filter(|line| line.as_ref().map_or(true, |l| !l.trim_ascii().is_empty()))
+        .map(|line| {
+            let entry: LedgerEntry = serde_json::from_slice(&line?)?;
+            Ok(Entry::of(&entry, names, keep))
+        })
 }
 
 fn write_atomic(path: &Path, data: &[u8]) -> anyhow::Result<()> {

@@ -9,7 +9,7 @@ mod chaos;
 mod db_links;
 mod drive;
 mod env;
-pub(crate) mod journal;
+mod journal;
 mod judge;
 mod not_accepted;
 mod output;

@@ -179,7 +179,10 @@ pub(super) fn ledger_summary(
     entries: impl IntoIterator<Item = (Provider, EntryKind, Outcome)>,
 ) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut m: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for (provider, _, outcome) in entries.into_iter().filter(|e| e.1 == EntryKind::Send) {
+    let sends = entries.into_iter().filter_map(|(provider, kind, outcome)| {
+        (kind == EntryKind::Send).then_some((provider, outcome))
+    });
+    for (provider, outcome) in sends {
         let outcome = serde_json::to_value(outcome)
             .ok()
             .and_then(|v| v.as_str().map(String::from))

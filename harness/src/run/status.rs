@@ -29,7 +29,7 @@
 
 use std::collections::BTreeMap;
 
-use super::status_file::StatusFile;
+use super::status_file::{Row, StatusFile};
 use crate::check::{
     Interner, LostBatch, StatusAnswers, StatusDelivery, StatusRowWire, UnreadableStatus,
 };
@@ -158,7 +158,7 @@ impl StatusPoller {
             let mut timed_out = false;
             for ((id, since), fetched) in asks.iter().zip(fetched) {
                 match fetched {
-                    Ok(answer) => self.take(id, answer, since.is_some(), now_ns),
+                    Ok(answer) => self.record(id, answer, since.is_some(), now_ns),
                     Err(e) => {
                         self.answers.last_failure = Some(format!("{e:#}"));
                         timed_out |= e
@@ -168,9 +168,9 @@ impl StatusPoller {
                     }
                 }
             }
-            if self.file.is_some() {
-                // The run's last poll reads every batch whole, back to back: each answer's
-                // parsing (a big batch's is tens of megabytes) goes back before the next.
+            if self.file.is_some() && group.iter().any(|id| !self.is_small(id)) {
+                // The run's last poll reads every batch whole, back to back: a big answer's
+                // parsing (tens of megabytes) goes back before the next is read.
                 crate::malloc::trim();
             }
             if timed_out {
@@ -184,12 +184,22 @@ impl StatusPoller {
     /// first alone when it is not known to be small or while the first answer has not decided
     /// whether the stack has a status API.
     fn next_group<'b>(&self, rest: &'b [String]) -> &'b [String] {
-        let small = |id: &String| self.rows.get(id).is_some_and(|r| r.len() <= SMALL_BATCH);
         if self.capability == Capability::Unknown {
             return &rest[..1];
         }
-        let n = rest.iter().take(AT_ONCE).take_while(|id| small(id)).count();
+        let n = rest
+            .iter()
+            .take(AT_ONCE)
+            .take_while(|id| self.is_small(id))
+            .count();
         &rest[..n.max(1)]
+    }
+
+    /// Whether `batch_id` is known to be small: held with [`SMALL_BATCH`] rows or fewer.
+    fn is_small(&self, batch_id: &str) -> bool {
+        self.rows
+            .get(batch_id)
+            .is_some_and(|r| r.len() <= SMALL_BATCH)
     }
 
     /// [`StatusPoller::poll`] for the batches quiescence is waiting on and a few of the others.
@@ -285,23 +295,26 @@ impl StatusPoller {
         let names = self.names.clone();
         let json = self.file.is_some();
         move |wire| {
-            let json = json.then(|| serde_json::to_string(&wire).unwrap_or_default().into());
+            let json = json
+                .then(|| serde_json::to_string(&wire).ok())
+                .flatten()
+                .map(Into::into);
             let mut row = StatusDelivery::of(wire, &batch);
             share(&mut row, &names);
             Parsed { row, json }
         }
     }
 
-    /// [`StatusPoller::take`] for an answer of wire rows, read as a fetch reads them.
+    /// [`StatusPoller::record`] for an answer of wire rows, read as a fetch reads them.
     #[cfg(test)]
-    fn record(&mut self, batch_id: &str, answer: StatusAnswer, incremental: bool, now_ns: u64) {
-        let answer = answer.map_rows(self.reader(batch_id));
-        self.take(batch_id, answer, incremental, now_ns);
+    fn record_wire(&mut self, batch: &str, answer: StatusAnswer, incremental: bool, now_ns: u64) {
+        let answer = answer.map_rows(self.reader(batch));
+        self.record(batch, answer, incremental, now_ns);
     }
 
     /// Takes one batch's answer: its rows (all of them, or those changed since the cursor when
     /// `incremental`), "not found", or an answer that is not the contract's.
-    fn take(&mut self, batch_id: &str, answer: Answer, incremental: bool, now_ns: u64) {
+    fn record(&mut self, batch_id: &str, answer: Answer, incremental: bool, now_ns: u64) {
         if !matches!(answer, StatusAnswer::Unreadable { .. }) {
             self.answers.readable += 1;
         }
@@ -335,10 +348,7 @@ impl StatusPoller {
                     return;
                 }
                 if let Some(file) = &mut self.file {
-                    file.write_json(
-                        batch_id,
-                        page.deliveries.iter().filter_map(|p| p.json.as_deref()),
-                    );
+                    file.write(batch_id, page.deliveries.iter().map(Parsed::file_row));
                 }
                 let fresh = page.deliveries.into_iter().map(|p| p.row).collect();
                 let mut rows = match self.rows.remove(batch_id) {
@@ -394,7 +404,7 @@ impl StatusPoller {
         let mut file = self.file.take()?;
         for (batch_id, rows) in &self.rows {
             if !file.has(batch_id) {
-                file.write(batch_id, rows);
+                file.write(batch_id, rows.iter().map(Row::Held));
             }
         }
         (self.capability == Capability::Present).then_some(file)
@@ -460,6 +470,17 @@ impl StatusPoller {
 struct Parsed {
     row: StatusDelivery,
     json: Option<Box<str>>,
+}
+
+impl Parsed {
+    /// The row as `status.json` has it: as answered, or as the view holds it when its wire
+    /// form could not be written out (never seen: every field serialises).
+    fn file_row(&self) -> Row<'_> {
+        match &self.json {
+            Some(json) => Row::Json(json),
+            None => Row::Held(&self.row),
+        }
+    }
 }
 
 /// An answer as the poller reads it.
@@ -554,7 +575,7 @@ mod tests {
     #[test]
     fn incremental_answers_merge_by_key_and_every_tenth_request_is_whole() {
         let mut p = StatusPoller::new(3, Interner::default());
-        p.record(
+        p.record_wire(
             "b1",
             page(&[("a", "sending"), ("b", "pending")], "c1"),
             false,
@@ -567,7 +588,7 @@ mod tests {
             "the last poll asks for everything"
         );
         // Only `a` changed; `c` is new.
-        p.record(
+        p.record_wire(
             "b1",
             page(&[("a", "delivered"), ("c", "pending")], "c2"),
             true,
@@ -587,15 +608,15 @@ mod tests {
         assert_eq!(p.since("b1", false).as_deref(), Some("c2"));
         // After FULL_EVERY - 1 incremental requests, the next one is whole.
         for n in 2..FULL_EVERY {
-            p.record("b1", page(&[], &format!("c{}", n + 1)), true, n as u64);
+            p.record_wire("b1", page(&[], &format!("c{}", n + 1)), true, n as u64);
         }
         assert_eq!(p.since("b1", false), None);
         // A whole answer replaces the rows and starts counting again.
-        p.record("b1", page(&[("a", "delivered")], "z"), false, 99);
+        p.record_wire("b1", page(&[("a", "delivered")], "z"), false, 99);
         assert_eq!(p.rows().unwrap().len(), 1);
         assert_eq!(p.since("b1", false).as_deref(), Some("z"));
         // A stack that stops sending a cursor is asked for everything.
-        p.record("b1", rows(1), false, 100);
+        p.record_wire("b1", rows(1), false, 100);
         assert_eq!(p.since("b1", false), None);
     }
 
@@ -604,14 +625,14 @@ mod tests {
     #[test]
     fn unchanged_rows_keep_their_held_copy() {
         let mut p = StatusPoller::new(3, Interner::default());
-        p.record(
+        p.record_wire(
             "b1",
             page(&[("a", "sending"), ("b", "delivered")], "c1"),
             false,
             1,
         );
         let held_b = p.rows().unwrap()[1].key().as_ptr();
-        p.record(
+        p.record_wire(
             "b1",
             page(&[("a", "delivered"), ("b", "delivered")], "c2"),
             false,
@@ -625,7 +646,7 @@ mod tests {
         );
         assert_eq!(rows[1].key().as_ptr(), held_b, "unchanged: the held copy");
         let held_a = rows[0].key().as_ptr();
-        p.record(
+        p.record_wire(
             "b1",
             page(&[("a", "delivered"), ("c", "sending")], "c3"),
             true,
@@ -665,13 +686,13 @@ mod tests {
                 cursor: None,
             })
         };
-        p.record("b1", answer("SM0001"), false, 1);
+        p.record_wire("b1", answer("SM0001"), false, 1);
         let rows = p.rows().unwrap();
         let same = |a: &Name, b: &Name| a.as_str().as_ptr() == b.as_str().as_ptr();
         assert!(same(&rows[0].recipient, &id));
         assert!(same(rows[0].address.as_ref().unwrap(), &address));
         assert!(same(rows[0].provider_message_id.as_ref().unwrap(), &msg));
-        p.record("b1", answer("SM-invented-by-the-stack"), false, 2);
+        p.record_wire("b1", answer("SM-invented-by-the-stack"), false, 2);
         let rows = p.rows().unwrap();
         assert_eq!(
             rows[0].provider_message_id.as_deref(),
@@ -698,20 +719,20 @@ mod tests {
         let path = dir.path().join("status.json");
         let mut p = StatusPoller::new(2, Interner::default());
         // The held batch's key has the contract's form: the view keeps its batch id alone.
-        p.record(
+        p.record_wire(
             "b2",
             answer(whole("b2:r1:sms", "polled SM2: delivered")),
             false,
             1,
         );
         p.file = Some(StatusFile::create(&path).unwrap());
-        p.record(
+        p.record_wire(
             "b1",
             answer(whole("k1", "sms status delivered for SM1")),
             false,
             2,
         );
-        p.record("b2", garbage(), false, 3);
+        p.record_wire("b2", garbage(), false, 3);
         p.finish_file().unwrap().commit().unwrap();
 
         let written: Vec<StatusRowWire> =
@@ -745,9 +766,9 @@ mod tests {
         };
         let mut p = StatusPoller::new(3, Interner::default());
         let first = vec![row("r1", "sending"), row("r2", "sending")];
-        p.record("b1", page(first, "c1"), false, 1);
+        p.record_wire("b1", page(first, "c1"), false, 1);
         let changed = vec![row("r2", "delivered"), row("r3", "pending")];
-        p.record("b1", page(changed, "c2"), true, 2);
+        p.record_wire("b1", page(changed, "c2"), true, 2);
         let rows = p.rows().unwrap();
         let view: Vec<(String, String)> = rows
             .iter()
@@ -770,7 +791,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut p = StatusPoller::new(2, Interner::default());
         p.file = Some(StatusFile::create(&dir.path().join("status.json")).unwrap());
-        p.record("b1", StatusAnswer::NotFound, false, 1);
+        p.record_wire("b1", StatusAnswer::NotFound, false, 1);
         assert!(p.finish_file().is_none());
     }
 
@@ -800,7 +821,7 @@ mod tests {
             let mut p = StatusPoller::new(5, Interner::default());
             for (at, (id, page)) in answers.iter().enumerate() {
                 let answer = page.map_or(StatusAnswer::NotFound, rows);
-                p.record(id, answer, false, at as u64);
+                p.record_wire(id, answer, false, at as u64);
             }
             assert_eq!(p.enabled(), on, "case {i}");
             assert_eq!(p.rows().map_or(0, |r| r.len()), kept, "case {i}");
@@ -819,9 +840,9 @@ mod tests {
         let asking = p.probe_first(&ids, vec!["b3".into(), "b1".into()]);
         assert_eq!(asking, ["b1", "b3"]);
         // The first request failed (no answer to use); the stack lost b3.
-        p.record("b3", StatusAnswer::NotFound, false, 7);
+        p.record_wire("b3", StatusAnswer::NotFound, false, 7);
         assert!(p.enabled(), "a 404 for b3 is not the first batch's answer");
-        p.record("b1", rows(2), false, 9);
+        p.record_wire("b1", rows(2), false, 9);
         let lost: Vec<String> = p.lost().into_iter().map(|l| l.batch_id).collect();
         assert_eq!(lost, ["b3"]);
         assert_eq!(
@@ -832,8 +853,8 @@ mod tests {
         // A stack with no API: the first batch's 404 decides, and nothing is lost.
         let mut none = StatusPoller::new(5, Interner::default());
         none.probe_first(&ids, vec!["b2".into()]);
-        none.record("b2", StatusAnswer::NotFound, false, 1);
-        none.record("b1", StatusAnswer::NotFound, false, 2);
+        none.record_wire("b2", StatusAnswer::NotFound, false, 1);
+        none.record_wire("b1", StatusAnswer::NotFound, false, 2);
         assert!(!none.enabled());
         assert!(none.lost().is_empty());
     }
@@ -844,8 +865,8 @@ mod tests {
     #[test]
     fn an_unreadable_answer_is_a_broken_status_api_not_an_absent_one() {
         let mut p = StatusPoller::new(2, Interner::default());
-        p.record("b1", garbage(), false, 7);
-        p.record("b2", StatusAnswer::NotFound, false, 8);
+        p.record_wire("b1", garbage(), false, 7);
+        p.record_wire("b2", StatusAnswer::NotFound, false, 8);
         assert!(p.enabled());
         assert_eq!(p.rows().map(|r| r.len()), Some(0));
         let lost: Vec<String> = p.lost().into_iter().map(|l| l.batch_id).collect();
@@ -856,9 +877,9 @@ mod tests {
         assert_eq!((a.examples[0].at_ns, a.examples[0].http_status), (7, 200));
         // Rows held from a good answer survive a later garbage one.
         let mut p = StatusPoller::new(2, Interner::default());
-        p.record("b1", rows(2), false, 1);
+        p.record_wire("b1", rows(2), false, 1);
         for at in 2..30 {
-            p.record("b1", garbage(), false, at);
+            p.record_wire("b1", garbage(), false, at);
         }
         assert_eq!(p.rows().map(|r| r.len()), Some(2));
         assert_eq!(p.answers().unreadable, 28);

@@ -9,13 +9,21 @@
 //! file is a JSON array of the rows, one row to a line, batch after batch in the order they were
 //! asked. A batch that last poll got no answer for is written after the others as the view last
 //! held it: without details or digests. Committed (flushed, synced, renamed) with the report; a
-//! run that stops before leaves
-//! none, as with `ledger.jsonl`.
+//! run that stops before leaves none, as with `ledger.jsonl`.
 
 use std::collections::HashSet;
 use std::path::Path;
 
+use crate::check::StatusDelivery;
 use crate::report::atomic::AtomicFile;
+
+/// One row of `status.json`.
+pub enum Row<'a> {
+    /// As answered: the JSON of its wire row, made as the answer was read.
+    Json(&'a str),
+    /// As the view holds it (no transition details, no payload digest).
+    Held(&'a StatusDelivery),
+}
 
 pub struct StatusFile {
     file: AtomicFile,
@@ -39,33 +47,27 @@ impl StatusFile {
         Ok(file)
     }
 
-    /// Writes the rows of `batch_id` as answered, each the JSON of its wire row (made as the
-    /// answer was read), unless that batch is written already.
-    pub fn write_json<'a>(&mut self, batch_id: &str, rows: impl IntoIterator<Item = &'a str>) {
-        if self.written.insert(batch_id.to_string()) {
-            for json in rows {
-                self.row(|w| w.write_all(json.as_bytes()));
-            }
-        }
-    }
-
-    /// Writes `rows`, the rows of `batch_id` (as the view holds them, or as answered), unless
-    /// that batch is written already.
-    pub fn write<R: serde::Serialize>(&mut self, batch_id: &str, rows: &[R]) {
+    /// Writes `rows`, the rows of `batch_id`, unless that batch is written already.
+    pub fn write<'a>(&mut self, batch_id: &str, rows: impl IntoIterator<Item = Row<'a>>) {
         if self.written.insert(batch_id.to_string()) {
             for row in rows {
-                self.row(|w| serde_json::to_writer(&mut *w, row).map_err(std::io::Error::other));
+                self.row(row);
             }
         }
     }
 
     /// Writes one row of the array.
-    fn row(&mut self, f: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>) {
+    fn row(&mut self, row: Row<'_>) {
         let first = self.rows == 0;
         self.rows += 1;
         self.put(|w| {
             w.write_all(if first { b"\n" } else { b",\n" })?;
-            f(w)
+            match row {
+                Row::Json(json) => w.write_all(json.as_bytes()),
+                Row::Held(row) => {
+                    serde_json::to_writer(&mut *w, row).map_err(std::io::Error::other)
+                }
+            }
         });
     }
 
@@ -114,8 +116,13 @@ pub(super) mod tests {
         let path = dir.path().join("status.json");
         let mut file = StatusFile::create(&path).unwrap();
         let b1 = [row("k1", "sms status delivered for SM1"), row("k2", "w1")];
-        file.write("b1", &b1);
-        file.write("b1", &[row("k3", "again")]);
+        let json: Vec<String> = b1
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect();
+        file.write("b1", json.iter().map(|j| Row::Json(j)));
+        let again = serde_json::to_string(&row("k3", "again")).unwrap();
+        file.write("b1", [Row::Json(&again)]);
         assert!(file.has("b1") && !file.has("b2"));
         assert!(!path.exists(), "committed only at the end");
         file.commit().unwrap();
