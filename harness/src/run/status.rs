@@ -465,8 +465,8 @@ impl StatusPoller {
 
 /// A row of an answer as [`StatusPoller::reader`] keeps it: the view's row, without what no
 /// checker reads (the transitions' details and the payload digest) and with the batch id shared
-/// by the keys of the contract's form; and, during the run's last poll only, the row as the
-/// stack wrote it, for `status.json` ([`StatusFile`]). Each wire row is dropped as it is read.
+/// by the keys of the contract's form; and, during the run's last poll only, its wire row's JSON
+/// for `status.json` ([`StatusFile`]). Each wire row is dropped as it is read.
 struct Parsed {
     row: StatusDelivery,
     json: Option<Box<str>>,
