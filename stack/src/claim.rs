@@ -187,8 +187,7 @@ WITH picked AS MATERIALIZED (
 SELECT s.from_state, "#,
             returning!(),
             r#"
-FROM s JOIN delivery_items i ON i.id = s.id
-WHERE i.id = ANY (ARRAY(SELECT id FROM s))
+FROM s CROSS JOIN LATERAL (SELECT * FROM delivery_items i WHERE i.id = s.id OFFSET 0) i
 "#
         )
     };
@@ -200,13 +199,17 @@ WHERE i.id = ANY (ARRAY(SELECT id FROM s))
 /// `delivery_state_ready` on `(priority, next_attempt_at)` makes `picked` an index scan over ready
 /// rows only, already in this order.
 ///
-/// `picked` is materialised and the update also matches `id = ANY(ARRAY(…))` so that the plan is
-/// the same whatever the planner guesses for `LIMIT $2`: a prepared statement's generic plan
-/// does not know the batch size, and with a plain join it hash-joined `picked` against a
-/// sequential scan of the whole table (2.9 ms against 0.17 ms per claim on 12 000 rows; it grows
-/// with the table). The array turns the update side into a primary-key index scan; the same
-/// holds for the join to `delivery_items`, which only reads (the claim rewrites the narrow
-/// `delivery_state` row alone: see `migrations/0005_lean_state.sql`).
+/// The statement is written for a generic plan (the worker's connections never plan it per call:
+/// see [`crate::worker_connect_options`]), so its plan must not depend on the planner's guess for
+/// `LIMIT $2`, which a generic plan takes to be a tenth of the table. `picked` is materialised and
+/// the update also matches `id = ANY(ARRAY(…))`: with a plain join it hash-joined `picked`
+/// against a sequential scan of the whole table (2.9 ms against 0.17 ms per claim on 12 000
+/// rows; it grows with the table). Each claimed row's `delivery_items` row, which the claim only
+/// reads (it rewrites the narrow `delivery_state` row alone: see
+/// `migrations/0005_lean_state.sql`), is one primary-key lookup of its own (`LATERAL … OFFSET 0`
+/// keeps the planner from turning it into a join it would have to guess the size of: joined by
+/// `id = ANY(…)` it re-read every claimed row's item once per claimed row, 100 × 100 lookups and
+/// four fifths of a 100-row claim's time).
 ///
 /// The claim writes no event row of its own: it records itself on the state row (`claimed_at`,
 /// `claimed_from`) and clears the row's latest transition, which the database moves into

@@ -527,46 +527,73 @@ async fn rescuer_releases_a_start_that_was_taken_back() {
     pool.close().await;
 }
 
-/// The claim's plan must not depend on the planner's guess for `LIMIT $2`: a prepared
-/// statement's generic plan (which PostgreSQL may switch to after five executions) once
-/// hash-joined the picked rows against a sequential scan of the whole table.
+/// The claim runs on a worker's session (generic plans: `stack::worker_session_settings`), so its
+/// plan must not depend on the planner's guess for `LIMIT $2`: it once hash-joined the picked
+/// rows against a sequential scan of the whole table, and, joining the items by `id = ANY(…)`,
+/// re-read every claimed row's item once per claimed row (100 × 100 lookups for a claim of 100).
+/// Judged on what the plan did: no sequential scan, and each claimed row's item read once.
 #[tokio::test]
-async fn claim_generic_plan_never_scans_the_whole_table() {
+async fn the_claims_generic_plan_reads_each_claimed_row_once() {
     let db = common::fresh_db().await;
     let pool = common::pool(&db.url).await;
     seed(&pool, "b", 12_000).await;
-    sqlx::query("ANALYZE deliveries")
+    sqlx::query("ANALYZE delivery_items, delivery_state")
         .execute(&pool)
         .await
         .unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-    sqlx::query("SET plan_cache_mode = force_generic_plan")
-        .execute(&mut *conn)
+    let opts = stack::worker_connect_options(&db.url, LEASE).unwrap();
+    let mut conn = sqlx::ConnectOptions::connect(&opts).await.unwrap();
+    let (mode,): (String,) = sqlx::query_as("SHOW plan_cache_mode")
+        .fetch_one(&mut conn)
         .await
         .unwrap();
+    assert_eq!(mode, "force_generic_plan", "a worker's session");
     sqlx::query(&format!(
         "PREPARE claim_plan(text, bigint, float8) AS {}",
         claim::CLAIM_SQL
     ))
-    .execute(&mut *conn)
+    .execute(&mut conn)
     .await
     .unwrap();
     for batch in [1, 100] {
-        let plan: Vec<(String,)> = sqlx::query_as(&format!(
-            "EXPLAIN (COSTS OFF) EXECUTE claim_plan('w', {batch}, 60000)"
+        let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+        let (plan,): (sqlx::types::Json<serde_json::Value>,) = sqlx::query_as(&format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_plan('w', {batch}, 60000)"
         ))
-        .fetch_all(&mut *conn)
+        .fetch_one(&mut *tx)
         .await
         .unwrap();
-        let plan: Vec<String> = plan.into_iter().map(|(l,)| l).collect();
+        tx.rollback().await.unwrap();
+        let mut nodes = Vec::new();
+        plan_nodes(&plan.0[0]["Plan"], &mut nodes);
+        let shown = serde_json::to_string_pretty(&plan.0).unwrap();
         assert!(
-            !plan.iter().any(|l| l.contains("Seq Scan on deliveries")),
-            "batch {batch}:\n{}",
-            plan.join("\n")
+            !nodes.iter().any(|n| n["Node Type"] == "Seq Scan"),
+            "batch {batch}: a sequential scan\n{shown}"
+        );
+        let items_read: f64 = nodes
+            .iter()
+            .filter(|n| n["Relation Name"] == "delivery_items")
+            .map(|n| n["Actual Rows"].as_f64().unwrap() * n["Actual Loops"].as_f64().unwrap())
+            .sum();
+        assert_eq!(items_read, batch as f64, "batch {batch}:\n{shown}");
+        let removed: f64 = nodes
+            .iter()
+            .filter_map(|n| n["Rows Removed by Join Filter"].as_f64())
+            .sum();
+        assert_eq!(
+            removed, 0.0,
+            "batch {batch}: rows joined then thrown away\n{shown}"
         );
     }
-    drop(conn);
-    pool.close().await;
+}
+
+/// Every node of an `EXPLAIN (FORMAT JSON)` plan, `node` first.
+fn plan_nodes<'a>(node: &'a serde_json::Value, out: &mut Vec<&'a serde_json::Value>) {
+    out.push(node);
+    for child in node["Plans"].as_array().into_iter().flatten() {
+        plan_nodes(child, out);
+    }
 }
 
 /// Giving back an unstarted claim (worker or rescuer) never undoes a start: the `Unstarted`

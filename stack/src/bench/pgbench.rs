@@ -52,7 +52,9 @@ impl Run<'_> {
         std::fs::write(&file, script()).context("writing the pgbench script")?;
         let n = self.workers.to_string();
         let mut cmd = tokio::process::Command::new(self.bin);
-        cmd.args(["-n", "-M", "prepared", "-c", &n, "-j", &n])
+        // Its sessions set up as the stack side's are: the same plans, not just the same SQL.
+        cmd.env("PGOPTIONS", session_options(self.lease))
+            .args(["-n", "-M", "prepared", "-c", &n, "-j", &n])
             .arg("-D")
             .arg(format!("batch={}", self.batch))
             .arg("-D")
@@ -80,6 +82,16 @@ impl Run<'_> {
         }
         parse(&stdout).with_context(|| format!("unexpected pgbench output: {stdout}"))
     }
+}
+
+/// The worker's session settings ([`crate::worker_session_settings`]) as libpq's `PGOPTIONS`.
+/// (A database URL that carries `options` of its own overrides them, as libpq does.)
+fn session_options(lease: Duration) -> String {
+    crate::worker_session_settings(lease)
+        .iter()
+        .map(|(k, v)| format!("-c {k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Reads "number of transactions actually processed: N[/M]" and "tps = X (without initial
