@@ -321,19 +321,39 @@ async fn start(cfg: Arc<Config>, stopping: watch::Receiver<bool>) -> anyhow::Res
     let w = Arc::new(Worker::new(cfg.clone(), pool.clone(), stopping)?);
     tracing::info!(worker = %cfg.worker_id, flaws = ?cfg.flaws, "worker started");
     if cfg.flaws.has(Flaw::RestartFromFirst) {
-        // Flaw: treat the batch as the unit of work: any unfinished batch starts again from its
-        // first recipient, delivered ones included (bypassing the state machine on purpose).
-        sqlx::query(
+        restart_from_first(&pool).await?;
+    }
+    Ok(w)
+}
+
+/// Flaw: treat the batch as the unit of work: any unfinished batch starts again from its first
+/// recipient, delivered ones included (bypassing the state machine on purpose). Its one statement
+/// locks rows in table order while other workers renew and end theirs in theirs, so PostgreSQL
+/// may end it as a deadlock: it tries again (a flaw that crashed instead would not show itself).
+async fn restart_from_first(pool: &PgPool) -> anyhow::Result<()> {
+    const TRIES: usize = 5;
+    for tried in 1.. {
+        let r = sqlx::query(
             "UPDATE delivery_state s SET state = 'pending', next_attempt_at = now(), \
              lease_owner = NULL, lease_expires_at = NULL FROM delivery_items i \
              WHERE i.id = s.id AND i.batch_id IN (SELECT batch_id FROM deliveries \
              WHERE state IN ('pending', 'sending', 'retryable'))",
         )
-        .execute(&pool)
-        .await
-        .context("restart-from-first")?;
+        .execute(pool)
+        .await;
+        match r {
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("40P01") && tried < TRIES =>
+            {
+                tracing::warn!(tried, "restart-from-first: deadlock; trying again");
+            }
+            r => {
+                r.context("restart-from-first")?;
+                return Ok(());
+            }
+        }
     }
-    Ok(w)
+    Ok(())
 }
 
 async fn claim_some(w: &Worker, n: i64) -> anyhow::Result<Vec<claim::Claimed>> {
