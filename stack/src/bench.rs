@@ -163,14 +163,7 @@ pub async fn claim_bench(
     mut progress: impl FnMut(&BenchRow),
 ) -> anyhow::Result<Vec<BenchRow>> {
     let max = opts.workers.iter().copied().max().unwrap_or(1) as u32 + 1;
-    // The claimers' sessions are set up as a worker's are (generic plans: see
-    // `crate::worker_session_settings`), and pgbench's the same way (`pgbench.rs`).
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(crate::worker_connect_options(database_url, opts.lease)?)
-        .await
-        .context("connecting to the database")?;
+    let pool = crate::pool(database_url, max).await?;
     let postmaster = usage::postmaster(&pool).await;
     let mut out: Vec<BenchRow> = Vec::new();
     let mut single: BTreeMap<i64, f64> = BTreeMap::new();

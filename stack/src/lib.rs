@@ -59,54 +59,29 @@ pub fn init_logging() {
     };
 }
 
-/// A worker's pool: [`pool`], on connections set up by [`worker_connect_options`].
+/// A worker's pool: [`pool`], and the server ends any of its sessions that sits idle inside a
+/// transaction for longer than `lease`. A worker cut off from the database mid-transaction (its
+/// link partitioned, the process frozen) would otherwise keep that transaction's locks, the
+/// rescuer's advisory lock among them, until it came back: every other worker's rescue would
+/// wait on a worker whose leases have all lapsed.
 pub(crate) async fn worker_pool(
     url: &str,
     max: u32,
     lease: std::time::Duration,
 ) -> anyhow::Result<sqlx::PgPool> {
+    use std::str::FromStr;
+    let opts = sqlx::postgres::PgConnectOptions::from_str(url)
+        .context("parsing the database URL")?
+        .options([(
+            "idle_in_transaction_session_timeout",
+            format!("{}ms", lease.as_millis().max(1)),
+        )]);
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect_with(worker_connect_options(url, lease)?)
+        .connect_with(opts)
         .await
         .context("connecting to the database")
-}
-
-/// Connection options for a worker's sessions: `url` with [`worker_session_settings`].
-pub fn worker_connect_options(
-    url: &str,
-    lease: std::time::Duration,
-) -> anyhow::Result<sqlx::postgres::PgConnectOptions> {
-    use std::str::FromStr;
-    Ok(sqlx::postgres::PgConnectOptions::from_str(url)
-        .context("parsing the database URL")?
-        .options(worker_session_settings(lease)))
-}
-
-/// How a worker's sessions are set up, sent as startup options (no round trip of their own):
-///
-/// - The server ends any of its sessions that sits idle inside a transaction for longer than
-///   `lease`. A worker cut off from the database mid-transaction (its link partitioned, the
-///   process frozen) would otherwise keep that transaction's locks, the rescuer's advisory lock
-///   among them, until it came back: every other worker's rescue would wait on a worker whose
-///   leases have all lapsed.
-/// - Prepared statements always run their generic plan (`plan_cache_mode`). Every statement a
-///   worker runs is a primary-key lookup or a scan of one partial index whose plan does not
-///   depend on its parameters' values, and is written so (the claim: see [`claim::CLAIM_SQL`]).
-///   Left to choose, PostgreSQL planned the claim afresh on every call (its generic plan's cost,
-///   with `LIMIT $2` guessed at a tenth of the table, looked higher than a custom plan's), and
-///   planning was more than half of a one-row claim's time on the server: 0.44 ms against
-///   0.18 ms per claim under pgbench, 1,616 against 3,212 claims and completions a second at one
-///   worker.
-pub fn worker_session_settings(lease: std::time::Duration) -> [(&'static str, String); 2] {
-    [
-        (
-            "idle_in_transaction_session_timeout",
-            format!("{}ms", lease.as_millis().max(1)),
-        ),
-        ("plan_cache_mode", "force_generic_plan".to_string()),
-    ]
 }
 
 /// Connects a pool sized for `max` concurrent users.

@@ -527,13 +527,14 @@ async fn rescuer_releases_a_start_that_was_taken_back() {
     pool.close().await;
 }
 
-/// The claim runs on a worker's session (generic plans: `stack::worker_session_settings`), so its
-/// plan must not depend on the planner's guess for `LIMIT $2`: it once hash-joined the picked
-/// rows against a sequential scan of the whole table, and, joining the items by `id = ANY(…)`,
-/// re-read every claimed row's item once per claimed row (100 × 100 lookups for a claim of 100).
-/// Judged on what the plan did: no sequential scan, and each claimed row's item read once.
+/// PostgreSQL's plan cache settles on the claim's generic plan (the batch size is in the
+/// statement's text: with `LIMIT $n` it planned the claim afresh on every call), and that plan does
+/// not depend on the planner's guesses: it once hash-joined the picked rows against a sequential
+/// scan of the whole table, and, joining the items by `id = ANY(…)`, re-read every claimed row's
+/// item once per claimed row (100 × 100 lookups for a claim of 100). Judged on what the plan did:
+/// no sequential scan, and each claimed row's item read once.
 #[tokio::test]
-async fn the_claims_generic_plan_reads_each_claimed_row_once() {
+async fn the_claim_runs_one_generic_plan_that_reads_each_claimed_row_once() {
     let db = common::fresh_db().await;
     let pool = common::pool(&db.url).await;
     seed(&pool, "b", 12_000).await;
@@ -541,24 +542,39 @@ async fn the_claims_generic_plan_reads_each_claimed_row_once() {
         .execute(&pool)
         .await
         .unwrap();
-    let opts = stack::worker_connect_options(&db.url, LEASE).unwrap();
-    let mut conn = sqlx::ConnectOptions::connect(&opts).await.unwrap();
-    let (mode,): (String,) = sqlx::query_as("SHOW plan_cache_mode")
-        .fetch_one(&mut conn)
+    let mut conn = pool.acquire().await.unwrap();
+    for batch in [1, 100] {
+        for _ in 0..8 {
+            let got = claim::claim(&mut conn, "w", batch, LEASE).await.unwrap();
+            assert_eq!(got.len(), batch as usize);
+        }
+        let (generic, custom): (i64, i64) = sqlx::query_as(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+        )
+        .bind(claim::for_batch(claim::CLAIM_SQL, batch))
+        .fetch_one(&mut *conn)
         .await
         .unwrap();
-    assert_eq!(mode, "force_generic_plan", "a worker's session");
-    sqlx::query(&format!(
-        "PREPARE claim_plan(text, bigint, float8) AS {}",
-        claim::CLAIM_SQL
-    ))
-    .execute(&mut conn)
-    .await
-    .unwrap();
+        assert!(
+            custom <= 5 && generic >= 3,
+            "batch {batch}: {custom} custom plans, {generic} generic"
+        );
+    }
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     for batch in [1, 100] {
-        let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+        sqlx::query(&format!(
+            "PREPARE claim_plan_{batch}(text, float8) AS {}",
+            claim::for_batch(claim::CLAIM_SQL, batch)
+        ))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
         let (plan,): (sqlx::types::Json<serde_json::Value>,) = sqlx::query_as(&format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_plan('w', {batch}, 60000)"
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_plan_{batch}('w', 60000)"
         ))
         .fetch_one(&mut *tx)
         .await

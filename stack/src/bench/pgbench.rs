@@ -10,17 +10,17 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::claim::CLAIM_SQL;
+use crate::claim::{for_batch, CLAIM_SQL};
 
-/// The script: [`CLAIM_SQL`] then [`super::COMPLETE_SQL`]. The worker id (`$1` on the stack
-/// side, a text bind parameter) is built from pgbench's own `:client_id`, so each client holds
-/// its leases under its own name exactly as each stack worker does.
-pub fn script() -> String {
+/// The script for claims of `batch` rows: [`CLAIM_SQL`] with that batch size in its text, as the
+/// stack sends it, then [`super::COMPLETE_SQL`]. The worker id (`$1` on the stack side, a text
+/// bind parameter) is built from pgbench's own `:client_id`, so each client holds its leases
+/// under its own name exactly as each stack worker does; the lease (`$2`) is pgbench's `:lease`.
+pub fn script(batch: i64) -> String {
     let worker = "('bench-pg-'::text || :client_id)";
-    let claim = CLAIM_SQL
+    let claim = for_batch(CLAIM_SQL, batch)
         .replace("$1", worker)
-        .replace("$2", ":batch")
-        .replace("$3", ":lease");
+        .replace("$2", ":lease");
     let complete = super::COMPLETE_SQL.replace("$1", worker);
     format!("{};\n{};\n", claim.trim(), complete.trim())
 }
@@ -49,14 +49,10 @@ impl Run<'_> {
         let dir = std::env::temp_dir().join(format!("ting-claim-bench-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).context("creating the pgbench script directory")?;
         let file = dir.join("claim.sql");
-        std::fs::write(&file, script()).context("writing the pgbench script")?;
+        std::fs::write(&file, script(self.batch)).context("writing the pgbench script")?;
         let n = self.workers.to_string();
         let mut cmd = tokio::process::Command::new(self.bin);
-        // Its sessions set up as the stack side's are: the same plans, not just the same SQL.
-        cmd.env("PGOPTIONS", session_options(self.lease))
-            .args(["-n", "-M", "prepared", "-c", &n, "-j", &n])
-            .arg("-D")
-            .arg(format!("batch={}", self.batch))
+        cmd.args(["-n", "-M", "prepared", "-c", &n, "-j", &n])
             .arg("-D")
             .arg(format!("lease={}", self.lease.as_millis()));
         match self.duration {
@@ -82,16 +78,6 @@ impl Run<'_> {
         }
         parse(&stdout).with_context(|| format!("unexpected pgbench output: {stdout}"))
     }
-}
-
-/// The worker's session settings ([`crate::worker_session_settings`]) as libpq's `PGOPTIONS`.
-/// (A database URL that carries `options` of its own overrides them, as libpq does.)
-fn session_options(lease: Duration) -> String {
-    crate::worker_session_settings(lease)
-        .iter()
-        .map(|(k, v)| format!("-c {k}={v}"))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Reads "number of transactions actually processed: N[/M]" and "tps = X (without initial
@@ -131,10 +117,11 @@ mod tests {
 
     #[test]
     fn script_has_no_positional_parameters_left() {
-        let s = script();
-        for p in ["$1", "$2", "$3"] {
+        let s = script(100);
+        for p in ["$1", "$2", "$3", "{batch}"] {
             assert!(!s.contains(p), "{p} left in {s}");
         }
+        assert!(s.contains("LIMIT 100\n"), "{s}");
         assert_eq!(s.matches(";\n").count(), 2);
     }
 }
