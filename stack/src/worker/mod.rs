@@ -328,11 +328,13 @@ async fn start(cfg: Arc<Config>, stopping: watch::Receiver<bool>) -> anyhow::Res
 
 /// Flaw: treat the batch as the unit of work: any unfinished batch starts again from its first
 /// recipient, delivered ones included (bypassing the state machine on purpose). Its one statement
-/// locks rows in table order while other workers renew and end theirs in theirs, so PostgreSQL
-/// may end it as a deadlock: it tries again (a flaw that crashed instead would not show itself).
+/// locks rows in table order while other workers renew and end theirs in another order, so
+/// PostgreSQL may end it as a deadlock (40P01): it tries again, up to five times (a flaw that
+/// crashed its worker instead would not show itself).
 async fn restart_from_first(pool: &PgPool) -> anyhow::Result<()> {
     const TRIES: usize = 5;
-    for tried in 1.. {
+    let mut tried = 1;
+    loop {
         let r = sqlx::query(
             "UPDATE delivery_state s SET state = 'pending', next_attempt_at = now(), \
              lease_owner = NULL, lease_expires_at = NULL FROM delivery_items i \
@@ -346,14 +348,11 @@ async fn restart_from_first(pool: &PgPool) -> anyhow::Result<()> {
                 if e.code().as_deref() == Some("40P01") && tried < TRIES =>
             {
                 tracing::warn!(tried, "restart-from-first: deadlock; trying again");
+                tried += 1;
             }
-            r => {
-                r.context("restart-from-first")?;
-                return Ok(());
-            }
+            r => return r.map(|_| ()).context("restart-from-first"),
         }
     }
-    Ok(())
 }
 
 async fn claim_some(w: &Worker, n: i64) -> anyhow::Result<Vec<claim::Claimed>> {
