@@ -157,6 +157,27 @@ fn bench_e2e_rejects_an_empty_campaign() {
     assert!(text(&out).contains("--recipients"), "{}", text(&out));
 }
 
+/// `--duration` with `--rows`: the queue holds that many rows and the claimers stop when it is
+/// empty, before the time is up.
+#[test]
+fn bench_claim_duration_takes_its_queue_size_from_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args(["bench", "claim", "--workers", "2", "--batch", "1"])
+        .args(["--duration", "30s", "--rows", "300", "--no-pgbench"])
+        .arg("--report-dir")
+        .arg(tmp.path())
+        .output()
+        .expect("run ting-chaos");
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let json = bench_json(&result_dir(tmp.path()));
+    let row = &json["rows"][0];
+    assert_eq!(row["seeded"], 300, "{row}");
+    assert_eq!(row["claimed"], 300, "{row}");
+    assert_eq!(row["double_claims"], 0, "{row}");
+    assert!(row["seconds"].as_f64().unwrap() < 30.0, "{row}");
+}
+
 #[test]
 fn bench_claim_rejects_bad_lists() {
     let out = Command::new(bin())

@@ -4,7 +4,10 @@
 //! (connection) counts and claim sizes.
 //!
 //! Both sides start from a table freshly seeded with the same number of ready rows and claim and
-//! complete until it is empty (or for a fixed duration). The stack side also measures claim latency
+//! complete until it is empty (or for a fixed duration). Each stack-side claimer runs as the stack
+//! deploys a worker and as pgbench runs a client: on a thread of its own, with its own
+//! single-threaded runtime and connection, so the two sides differ in the claim path alone, not in
+//! how many threads share the connections. The stack side also measures claim latency
 //! (HdrHistogram, corrected for coordinated omission) and verifies afterwards, from the ids it got
 //! back and from `delivery_transitions`, that no row was claimed twice and none was left behind.
 //!
@@ -162,8 +165,8 @@ pub async fn claim_bench(
     opts: &BenchOptions,
     mut progress: impl FnMut(&BenchRow),
 ) -> anyhow::Result<Vec<BenchRow>> {
-    let max = opts.workers.iter().copied().max().unwrap_or(1) as u32 + 1;
-    let pool = crate::pool(database_url, max).await?;
+    // Seeding, snapshots and the audit; each claimer connects on its own.
+    let pool = crate::pool(database_url, 2).await?;
     let postmaster = usage::postmaster(&pool).await;
     let mut out: Vec<BenchRow> = Vec::new();
     let mut single: BTreeMap<i64, f64> = BTreeMap::new();
@@ -199,6 +202,7 @@ pub async fn claim_bench(
                 seed(&pool, seeded).await?;
                 let mut row = stack_side(
                     &pool,
+                    database_url,
                     workers,
                     batch,
                     opts.lease,
@@ -473,13 +477,12 @@ struct WorkerRun {
 }
 
 async fn worker(
-    mut conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    conn: &mut PgConnection,
     id: String,
     batch: i64,
     lease: Duration,
     deadline: Option<Instant>,
 ) -> anyhow::Result<WorkerRun> {
-    let conn: &mut PgConnection = &mut conn;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let mut ids = Vec::new();
     let mut claims = 0;
@@ -509,28 +512,84 @@ async fn worker(
     })
 }
 
+/// When a claimer thread may start: `None` until the clock starts, then the start instant.
+/// Dropped without a start, every claimer gives up.
+type Go = tokio::sync::watch::Receiver<Option<Instant>>;
+
+/// One claimer as the stack deploys one: its own thread, with its own single-threaded runtime and
+/// its own connection (each worker is a process of its own; `pgbench -j` gives each client a
+/// thread too). It connects, says so on `ready` (dropped unsent if it cannot), waits for the start
+/// on `go`, then claims until the queue is empty or `duration` has passed.
+fn claimer(
+    url: &str,
+    id: String,
+    batch: i64,
+    lease: Duration,
+    duration: Option<Duration>,
+    ready: tokio::sync::oneshot::Sender<()>,
+    mut go: Go,
+) -> anyhow::Result<WorkerRun> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a claimer's runtime")?;
+    rt.block_on(async move {
+        use sqlx::Connection;
+        let mut conn = PgConnection::connect(url)
+            .await
+            .context("connecting a claimer")?;
+        let _ = ready.send(());
+        let start = *go
+            .wait_for(Option::is_some)
+            .await
+            .context("the benchmark stopped before it started")?;
+        let deadline = duration.zip(start).map(|(d, s)| s + d);
+        let run = worker(&mut conn, id, batch, lease, deadline).await;
+        let _ = conn.close().await;
+        run
+    })
+}
+
 async fn stack_side(
     pool: &PgPool,
+    url: &str,
     workers: usize,
     batch: i64,
     lease: Duration,
     duration: Option<Duration>,
     postmaster: Option<u32>,
 ) -> anyhow::Result<BenchRow> {
-    let mut connections = Vec::new();
-    for _ in 0..workers {
-        connections.push(pool.acquire().await?);
+    let (go, wait) = tokio::sync::watch::channel(None);
+    let mut claimers = Vec::new();
+    for i in 0..workers {
+        let (url, wait) = (url.to_string(), wait.clone());
+        let (ready, readied) = tokio::sync::oneshot::channel();
+        let (result, finished) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("bench-{i}"))
+            .spawn(move || {
+                let id = format!("bench-{i}");
+                let _ = result.send(claimer(&url, id, batch, lease, duration, ready, wait));
+            })
+            .context("starting a claimer thread")?;
+        claimers.push((readied, finished));
+    }
+    // A claimer that could not get ready says why in its result. Returning drops `go`, which
+    // tells every claimer still waiting to give up.
+    for (readied, finished) in &mut claimers {
+        if readied.await.is_err() {
+            let run = finished.await.context("a claimer thread died")?;
+            return Err(run
+                .err()
+                .unwrap_or_else(|| anyhow::anyhow!("a claimer stopped before it was ready")));
+        }
     }
     let before = usage::Snapshot::take(pool, postmaster).await;
     let start = Instant::now();
-    let deadline = duration.map(|d| start + d);
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, conn) in connections.into_iter().enumerate() {
-        tasks.spawn(worker(conn, format!("bench-{i}"), batch, lease, deadline));
-    }
+    let _ = go.send(Some(start));
     let mut runs = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        runs.push(r??);
+    for (_, finished) in claimers {
+        runs.push(finished.await.context("a claimer thread died")??);
     }
     let seconds = start.elapsed().as_secs_f64();
     let after = usage::Snapshot::take(pool, postmaster).await;

@@ -57,3 +57,20 @@ fn the_median_round_is_reported_with_every_rounds_ratio() {
     ]);
     assert_eq!((m.stack, m.pgbench_double_claims), (7.0, None));
 }
+
+/// A claimer that cannot connect fails the measurement with its own reason; the call returns
+/// instead of waiting for every claimer to get ready.
+#[tokio::test]
+async fn a_claimer_that_cannot_connect_fails_the_measurement() {
+    let nowhere = "postgres://nobody@127.0.0.1:1/none";
+    let pool = PgPool::connect_lazy(nowhere).expect("a lazy pool");
+    let side = stack_side(&pool, nowhere, 3, 1, Duration::from_secs(1), None, None);
+    let err = tokio::time::timeout(Duration::from_secs(60), side)
+        .await
+        .expect("returns instead of hanging")
+        .expect_err("nothing to connect to");
+    assert!(
+        format!("{err:#}").contains("connecting a claimer"),
+        "{err:#}"
+    );
+}

@@ -50,10 +50,11 @@ pub struct ClaimArgs {
     /// Claim sizes (rows per claim statement), comma-separated.
     #[arg(long = "batch", default_value = "1,10,100")]
     pub batches: String,
-    /// Rows per measurement (rounded down to a multiple of workers × batch); drained completely.
-    #[arg(long, conflicts_with = "duration")]
+    /// Rows per measurement (rounded down to a multiple of workers × batch); drained completely,
+    /// or with --duration the queue's size (default 20000, or 300000 with --duration).
+    #[arg(long)]
     pub rows: Option<u64>,
-    /// Claim for this long per measurement instead (e.g. "5s"), from a queue of --rows or 300000 rows.
+    /// Claim for this long per measurement instead (e.g. "5s"), from a queue of --rows rows.
     #[arg(long)]
     pub duration: Option<String>,
     /// PostgreSQL server to create the benchmark's database on (default: a throwaway cluster).
