@@ -338,11 +338,14 @@ pub fn delivery_json(e: &Expected) -> Map<String, Value> {
     }))
 }
 
-/// Status API rows by (recipient, channel).
+/// Status API rows by (recipient, channel). A delivery listed twice (`idempotent_enqueue`'s
+/// `duplicate_rows`) is read by its first row in the stack's order, as `recovery` reads it.
 pub fn status_index(rows: &[StatusDelivery]) -> HashMap<(&str, Channel), &StatusDelivery> {
-    rows.iter()
-        .map(|r| ((&*r.recipient, r.channel), r))
-        .collect()
+    let mut index = HashMap::with_capacity(rows.len());
+    for r in rows {
+        index.entry((&*r.recipient, r.channel)).or_insert(r);
+    }
+    index
 }
 
 /// Per-channel counters, rendered as `{"line": {...}, "email": {...}}`.
@@ -394,6 +397,22 @@ mod tests {
         e.seq = seq;
         e.received_ns = received_ns;
         Entry::of(&e, &Interner::default(), &Keep::NoHtml)
+    }
+
+    /// A delivery the stack lists twice is read by its first row, as `recovery` reads it.
+    #[test]
+    fn the_status_index_keeps_a_deliverys_first_row() {
+        let mut w = crate::check::testkit::World::new();
+        w.status_row("r1", Channel::Line, None, &["sending", "delivered"]);
+        w.status_row("r1", Channel::Line, None, &["sending", "failed"]);
+        w.status_row("r1", Channel::Email, None, &["sending", "failed"]);
+        let rows = w.status.as_deref().expect("rows");
+        let index = status_index(rows);
+        assert_eq!(index.len(), 2);
+        assert_eq!(
+            index[&("r1", Channel::Line)].state,
+            super::super::State::Delivered
+        );
     }
 
     /// A delivery's sends in arrival order (`seq` breaking ties), only its own provider's and
