@@ -243,28 +243,28 @@ impl Chaos {
 
     /// The live workers `step`'s target names now: `busiest` is the one that has sent the most
     /// to the step's provider for a provider action (a worker that never sends to it could not
-    /// meet its fault), the most in all otherwise; for a link fault, among the workers whose
-    /// link to that provider no other step holds.
+    /// meet its fault), the most in all otherwise; for a link fault, preferably one no other
+    /// link fault holds (`World::busiest_for_link`).
     fn targets(&self, step: &ChaosStep, sender: Option<u32>) -> Vec<(u32, u32)> {
         let live = self.world.live_workers();
         match &step.target {
             Target::Worker(slot) => live.into_iter().filter(|(s, _)| s == slot).collect(),
             Target::All => live,
-            Target::Busiest => {
-                // A link fault skips workers whose link to its provider another step holds.
-                let faulted = match (step.provider_link, step.provider()) {
-                    (Some(_), Some(p)) => self.links.faulted(p),
-                    _ => Default::default(),
-                };
-                let live: Vec<_> = live
-                    .into_iter()
-                    .filter(|(_, pid)| !faulted.contains(pid))
-                    .collect();
-                self.world
+            Target::Busiest => match (step.provider_link, step.provider()) {
+                (Some(_), Some(p)) => {
+                    let held_any = self.links.faulted(None);
+                    let held_here = self.links.faulted(Some(p));
+                    self.world
+                        .busiest_for_link(&live, p, &held_any, &held_here)
+                        .into_iter()
+                        .collect()
+                }
+                _ => self
+                    .world
                     .busiest_of(&live, step.provider())
                     .into_iter()
-                    .collect()
-            }
+                    .collect(),
+            },
             Target::Random => live
                 .choose(&mut *self.rng.lock().unwrap())
                 .copied()

@@ -1,7 +1,7 @@
 //! The shared state of one run: the stack's processes by worker slot, the ledger clock, the
 //! timeline, and per-process send counts. Chaos actions and ledger hooks act through it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -325,6 +325,51 @@ impl World {
         let sends = self.sends_by_pid.lock().unwrap().clone();
         busiest_of(candidates, &sends, provider)
     }
+
+    /// Of `live`, the worker a `busiest` fault on the link to `provider` is aimed at
+    /// ([`busiest_for_link`]), given the workers another step's link fault holds now: on any
+    /// link (`held_any`) and on the link to `provider` (`held_here`).
+    pub fn busiest_for_link(
+        &self,
+        live: &[(u32, u32)],
+        provider: Provider,
+        held_any: &HashSet<u32>,
+        held_here: &HashSet<u32>,
+    ) -> Option<(u32, u32)> {
+        let sends = self.sends_by_pid.lock().unwrap().clone();
+        busiest_for_link(live, &sends, provider, held_any, held_here)
+    }
+}
+
+/// The target of a `busiest` fault on the link to `provider`: the busiest sender to it among the
+/// `live` workers that have sent to it and whose links no other fault holds (`held_any`);
+/// failing those, the busiest among the workers whose link to `provider` none holds
+/// (`held_here`). A process whose link to another provider is faulted may have every sender of
+/// its own stuck there (a thread pool waiting on slowed e-mails sends no SMS), so a second fault
+/// aimed at it can meet nothing; a fault on the same link meets nothing the first one does not
+/// already take.
+fn busiest_for_link(
+    live: &[(u32, u32)],
+    sends: &HashMap<u32, [u64; 3]>,
+    provider: Provider,
+    held_any: &HashSet<u32>,
+    held_here: &HashSet<u32>,
+) -> Option<(u32, u32)> {
+    let sent = |pid: &u32| sends.get(pid).is_some_and(|s| s[provider.index()] > 0);
+    let fresh: Vec<_> = live
+        .iter()
+        .filter(|(_, pid)| !held_any.contains(pid) && sent(pid))
+        .copied()
+        .collect();
+    if !fresh.is_empty() {
+        return busiest_of(&fresh, sends, Some(provider));
+    }
+    let open: Vec<_> = live
+        .iter()
+        .filter(|(_, pid)| !held_here.contains(pid))
+        .copied()
+        .collect();
+    busiest_of(&open, sends, Some(provider))
 }
 
 /// Of the `live` (slot, pid) pairs, the one with the most sends to `provider` (to all three
@@ -451,5 +496,35 @@ mod tests {
             Some((1, 101))
         );
         assert_eq!(busiest_of(&[], &sends, None), None);
+    }
+
+    /// A link fault's `busiest` passes over a worker another link fault holds: the busiest SMS
+    /// sender, its e-mails slowed, may have every sender stuck on them (py-stack's thread pool
+    /// on `provider-links`: the SMS partition met nothing in 2 seeds of 10, INCONCLUSIVE).
+    /// Falls back to it when no other worker sends SMS, and never takes a worker whose link to
+    /// the same provider is held.
+    #[test]
+    fn a_link_faults_busiest_passes_over_a_worker_another_link_fault_holds() {
+        let live = [(1, 101), (2, 102), (3, 103)];
+        let sends = HashMap::from([(101, [50, 50, 50]), (102, [40, 40, 40]), (103, [30, 0, 30])]);
+        let none = HashSet::new();
+        let sms = Provider::Sms;
+        let pick = |held_any: &HashSet<u32>, held_here: &HashSet<u32>, sends| {
+            busiest_for_link(&live, sends, sms, held_any, held_here)
+        };
+        assert_eq!(pick(&none, &none, &sends), Some((1, 101)));
+        let smtp_slowed_on_1 = HashSet::from([101]);
+        assert_eq!(pick(&smtp_slowed_on_1, &none, &sends), Some((2, 102)));
+        // Workers 2 and 3 held too: worker 1 after all (its SMS link is free).
+        let all = HashSet::from([101, 102, 103]);
+        assert_eq!(pick(&all, &none, &sends), Some((1, 101)));
+        // Worker 1's SMS link held: never worker 1.
+        assert_eq!(pick(&all, &smtp_slowed_on_1, &sends), Some((2, 102)));
+        // A free worker that never sent SMS is no better target than a held one that does.
+        let only_1_sends_sms = HashMap::from([(101, [0, 0, 50]), (102, [40, 40, 0])]);
+        assert_eq!(
+            pick(&smtp_slowed_on_1, &none, &only_1_sends_sms),
+            Some((1, 101))
+        );
     }
 }

@@ -78,13 +78,13 @@ impl Links {
         Some(rule)
     }
 
-    /// The workers whose link to `provider` another step's fault holds now: a second fault
-    /// aimed at one of them would meet nothing its first one does not already take.
-    pub fn faulted(&self, provider: Provider) -> HashSet<u32> {
+    /// The workers whose link to `provider` (to any provider with `None`) a step's fault holds
+    /// now (see `World::busiest_for_link`).
+    pub fn faulted(&self, provider: Option<Provider>) -> HashSet<u32> {
         let rules = self.rules.lock().unwrap();
         rules
             .iter()
-            .filter(|r| r.provider == provider)
+            .filter(|r| provider.is_none_or(|p| r.provider == p))
             .flat_map(|r| r.pids.iter().copied())
             .collect()
     }
