@@ -29,8 +29,6 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::claim;
 
-pub use pgbench::script as pgbench_script;
-
 /// The completion both sides run after each claim: every row this worker holds goes to
 /// `delivered`, fenced on its lease owner, recording the transition on the row as
 /// [`crate::state::transition`] does, in one round trip. (The worker's real per-row completion is
