@@ -55,8 +55,7 @@ use mock_providers::ledger::{CallbackVariant, EntryKind, Outcome, Provider};
 use serde_json::{json, Value};
 
 use super::common::{
-    attempt_json, delivery_json, figures, ms, status_index, Findings, PerChannel, Sends,
-    MAX_UNJUDGED_SHARE,
+    attempt_json, delivery_json, figures, ms, Findings, PerChannel, Sends, MAX_UNJUDGED_SHARE,
 };
 use super::{EventKind, Input, State, StatusDelivery, Verdict};
 
@@ -231,7 +230,7 @@ fn recorded_acceptance(row: &StatusDelivery) -> bool {
 
 pub fn check(input: &Input) -> Verdict {
     let sends = input.sends();
-    let status = input.status.map(status_index);
+    let has_status = input.status.is_some();
     let failures = failure_reports(input.ledger);
     let dist = Disturbances::new(input);
     let lease = u64::try_from(input.scenario.stack.lease.as_nanos()).unwrap_or(u64::MAX);
@@ -253,8 +252,10 @@ pub fn check(input: &Input) -> Verdict {
             })
         });
         resends(input, e, attempts, &dist, lease, &mut counts, &mut findings);
-        let Some(status) = &status else { continue };
-        let Some(row) = status.get(&(e.recipient.as_str(), e.channel)) else {
+        if !has_status {
+            continue;
+        }
+        let Some(row) = input.status_row(e) else {
             no_row += 1;
             continue;
         };
@@ -300,12 +301,12 @@ pub fn check(input: &Input) -> Verdict {
         input,
         sends,
         &mut findings,
-        status.is_some(),
+        has_status,
         judged_states,
         no_row,
     );
     status_unreadable(input, &mut findings);
-    let states = if status.is_some() {
+    let states = if has_status {
         format!(
             "{judged_states} final states judged: {} accepted but failed, {} never accepted, \
              {} unknown though accepted",
@@ -331,7 +332,7 @@ pub fn check(input: &Input) -> Verdict {
         "by_channel": counts.to_json(),
         "states_judged": judged_states,
         "no_status_row": no_row,
-        "status_api": status.is_some(),
+        "status_api": has_status,
         "accepted_but_failed": counts.total("accepted_but_failed"),
         "never_accepted": counts.total("never_accepted"),
         "unknown_but_accepted": counts.total("unknown_but_accepted"),

@@ -4,7 +4,7 @@
 //! Nothing here decides whether an invariant holds; that stays in each checker's own file so a
 //! reader sees a rule and its test side by side. Never add I/O here: checkers are pure.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::keyed::Keyed;
 use super::Entry;
@@ -338,14 +338,18 @@ pub fn delivery_json(e: &Expected) -> Map<String, Value> {
     }))
 }
 
-/// Status API rows by (recipient, channel). A delivery listed twice (`idempotent_enqueue`'s
-/// `duplicate_rows`) is read by its first row in the stack's order, as `recovery` reads it.
-pub fn status_index(rows: &[StatusDelivery]) -> HashMap<(&str, Channel), &StatusDelivery> {
-    let mut index = HashMap::with_capacity(rows.len());
-    for r in rows {
-        index.entry((&*r.recipient, r.channel)).or_insert(r);
-    }
-    index
+/// Status API rows by delivery: (its channel's provider, its recipient) ([`Input::status_row`]).
+pub type StatusIndex<'a> = Keyed<'a, StatusDelivery>;
+
+/// Status API rows by delivery. A delivery listed twice (`idempotent_enqueue`'s `duplicate_rows`)
+/// is read by its first row in the stack's order ([`status_row`]).
+pub fn status_index(rows: &[StatusDelivery]) -> StatusIndex<'_> {
+    Keyed::new(rows, |r| (r.channel.provider(), r.recipient.as_str()))
+}
+
+/// `e`'s row in `index`: the first the stack listed.
+pub fn status_row<'a>(index: &StatusIndex<'a>, e: &Expected) -> Option<&'a StatusDelivery> {
+    index.first((e.channel.provider(), e.recipient.as_str()))
 }
 
 /// Per-channel counters, rendered as `{"line": {...}, "email": {...}}`.
@@ -399,20 +403,28 @@ mod tests {
         Entry::of(&e, &Interner::default(), &Keep::NoHtml)
     }
 
-    /// A delivery the stack lists twice is read by its first row, as `recovery` reads it.
+    /// A delivery the stack lists twice is read by its first row.
     #[test]
     fn the_status_index_keeps_a_deliverys_first_row() {
         let mut w = crate::check::testkit::World::new();
+        for channel in [Channel::Line, Channel::Email, Channel::Sms] {
+            w.expect("r1", channel);
+        }
         w.status_row("r1", Channel::Line, None, &["sending", "delivered"]);
         w.status_row("r1", Channel::Line, None, &["sending", "failed"]);
         w.status_row("r1", Channel::Email, None, &["sending", "failed"]);
         let rows = w.status.as_deref().expect("rows");
         let index = status_index(rows);
-        assert_eq!(index.len(), 2);
-        assert_eq!(
-            index[&("r1", Channel::Line)].state,
-            super::super::State::Delivered
-        );
+        let state = |channel: Channel| {
+            let e = w
+                .expected
+                .iter()
+                .find(|e| e.recipient.as_str() == "r1" && e.channel == channel);
+            status_row(&index, e.expect("expected")).map(|r| r.state.clone())
+        };
+        assert_eq!(state(Channel::Line), Some(super::super::State::Delivered));
+        assert_eq!(state(Channel::Email), Some(super::super::State::Failed));
+        assert_eq!(state(Channel::Sms), None);
     }
 
     /// A delivery's sends in arrival order (`seq` breaking ties), only its own provider's and

@@ -55,6 +55,11 @@ impl<'a, T> Keyed<'a, T> {
         &rest[..rest.partition_point(|item| (self.key)(item) == key)]
     }
 
+    /// The first item given of `key`.
+    pub fn first(&self, key: Key<'_>) -> Option<&'a T> {
+        self.group(key).first().copied()
+    }
+
     /// The last item given of `key`.
     pub fn last(&self, key: Key<'_>) -> Option<&'a T> {
         self.group(key).last().copied()

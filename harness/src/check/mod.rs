@@ -314,6 +314,8 @@ pub struct Input<'a> {
     pub clock_jumps: &'a [crate::jumps::ClockJump],
     /// The ledger's send attempts by delivery ([`Input::sends`]); `Default::default()`.
     pub(crate) sends: std::sync::OnceLock<common::Sends<'a>>,
+    /// The status API rows by delivery ([`Input::status_row`]); `Default::default()`.
+    pub(crate) status_rows: std::sync::OnceLock<common::StatusIndex<'a>>,
 }
 
 impl<'a> Input<'a> {
@@ -322,6 +324,14 @@ impl<'a> Input<'a> {
     /// of megabytes and seconds to build).
     pub fn sends(&self) -> &common::Sends<'a> {
         self.sends.get_or_init(|| common::Sends::new(self.ledger))
+    }
+
+    /// The status API's row for `e`, indexed once on the first asking and shared by the checkers
+    /// that read it (`no_loss`, `agreement`, `recovery`); `None` without a status API or a row.
+    pub fn status_row(&self, e: &Expected) -> Option<&'a StatusDelivery> {
+        let rows = self.status?;
+        let index = self.status_rows.get_or_init(|| common::status_index(rows));
+        common::status_row(index, e)
     }
 }
 

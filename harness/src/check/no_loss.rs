@@ -33,9 +33,7 @@ use super::Entry;
 use mock_providers::ledger::Outcome;
 use serde_json::{json, Value};
 
-use super::common::{
-    attempt_json, delivery_json, figures, is_failure, ms, status_index, Findings, PerChannel,
-};
+use super::common::{attempt_json, delivery_json, figures, is_failure, ms, Findings, PerChannel};
 use super::unknowns::{self, Excuse};
 use super::{Input, Source, State, StatusDelivery, Verdict};
 
@@ -110,7 +108,6 @@ fn state_of<'a>(
 
 pub fn check(input: &Input) -> Verdict {
     let sends = input.sends();
-    let status = input.status.map(status_index).unwrap_or_default();
     let max = input.scenario.expect.max_attempts;
     let quiescent = input.quiescence.reached;
     // Open when the wait ended with the stack still settling: not seen to finish, so unjudged.
@@ -130,8 +127,8 @@ pub fn check(input: &Input) -> Verdict {
     for e in input.expected {
         counts.init(e.channel, &KEYS);
         let attempts = sends.of_expected(e);
-        let row = status.get(&(e.recipient.as_str(), e.channel));
-        let state = state_of(input, row.copied(), attempts);
+        let row = input.status_row(e);
+        let state = state_of(input, row, attempts);
         let end = classify(attempts, state, max, quiescent);
         if end == End::Delivered && state == Some(&State::Unknown) {
             let excuse = unknowns::excuse(input, attempts);
@@ -139,7 +136,7 @@ pub fn check(input: &Input) -> Verdict {
             accepted_unexplained += u64::from(excuse.is_none());
         }
         resolved.init(e.channel, &["unknown_resolved"]);
-        if row.is_some_and(|r| resolved_by_event(r)) {
+        if row.is_some_and(resolved_by_event) {
             resolved.add(e.channel, "unknown_resolved");
         }
         counts.add(e.channel, end.key());

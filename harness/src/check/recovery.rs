@@ -107,9 +107,7 @@ fn timed_transitions(
 
 /// The delivery's row in the stack's status API.
 fn row_of<'a>(input: &Input<'a>, e: Option<&Expected>) -> Option<&'a StatusDelivery> {
-    let (e, rows) = (e?, input.status?);
-    rows.iter()
-        .find(|d| *d.recipient == *e.recipient && d.channel == e.channel)
+    input.status_row(e?)
 }
 
 /// The first recorded move out of `sending` after `after`.

@@ -380,6 +380,7 @@ impl World {
             stalls: &self.stalls,
             clock_jumps: &self.clock_jumps,
             sends: Default::default(),
+            status_rows: Default::default(),
         }
     }
 }

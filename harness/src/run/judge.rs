@@ -81,6 +81,7 @@ pub(super) async fn stop_and_judge(
         stalls: &seen.stalls,
         clock_jumps: &seen.jumps,
         sends: Default::default(),
+        status_rows: Default::default(),
     };
     // Each checker's indexes go back before the next builds its own.
     let checks = check::run_all_then(&input, crate::malloc::trim);
