@@ -263,6 +263,35 @@ fn python_stack_with_a_worker_per_channel_meets_every_link_fault() {
     );
 }
 
+/// The same stack on `stuck-worker`, which kills worker 2 for good: worker 2 was its only LINE
+/// sender, so the LINE rows it gave up stay open with no process left to send them. That FAILED
+/// (`no_loss` and `quiescence` "open") though nothing was lost; it is INCONCLUSIVE, naming the
+/// worker, and every other channel is judged as before.
+#[test]
+fn python_stack_with_a_worker_per_channel_losing_its_line_worker_is_inconclusive_not_failed() {
+    expect_run(
+        &[("PY_STACK_WORKER_CHANNELS", "1=sms;2=line;3=email")],
+        "stuck-worker",
+        &["load.recipients=150", "expect.quiescence=\"10s\""],
+        |code, r| {
+            let orphaned = |name: &str, key: &str| {
+                let v = verdict(r, name);
+                v["status"] == "insufficient" && v["figures"][key].as_u64() > Some(0)
+            };
+            let violated = r["checks"]
+                .as_array()
+                .expect("checks")
+                .iter()
+                .any(|v| v["status"] == "violated");
+            code == 4
+                && !violated
+                && orphaned("no_loss", "open_orphaned")
+                && orphaned("quiescence", "orphaned")
+                && verdict(r, "exactly_once")["status"] == "holds"
+        },
+    );
+}
+
 /// A stack with 32 sender threads per worker, each with its own connection, uses 34 connections
 /// a worker: with the throwaway cluster's old `60 + 16 × workers` its API found none free, and
 /// the run FAILED (`agreement` `status_unreadable`: every status request answered 503) though

@@ -26,6 +26,7 @@ pub mod idempotent_enqueue;
 pub mod immutable_payload;
 mod keyed;
 pub mod no_loss;
+mod orphans;
 mod outages;
 mod payload_hash;
 mod pids;

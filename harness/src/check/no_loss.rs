@@ -15,6 +15,9 @@
 //! are reported as **open** instead (they were still owed at the deadline), still a violation —
 //! unless the wait ended at its hard deadline with the stack still settling (`quiescence`
 //! `still_settling`): then they are unjudged and the verdict `insufficient` (slow, not lost).
+//! So are open deliveries on a channel the chaos left with no worker that had ever sent it
+//! ([`super::orphans`]: a stack with workers per channel whose every one on that channel was
+//! stopped for good): nothing was left to send them, which says nothing about recovery.
 //! Must never count the stack's own word as delivery: only the `unknown` state is taken from it.
 //! Rule **batch_lost**: the stack accepted a batch (202/200) and its status API, which answered
 //! for the first batch, later answered 404 for it (`run/status.rs` notices it while polling).
@@ -34,6 +37,7 @@ use mock_providers::ledger::Outcome;
 use serde_json::{json, Value};
 
 use super::common::{attempt_json, delivery_json, figures, is_failure, ms, Findings, PerChannel};
+use super::orphans::Orphans;
 use super::unknowns::{self, Excuse};
 use super::{Input, Source, State, StatusDelivery, Verdict};
 
@@ -113,6 +117,13 @@ pub fn check(input: &Input) -> Verdict {
     // Open when the wait ended with the stack still settling: not seen to finish, so unjudged.
     let settling = !quiescent && input.quiescence.still_settling;
     let mut still_settling = 0u64;
+    // Open on a channel no worker alive at the end had ever sent: unjudged too.
+    let orphans = if quiescent {
+        Orphans::default()
+    } else {
+        Orphans::of(input)
+    };
+    let mut orphaned = 0u64;
     let mut counts = PerChannel::default();
     let mut findings = Findings::default();
     // Counterexamples of explained unknowns (reported past `max_unknown`).
@@ -208,6 +219,7 @@ pub fn check(input: &Input) -> Verdict {
         match end {
             End::Unknown if excuse.is_some() => explained.push(Value::Object(c)),
             End::Open if settling => still_settling += 1,
+            End::Open if orphans.contains(e.channel) => orphaned += 1,
             _ => findings.push(Value::Object(c)),
         }
     }
@@ -252,6 +264,7 @@ pub fn check(input: &Input) -> Verdict {
         "unknown": counts.total("unknown"),
         "lost": counts.total("lost"),
         "open": counts.total("open"),
+        "open_orphaned": orphaned,
         "max_unknown": max_unknown,
         "unknown_explained": explained.len(),
         "unknown_unexplained": unexplained,
@@ -272,6 +285,18 @@ pub fn check(input: &Input) -> Verdict {
             0.0,
             "deliveries still open when the wait ended with the stack still settling them",
         );
+    } else if orphaned > 0 {
+        findings.unjudged(
+            "lost",
+            input.expected.len() as u64,
+            orphaned,
+            0.0,
+            &orphans.why(),
+        );
+        summary.push_str(&format!(
+            " ({orphaned} of them on a channel the chaos left without a sender: {})",
+            orphans.describe()
+        ));
     }
     for b in input.lost_batches {
         let deliveries = input
@@ -556,6 +581,32 @@ mod tests {
         let v = check(&w.input());
         assert_eq!(v.status, Status::Insufficient, "{v:#?}");
         assert!(v.summary.contains("still settling"), "{}", v.summary);
+    }
+
+    /// Worker 2 sent every LINE message and the chaos killed it for good: its open LINE
+    /// delivery is unjudged (a stack with workers per channel had nothing left to send it), but
+    /// the same delivery with a survivor that had sent LINE too is a stuck stack.
+    #[test]
+    fn open_on_a_channel_the_chaos_left_without_a_sender_is_unjudged() {
+        let w = super::super::orphans::line_orphaned();
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert_eq!(v.total_counterexamples, 0);
+        assert_eq!(v.figures["open_orphaned"], 1);
+        assert!(
+            v.summary
+                .contains("without a sender: line (worker pid 200)"),
+            "{}",
+            v.summary
+        );
+
+        let mut w = super::super::orphans::line_orphaned();
+        let d = w.expect("r2", Line);
+        w.send(Line, &d, Accepted, 20).pid(100);
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated);
+        assert_eq!(rules(&v), ["open"]);
+        assert_eq!(v.figures["open_orphaned"], 0);
     }
 
     #[test]

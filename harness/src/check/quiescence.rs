@@ -25,11 +25,18 @@
 //! they gave up) is not a stuck stack: it never learned the outcome. Those rows are unjudged
 //! (`awaiting_report`): with nothing else open the verdict is insufficient, and `callbacks`
 //! judges the reports (a report the stack acknowledged and did not apply is its violation).
+//!
+//! Nor is a delivery open on a channel the chaos left with no worker that had ever sent it
+//! ([`super::orphans`]): stopped for good, the only workers that served that channel could not
+//! settle it. Those rows are unjudged (`orphaned`), and with nothing else open the verdict is
+//! insufficient, naming the workers the run took away.
 
 use serde_json::json;
 
 use super::common::{figures, ms, Findings};
+use super::orphans::Orphans;
 use super::{Input, Status, Verdict};
+use crate::scenario::Channel;
 
 pub const NAME: &str = "quiescence";
 
@@ -43,7 +50,7 @@ pub fn check(input: &Input) -> Verdict {
     let deadline_ms = q
         .deadline_ms
         .unwrap_or(input.scenario.expect.quiescence.as_millis() as u64);
-    let figs = figures(json!({
+    let mut figs = figures(json!({
         "reached": q.reached,
         "at_ms": ms(q.at_ns),
         "open": q.open.len(),
@@ -88,14 +95,37 @@ pub fn check(input: &Input) -> Verdict {
         return findings.verdict_with(NAME, Status::Insufficient, summary, figs);
     }
     let awaiting: std::collections::HashSet<&String> = q.awaiting_report.iter().collect();
-    for d in q.open.iter().filter(|d| !awaiting.contains(d)) {
-        findings.push(json!({"rule": "open_delivery", "delivery": d}));
+    let orphans = Orphans::of(input);
+    let orphaned = |d: &str| {
+        d.rsplit_once('/')
+            .and_then(|(_, c)| Channel::ALL.into_iter().find(|ch| ch.as_str() == c))
+            .is_some_and(|c| orphans.contains(c))
+    };
+    let mut unjudged = (0usize, 0usize);
+    for d in &q.open {
+        if awaiting.contains(d) {
+            unjudged.0 += 1;
+        } else if orphaned(d) {
+            unjudged.1 += 1;
+        } else {
+            findings.push(json!({"rule": "open_delivery", "delivery": d}));
+        }
     }
-    if findings.total() == 0 && q.callbacks_pending == 0 && !awaiting.is_empty() {
+    figs.insert("orphaned".into(), json!(unjudged.1));
+    if findings.total() == 0 && q.callbacks_pending == 0 && unjudged != (0, 0) {
+        let mut why = Vec::new();
+        if unjudged.0 > 0 {
+            why.push(format!(
+                "{} submitted rows whose delivery report the fakes had given up on (see callbacks)",
+                unjudged.0
+            ));
+        }
+        if unjudged.1 > 0 {
+            why.push(format!("{} rows {}", unjudged.1, orphans.why()));
+        }
         let summary = format!(
-            "not settled within {deadline_ms} ms only by {} submitted rows whose delivery report \
-             the fakes had given up on (see callbacks): not judged",
-            awaiting.len()
+            "not settled within {deadline_ms} ms only by {}: not judged",
+            why.join(", and ")
         );
         return findings.verdict_with(NAME, Status::Insufficient, summary, figs);
     }
@@ -247,5 +277,26 @@ mod tests {
             (v.status, rules(&v)),
             (Status::Violated, vec!["callbacks_pending".to_string()])
         );
+    }
+
+    /// Open only on a channel the chaos left with no worker that had sent it: unjudged. Anything
+    /// else open beside it is still a stuck stack, and only that is listed.
+    #[test]
+    fn rows_open_on_a_channel_the_chaos_left_without_a_sender_are_not_judged() {
+        let mut w = crate::check::orphans::line_orphaned();
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+        assert_eq!(v.figures["orphaned"], 1);
+        assert!(
+            v.summary
+                .contains("the chaos stopped and nothing replaced: line (worker pid 200)"),
+            "{}",
+            v.summary
+        );
+        w.quiescence.open.push("r1/sms".into());
+        let v = check(&w.input());
+        assert_eq!(v.status, Status::Violated);
+        assert_eq!(v.total_counterexamples, 1);
+        assert_eq!(v.counterexamples[0]["delivery"], "r1/sms");
     }
 }
