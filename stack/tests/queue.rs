@@ -775,6 +775,58 @@ async fn the_attempt_start_is_a_hot_update() {
     pool.close().await;
 }
 
+/// An update of a leased row locks nothing before it writes: a BEFORE ROW UPDATE trigger on
+/// `delivery_state` would make PostgreSQL lock each row first, one heap LOCK WAL record per
+/// attempt start, body mark, renewal and outcome (`migrations/0008_history_after_the_update.sql`).
+/// The attempt start is HOT (above), so its new version never needs a page of its own, which is
+/// the one other reason an update logs a lock.
+#[tokio::test]
+async fn an_attempt_start_writes_no_row_lock() {
+    let db = common::fresh_db().await;
+    let pool = common::pool(&db.url).await;
+    seed(&pool, "b", 20).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let rows = claim::claim(&mut conn, "w1", 20, Duration::from_secs(60))
+        .await
+        .unwrap();
+    sqlx::query("CREATE EXTENSION pg_walinspect")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (from,): (String,) = sqlx::query_as("SELECT pg_current_wal_insert_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for d in &rows {
+        assert!(claim::start_attempt(&mut *tx, d, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_some());
+    }
+    tx.commit().await.unwrap();
+    // The cluster is shared with other tests: only records on this database's `delivery_state`.
+    let records: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT resource_manager || ' ' || record_type, count(*) \
+         FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_flush_lsn()) \
+         WHERE resource_manager = 'Heap' AND block_ref LIKE '%rel %/' || \
+           (SELECT oid FROM pg_database WHERE datname = current_database()) || '/' || \
+           pg_relation_filenode('delivery_state') || ' %' \
+         GROUP BY 1 ORDER BY 1",
+    )
+    .bind(&from)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        records,
+        [("Heap HOT_UPDATE".to_string(), 20)],
+        "20 attempt starts and no row lock"
+    );
+    drop(conn);
+    pool.close().await;
+}
+
 /// The claim is the one state change outside `transition`; it must still never take a row that
 /// is not `pending` or `retryable`, terminal rows above all, however due they look.
 #[tokio::test]
