@@ -17,7 +17,9 @@
 # Usage: scripts/bench-peers.sh [JOBS] [WORKERS]      (defaults: 20000 and 1,2,4,8,16,32)
 # Env:   DATABASE_URL (a server to use; default: `ting-chaos db up` in the background),
 #        TING_CHAOS (the binary; default target/release/ting-chaos),
-#        REPORT_DIR (where ours and the peers' figures are written; default reports/bench).
+#        REPORT_DIR (where ours and the peers' figures are written; default reports/bench),
+#        ROUNDS (rounds of ours and pgbench per point, the median round kept; default 3: one
+#        round moves by 10-15 points on a shared 2-core machine).
 # Needs: Node 20+ and npm.
 set -euo pipefail
 
@@ -26,6 +28,7 @@ WORKERS="${2:-1,2,4,8,16,32}"
 BIN="${TING_CHAOS:-target/release/ting-chaos}"
 REPORT_DIR="${REPORT_DIR:-reports/bench}"
 PEERS_BATCH=100
+ROUNDS="${ROUNDS:-3}"
 
 tmp="$(mktemp -d)"
 db_pid=""
@@ -180,8 +183,8 @@ echo "-- pg-boss work(): one loop per worker, batchSize $PEERS_BATCH (it sleeps 
 pbw="$(cd_node peers.mjs pg-boss "$URL" "$JOBS" "$WORKERS" "$PEERS_BATCH" work)"
 echo "-- pg-boss fetch()+complete(): one tight loop per worker, batchSize $PEERS_BATCH (no polling sleep)"
 pb="$(cd_node peers.mjs pg-boss "$URL" "$JOBS" "$WORKERS" "$PEERS_BATCH" fetch)"
-echo "-- ting-chaos bench claim (batch 1, 10 and $PEERS_BATCH, beside pgbench)"
-"$BIN" bench claim --workers "$WORKERS" --batch "1,10,$PEERS_BATCH" --rows "$JOBS" \
+echo "-- ting-chaos bench claim (batch 1, 10 and $PEERS_BATCH, beside pgbench; median of $ROUNDS rounds)"
+"$BIN" bench claim --workers "$WORKERS" --batch "1,10,$PEERS_BATCH" --rows "$JOBS" --rounds "$ROUNDS" \
   --database-url "$URL" --report-dir "$REPORT_DIR" | tee "$tmp/ours.txt"
 ours_dir="$(sed -n 's/^results: //p' "$tmp/ours.txt" | tail -n 1)"
 [ -n "$ours_dir" ] && [ -f "$ours_dir/bench.json" ] || { echo "error: bench claim wrote no results" >&2; exit 1; }
