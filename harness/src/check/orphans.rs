@@ -3,8 +3,9 @@
 //! A stack may give each channel workers of its own (a pool per channel is a design, not a flaw:
 //! docs/stack-contract.md). When chaos steps stop every worker that ever sent on a channel and
 //! none is replaced, what is still open on that channel when the wait ends proves nothing about
-//! recovery: no process that sends it was left. `no_loss` and `quiescence` leave those deliveries
-//! unjudged (insufficient, never holds, never violated) and say which workers the run took away.
+//! recovery: no process that sends it was left. `no_loss`, `quiescence` and `recovery` leave those
+//! deliveries unjudged (insufficient, never holds, never violated) and say which workers the run
+//! took away.
 //!
 //! A channel is orphaned when every one of these holds:
 //! - some worker sent on it, and every send on it has a known sender (an unattributed send could

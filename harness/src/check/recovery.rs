@@ -46,6 +46,11 @@
 //! victim's row in the stack: it is judged by that row leaving `sending` on the stack's own timed
 //! record, or a later attempt, by the same deadline ([`Caught`]).
 //!
+//! A held delivery not recovered in time on a channel the chaos left with no worker that had ever
+//! sent it ([`super::orphans`]: every sender stopped for good, so nothing serves it, rescuer
+//! included, in a stack with workers per channel) is not judged, only counted (`orphaned`): it is
+//! still open, and `no_loss` leaves it unjudged and the run INCONCLUSIVE.
+//!
 //! Judged: the unfinished deliveries the victims held, those caught in the crash window among
 //! them (`no_progress`: needs one — a kill or stop that caught nothing in flight tested nothing;
 //! no kill or stop at all means not checked), and
@@ -65,6 +70,7 @@ use super::common::{
     attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, ByAddress,
     Findings, Sends, ANSWER_RECORD_WINDOW_NS,
 };
+use super::orphans::Orphans;
 use super::wallclock::WallClock;
 use super::{Entry, Expected, Input, State, StatusDelivery, TimelineEvent, Verdict};
 
@@ -233,6 +239,8 @@ struct Tally {
     fresh_claims_after_wake: u64,
     /// A woken worker's sends that arrived within `RESUMED_MID_SEND_NS` of its SIGCONT.
     resumed_mid_send: u64,
+    /// Not recovered in time, on a channel the chaos left with no worker that had sent it.
+    orphaned: u64,
     worst_ns: u64,
     worst_wait_ns: u64,
 }
@@ -259,6 +267,7 @@ pub fn check(input: &Input) -> Verdict {
     let mut n = Tally::default();
     let clock = WallClock::of(input.ledger, input.clock_jumps);
     let under_way = super::availability::resumed_mid_send(input);
+    let orphans = Orphans::of(input);
 
     for ev in &events {
         let (t, pid) = (ev.mono_ns, ev.pid.unwrap_or_default());
@@ -409,6 +418,12 @@ pub fn check(input: &Input) -> Verdict {
                 n.unknown_unrecovered += 1;
                 continue;
             }
+            // Nothing left that sends its channel: `no_loss` leaves it open and unjudged.
+            if orphans.contains(channel_of(provider)) {
+                n.at_risk -= 1;
+                n.orphaned += 1;
+                continue;
+            }
             let last = all.iter().rfind(|s| s.received_ns <= t);
             findings.push(json!({
                 "rule": "no_progress",
@@ -439,7 +454,7 @@ pub fn check(input: &Input) -> Verdict {
     }
 
     let not_recovered = findings.total() as u64 - n.zombies;
-    let summary = format!(
+    let mut summary = format!(
         "{} kill/stop events: {} unfinished deliveries held by the victims ({} settled at the provider with the answer on its way), \
          {not_recovered} not recovered in time, {} zombie duplicates; slowest recovery {} ms, slowest wait after release {} ms",
         events.len(),
@@ -449,6 +464,14 @@ pub fn check(input: &Input) -> Verdict {
         ms(n.worst_ns),
         ms(n.worst_wait_ns),
     );
+    if n.orphaned > 0 {
+        summary.push_str(&format!(
+            "; {} not recovered on a channel the chaos left without a sender ({}), judged by \
+             no_loss",
+            n.orphaned,
+            orphans.describe()
+        ));
+    }
     let figs = figures(json!({
         "deliveries_at_risk": n.at_risk,
         "answers_caught_in_flight": n.caught_answers,
@@ -456,6 +479,7 @@ pub fn check(input: &Input) -> Verdict {
         "zombie_duplicates": n.zombies,
         "released_before_kill": n.released_before_kill,
         "behind_backlog": n.behind_backlog,
+        "orphaned": n.orphaned,
         "fresh_claims_after_wake": n.fresh_claims_after_wake,
         "sends_resumed_mid_send": n.resumed_mid_send,
         "slowest_recovery_ms": ms(n.worst_ns),

@@ -545,3 +545,36 @@ fn an_answer_caught_in_flight_is_judged_by_the_row_s_release() {
     assert_eq!(v.figures["answers_caught_in_flight"], 1, "{v:#?}");
     assert_eq!(v.status, Status::Holds, "{v:#?}");
 }
+
+/// Worker 7 was the only LINE sender and is killed for good; worker 8 sends SMS only and never
+/// releases r1. Not recovered, but nothing was left that serves LINE: not judged (`no_loss`
+/// leaves r1 open and the run INCONCLUSIVE). With worker 8 having sent LINE too, it is
+/// `no_progress` as before.
+#[test]
+fn unrecovered_on_a_channel_the_chaos_left_without_a_sender_is_not_judged() {
+    let orphaned = || {
+        let mut w = World::new();
+        w.worker(7, 0, Some(1_000)).signal = Some(9);
+        w.worker(8, 0, None);
+        w.event(EventKind::Sigkill, Some(7), 1_000);
+        let a = w.expect("r1", Line);
+        w.send(Line, &a, Transient, 990).pid(7).latency(110); // in flight at T, never retried
+        let c = w.expect("r3", Sms);
+        w.send(Sms, &c, Accepted, 2_000).pid(8);
+        w.quiescence.reached = false;
+        w.quiescence.at_ns = ns(10_000);
+        w
+    };
+    let v = check(&orphaned().input());
+    assert_eq!(v.status, Status::Insufficient, "{v:#?}");
+    assert_eq!(v.figures["orphaned"], 1);
+    assert_eq!(v.figures["deliveries_at_risk"], 0);
+    assert!(v.summary.contains("without a sender"), "{}", v.summary);
+
+    let mut w = orphaned();
+    let d = w.expect("r4", Line);
+    w.send(Line, &d, Accepted, 3_000).pid(8);
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Violated, "{v:#?}");
+    assert_eq!(v.figures["orphaned"], 0);
+}
