@@ -292,6 +292,25 @@ fn python_stack_with_a_worker_per_channel_losing_its_line_worker_is_inconclusive
     );
 }
 
+/// A stack whose worker takes 3 s to boot, run with one worker: each replacement the chaos
+/// starts is idle for those 3 s, and its rescue and its retries were judged from its spawn, so
+/// the run FAILED (`recovery` `no_progress`, `retry_discipline` `gap_above_cap`) though the
+/// stack was right. They are judged from its boot, measured on the first worker.
+#[test]
+fn python_stack_booting_slowly_passes_restart_midway_with_one_worker() {
+    expect_run(
+        &[("PY_STACK_BOOT_MS", "3000")],
+        "restart-midway",
+        &["load.recipients=60", "stack.workers=1"],
+        |code, r| {
+            let boot = verdict(r, "recovery")["figures"]["worker_boot_ms"]
+                .as_f64()
+                .unwrap_or(0.0);
+            code == 0 && boot >= 3_000.0
+        },
+    );
+}
+
 /// A stack with 32 sender threads per worker, each with its own connection, uses 34 connections
 /// a worker: with the throwaway cluster's old `60 + 16 × workers` its API found none free, and
 /// the run FAILED (`agreement` `status_unreadable`: every status request answered 503) though

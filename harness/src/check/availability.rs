@@ -1,6 +1,13 @@
-//! When the stack could act at all: which workers were running and awake, and when chaos had the
-//! database down or locked. Shared by `recovery` (when the clock of a rescue starts) and
+//! When the stack could act at all: which workers were running, booted and awake, and when chaos
+//! had the database down or locked. Shared by `recovery` (when the clock of a rescue starts) and
 //! `retry_discipline` (time a retry could not have been made is not a late retry).
+//!
+//! A worker can act once it has booted: its start plus the stack's boot time as this run measured
+//! it ([`measure_boot`]: how soon the first workers made a request once the first batch was
+//! accepted, before any chaos). A correct stack may take seconds to boot (a JVM, a large
+//! interpreter start-up), and while its only worker's replacement boots no rescue and no retry
+//! can happen. The boot is measured on the workers started before the load, never on the
+//! replacement being judged, so a replacement slow to rescue gains nothing by it.
 //!
 //! Read only from the harness's own timeline, process records and ledger, never from the stack.
 //! Also: which sends a frozen process may have had under way when it froze ([`resumed_mid_send`]).
@@ -9,7 +16,43 @@ use std::collections::{HashMap, HashSet};
 
 use mock_providers::ledger::EntryKind;
 
-use super::{EventKind, Input, Role, TimelineEvent};
+use super::{EventKind, Input, ProcessRecord, Role, TimelineEvent};
+
+/// The longest boot [`measure_boot`] reports.
+pub const MAX_BOOT_NS: u64 = 30_000_000_000;
+
+/// The stack's worker boot time: over the workers started before the first batch was accepted,
+/// the shortest time from the later of their start and that acceptance to their first provider
+/// request (the fastest of them: the others may simply have found no row free), at most
+/// [`MAX_BOOT_NS`]. 0 when no batch was accepted or none of them made a request.
+pub fn measure_boot(input: &Input) -> u64 {
+    let Some(accepted) = input.batches.iter().map(|b| b.acked_ns).min() else {
+        return 0;
+    };
+    let mut first: HashMap<u32, u64> = HashMap::new();
+    for e in input.ledger {
+        if let Some(pid) = input.pids.get(e.seq) {
+            let at = first.entry(pid).or_insert(e.received_ns);
+            *at = (*at).min(e.received_ns);
+        }
+    }
+    input
+        .processes
+        .iter()
+        .filter(|p| p.role == Role::Worker && p.started_ns <= accepted)
+        .filter_map(|p| {
+            let from = p.started_ns.max(accepted);
+            first.get(&p.pid).map(|f| f.saturating_sub(from))
+        })
+        .min()
+        .unwrap_or(0)
+        .min(MAX_BOOT_NS)
+}
+
+/// When worker `p` could first act: its start plus the stack's boot time.
+pub fn ready_ns(input: &Input, p: &ProcessRecord) -> u64 {
+    p.started_ns.saturating_add(input.worker_boot_ns())
+}
 
 /// Periods `[stop, cont)` during which `pid` was stopped (`None`: never continued).
 pub fn stops(timeline: &[TimelineEvent], pid: u32) -> Vec<(u64, Option<u64>)> {
@@ -101,14 +144,14 @@ fn database_out(timeline: &[TimelineEvent]) -> Vec<(u64, u64)> {
     out
 }
 
-/// Whether some worker process was running and not stopped at `x`. Always true when the input
-/// has no process records (nothing to say otherwise).
+/// Whether some worker process was running, booted ([`ready_ns`]) and not stopped at `x`. Always
+/// true when the input has no process records (nothing to say otherwise).
 pub fn worker_able_at(input: &Input, x: u64) -> bool {
     let mut workers = input.processes.iter().filter(|p| p.role == Role::Worker);
     let mut any = false;
     let able = workers.any(|p| {
         any = true;
-        p.started_ns <= x
+        ready_ns(input, p) <= x
             && p.exited_ns.is_none_or(|e| e > x)
             && !stops(input.timeline, p.pid)
                 .iter()
@@ -127,7 +170,7 @@ pub fn blocked_ns(input: &Input, from: u64, to: u64) -> u64 {
     // Every moment the answer can change: process starts and exits, stops, continues, db events.
     let mut cuts: Vec<u64> = vec![from, to];
     for p in input.processes.iter().filter(|p| p.role == Role::Worker) {
-        cuts.push(p.started_ns);
+        cuts.push(ready_ns(input, p));
         cuts.extend(p.exited_ns);
     }
     for e in input.timeline {
@@ -148,10 +191,28 @@ pub fn blocked_ns(input: &Input, from: u64, to: u64) -> u64 {
         .sum()
 }
 
+/// `to`, moved later by every stretch from `from` on in which no worker could act or the
+/// database was out ([`blocked_ns`]): the moment by which the stack has had `to − from` of time
+/// it could act in (a deadline that counts only such time).
+pub fn past_blocked(input: &Input, from: u64, to: u64) -> u64 {
+    let mut at = to;
+    // Each step adds the blocked time the last one uncovered; stretches are few, so it settles
+    // in a handful (bounded all the same).
+    for _ in 0..16 {
+        let next = to.saturating_add(blocked_ns(input, from, at));
+        if next == at {
+            break;
+        }
+        at = next;
+    }
+    at
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::check::testkit::*;
+    use mock_providers::ledger::Outcome;
 
     #[test]
     fn blocked_while_no_worker_is_awake_or_the_database_is_out() {
@@ -176,5 +237,57 @@ mod tests {
         }
         assert!(worker_able_at(&i, ns(100)) && !worker_able_at(&i, ns(2_100)));
         assert!(worker_able_at(&World::new().input(), 0), "no records: able");
+        // Time to act from a moment on: 1000..1500, 2000..2300 and 3000..3400 are blocked.
+        assert_eq!(past_blocked(&i, 0, ns(900)), ns(900));
+        assert_eq!(past_blocked(&i, 0, ns(2_000)), ns(2_800));
+        assert_eq!(past_blocked(&i, ns(2_900), ns(3_100)), ns(3_500));
+    }
+
+    /// Workers 7 and 8 start at 0; the batch is accepted at 105 ms; 7's first request comes at
+    /// 8105 ms and 8's at 9000 ms: the stack boots in 8 s. Worker 9, started at 20 s, can act
+    /// from 28 s, whatever it sends itself: 7 s of blocked time in [20 s, 27 s).
+    #[test]
+    fn a_worker_is_able_once_booted_as_the_first_workers_were() {
+        let mut w = World::new();
+        w.worker(7, 0, Some(15_000));
+        w.worker(8, 0, Some(15_000));
+        w.enqueued("b", 100, false);
+        let a = w.expect("r1", crate::scenario::Channel::Line);
+        w.send(
+            crate::scenario::Channel::Line,
+            &a,
+            Outcome::Transient,
+            8_105,
+        )
+        .pid(7);
+        w.send(
+            crate::scenario::Channel::Line,
+            &a,
+            Outcome::Transient,
+            9_000,
+        )
+        .pid(8);
+        w.worker(9, 20_000, None);
+        w.send(
+            crate::scenario::Channel::Line,
+            &a,
+            Outcome::Accepted,
+            20_100,
+        )
+        .pid(9);
+        let i = w.input();
+        assert_eq!(i.worker_boot_ns(), ns(8_000));
+        assert_eq!(blocked_ns(&i, ns(15_000), ns(27_000)), ns(12_000));
+        assert!(!worker_able_at(&i, ns(27_999)) && worker_able_at(&i, ns(28_000)));
+
+        // Without an accepted batch nothing was measured: able from its start.
+        w.batches.clear();
+        assert_eq!(w.input().worker_boot_ns(), 0);
+        // The fastest worker sets it; a boot over 30 s is cut to 30 s.
+        w.enqueued("b", 100, false);
+        w.entry_mut(0).received_ns = ns(60_000);
+        assert_eq!(w.input().worker_boot_ns(), ns(8_895));
+        w.entry_mut(1).received_ns = ns(70_000);
+        assert_eq!(w.input().worker_boot_ns(), MAX_BOOT_NS);
     }
 }

@@ -317,6 +317,9 @@ pub struct Input<'a> {
     pub(crate) sends: std::sync::OnceLock<common::Sends<'a>>,
     /// The status API rows by delivery ([`Input::status_row`]); `Default::default()`.
     pub(crate) status_rows: std::sync::OnceLock<common::StatusIndex<'a>>,
+    /// How long the stack's workers took to boot ([`Input::worker_boot_ns`]);
+    /// `Default::default()`.
+    pub(crate) worker_boot: std::sync::OnceLock<u64>,
 }
 
 impl<'a> Input<'a> {
@@ -333,6 +336,14 @@ impl<'a> Input<'a> {
         let rows = self.status?;
         let index = self.status_rows.get_or_init(|| common::status_index(rows));
         common::status_row(index, e)
+    }
+
+    /// How long this stack's workers take from their start to their first provider request, as
+    /// the run measured it before any chaos ([`availability::measure_boot`]); measured once.
+    pub fn worker_boot_ns(&self) -> u64 {
+        *self
+            .worker_boot
+            .get_or_init(|| availability::measure_boot(self))
     }
 }
 

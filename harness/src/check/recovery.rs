@@ -7,7 +7,10 @@
 //! (no `Accepted`, repeat or `Permanent`, and not yet exhausted) are held by P's lease alone. Each
 //! must be **released** by the **deadline** `max(T + lease, A) + recovery_slack`, where A is the
 //! first moment at or after T that some worker can act: another worker alive and not stopped, a
-//! replacement started later, or P itself after its SIGCONT. So a stop shorter than the lease is
+//! replacement started later and booted (`availability::ready_ns`: its start plus the stack's
+//! boot time as the run measured it on the first workers), or P itself after its SIGCONT. After
+//! A, time in which again no worker could act (every one stopped or being replaced, or the
+//! database out: `availability::blocked_ns`) extends the deadline by as much. So a stop shorter than the lease is
 //! judged like a kill, and when the only worker was killed the clock starts at its replacement.
 //! When the last answer before T was a transient failure, the nominal backoff (plus jitter, or a
 //! longer `Retry-After` as sent) from that answer also extends the deadline, and so does every
@@ -64,7 +67,7 @@ use std::collections::{BTreeMap, HashSet};
 use mock_providers::ledger::{EntryKind, Outcome, Provider};
 use serde_json::json;
 
-use super::availability::stops;
+use super::availability::{past_blocked, stops};
 use super::backlog::Queue;
 use super::common::{
     attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, ByAddress,
@@ -139,7 +142,7 @@ fn first_able(input: &Input, victim: u32, t: u64) -> Option<u64> {
     workers
         .iter()
         .filter_map(|p| {
-            let mut at = t.max(p.started_ns);
+            let mut at = t.max(super::availability::ready_ns(input, p));
             let periods = stops(input.timeline, p.pid);
             if p.pid == victim {
                 // The victim acts again only after a SIGCONT following this very stop.
@@ -306,11 +309,18 @@ pub fn check(input: &Input) -> Verdict {
             }
         }
 
-        // A machine that stopped running processes after T gives the stack that much longer.
-        // The stack times the lease by the wall clock: a backward jump lengthens it.
+        // Once some worker could act, time in which none could (the harness stopped or replaced
+        // every one, or had the database out) does not count against the slack. A machine that
+        // stopped running processes after T gives the stack that much longer. The stack times
+        // the lease by the wall clock: a backward jump lengthens it.
+        let from = able.unwrap_or(t).max(t);
         let widen = |deadline: u64| {
-            crate::stalls::extended(input.stalls, t, deadline)
-                .saturating_add(crate::jumps::back_ns(input.clock_jumps, t, deadline))
+            let d = past_blocked(input, from, deadline);
+            crate::stalls::extended(input.stalls, t, d).saturating_add(crate::jumps::back_ns(
+                input.clock_jumps,
+                t,
+                d,
+            ))
         };
         for ((provider, address), victims) in held {
             let all = sends.by_key(provider, address);
@@ -484,6 +494,7 @@ pub fn check(input: &Input) -> Verdict {
         "sends_resumed_mid_send": n.resumed_mid_send,
         "slowest_recovery_ms": ms(n.worst_ns),
         "slowest_wait_after_release_ms": ms(n.worst_wait_ns),
+        "worker_boot_ms": ms(input.worker_boot_ns()),
         "lease_ms": input.scenario.stack.lease.as_millis() as u64,
         "slack_ms": input.scenario.expect.recovery_slack.as_millis() as u64,
     }));

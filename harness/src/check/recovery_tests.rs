@@ -69,6 +69,51 @@ fn sole_worker_is_judged_from_its_replacement() {
     }
 }
 
+/// A stack whose workers take a while to boot: the batch was accepted at 5 ms and the first
+/// workers' first request came at 500 ms, a 495 ms boot. The sole worker's replacement, started
+/// at 5000 ms, can act from 5495 ms, so its rescue is due by 5995 ms (5500 ms for a stack that
+/// boots at once: `sole_worker_is_judged_from_its_replacement`). The boot is the first workers',
+/// never the replacement's own: a replacement that rescues late is still late.
+#[test]
+fn a_slow_booting_stack_is_judged_from_its_replacements_boot() {
+    for (next, status) in [(5_900, Status::Holds), (6_100, Status::Violated)] {
+        let mut w = kill_rescued();
+        w.processes.remove(1);
+        w.enqueued("b", 0, false);
+        w.worker(9, 5_000, None);
+        w.entry_mut(1).received_ns = ns(next);
+        w.entry_mut(1).mono_ns = ns(next + 5);
+        w.pids.insert(1, 9);
+        let v = check(&w.input());
+        assert_eq!(v.status, status, "next at {next}: {v:#?}");
+        assert_eq!(v.figures["worker_boot_ms"], 495.0);
+        if status == Status::Violated {
+            assert_eq!(v.counterexamples[0]["workers_able_from_ms"], 5_495.0);
+        }
+    }
+}
+
+/// The sole worker is killed at 1000 ms; its replacement 9 runs 1500..2000 ms (the harness stops
+/// it again before it rescued anything) and 10 starts at 4000 ms. Without a worker for 2000 ms
+/// after the first could act, the 2500 ms deadline moves to 4500 ms.
+#[test]
+fn time_without_any_worker_after_the_first_could_act_extends_the_deadline() {
+    for (next, status) in [(4_400, Status::Holds), (4_600, Status::Violated)] {
+        let mut w = kill_rescued();
+        w.processes.remove(1);
+        w.worker(9, 1_500, Some(2_000));
+        w.worker(10, 4_000, None);
+        w.entry_mut(1).received_ns = ns(next);
+        w.entry_mut(1).mono_ns = ns(next + 5);
+        w.pids.insert(1, 10);
+        let v = check(&w.input());
+        assert_eq!(v.status, status, "next at {next}: {v:#?}");
+        if status == Status::Violated {
+            assert_eq!(v.counterexamples[0]["deadline_ms"], 4_500.0);
+        }
+    }
+}
+
 #[test]
 fn a_stalled_machine_extends_the_deadline_by_the_stall() {
     // Rescued at 2600 ms, 100 ms past the 2500 ms deadline: late on a quiet machine, in time

@@ -75,7 +75,7 @@ use super::Entry;
 use mock_providers::ledger::Outcome;
 use serde_json::{json, Value};
 
-use super::availability::blocked_ns;
+use super::availability::{blocked_ns, past_blocked};
 use super::backlog::Queue;
 use super::common::{
     attempt_json, delivery_json, figures, gap_ms, is_failure, ms, Findings, ANSWER_RECORD_WINDOW_NS,
@@ -297,6 +297,7 @@ pub fn check(input: &Input) -> Verdict {
         "gaps_reaching_cap": n.reached_cap,
         "late_behind_backlog": n.late_behind_backlog,
         "longest_gap_ms": ms(n.longest_gap_ns),
+        "worker_boot_ms": ms(input.worker_boot_ns()),
         "cap_ms": due_within(input, None).as_secs_f64() * 1e3,
         "cap_slack_ms": input.scenario.expect.retry_cap_slack.as_secs_f64() * 1e3,
     }));
@@ -385,7 +386,11 @@ fn above_cap(
         queue.add(next.received_ns, due_at);
         return None;
     }
-    if queue.cover(due_at, next.received_ns, slack, due_at) {
+    // Waiting its turn is judged from the moment it fell due counting only time some worker could
+    // act in: a backlog that built up while none could (every worker stopped, or the only one's
+    // replacement booting) drains from when one could again.
+    let due_able = past_blocked(input, prev.mono_ns, due_at);
+    if queue.cover(due_able, next.received_ns, slack, due_at) {
         n.late_behind_backlog += 1;
         queue.add(next.received_ns, due_at);
         return None;

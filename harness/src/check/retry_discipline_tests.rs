@@ -436,6 +436,31 @@ fn a_retry_later_than_the_cap_is_flagged_unless_it_could_not_be_made() {
     assert_eq!(check(&w.input()).figures["late_behind_backlog"], 1);
 }
 
+/// The only worker stops at 500 ms and its replacement starts at 4500 ms. r1 and q0..q7 failed
+/// at 0 ms (due by 1200 ms, 3200 ms allowed with the slack); the replacement works through
+/// them one by one from 4600 ms, r1 last at 7800 ms. Less the 4000 ms without a worker, the
+/// later ones are still past the allowance, but the stack has been busy with that backlog since
+/// it could act again: waiting its turn, not a late retry.
+#[test]
+fn a_backlog_built_while_no_worker_could_act_drains_from_when_one_could() {
+    let mut w = World::new();
+    w.worker(7, 0, Some(500));
+    w.worker(8, 4_500, None);
+    let r1 = w.expect("r1", Line);
+    w.send(Line, &r1, Transient, 0).pid(7);
+    let qs: Vec<String> = (0..8).map(|i| w.expect(&format!("q{i}"), Line)).collect();
+    for q in &qs {
+        w.send(Line, q, Transient, 0).pid(7);
+    }
+    for (i, q) in qs.iter().enumerate() {
+        w.send(Line, q, Accepted, 4_600 + 400 * i as u64).pid(8);
+    }
+    w.send(Line, &r1, Accepted, 7_800).pid(8);
+    let v = check(&w.input());
+    assert_eq!(v.status, Status::Holds, "{v:#?}");
+    assert_eq!(v.figures["late_behind_backlog"], 2, "q7 and r1");
+}
+
 #[test]
 fn attempts_are_what_the_provider_saw_less_rate_limits() {
     // Limit 4. (case, outcomes in order, tweak, flagged?)

@@ -381,6 +381,7 @@ impl World {
             clock_jumps: &self.clock_jumps,
             sends: Default::default(),
             status_rows: Default::default(),
+            worker_boot: Default::default(),
         }
     }
 }

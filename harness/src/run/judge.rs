@@ -82,6 +82,7 @@ pub(super) async fn stop_and_judge(
         clock_jumps: &seen.jumps,
         sends: Default::default(),
         status_rows: Default::default(),
+        worker_boot: Default::default(),
     };
     // Each checker's indexes go back before the next builds its own.
     let checks = check::run_all_then(&input, crate::malloc::trim);
