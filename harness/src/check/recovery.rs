@@ -10,8 +10,9 @@
 //! replacement started later and booted (`availability::ready_ns`: its start plus the stack's
 //! boot time as the run measured it on the first workers), or P itself after its SIGCONT. After
 //! A, time in which again no worker could act (every one stopped or being replaced, or the
-//! database out: `availability::blocked_ns`) extends the deadline by as much. So a stop shorter than the lease is
-//! judged like a kill, and when the only worker was killed the clock starts at its replacement.
+//! database out: `availability::past_blocked`) extends the deadline by as much. So a stop shorter
+//! than the lease is judged like a kill, and when the only worker was killed the clock starts at
+//! its replacement.
 //! When the last answer before T was a transient failure, the nominal backoff (plus jitter, or a
 //! longer `Retry-After` as sent) from that answer also extends the deadline, and so does every
 //! stall of the machine between T and the deadline (`crate::stalls`), and every backward jump of
