@@ -160,16 +160,20 @@ fn every_step_met(report: &serde_json::Value, n: usize) -> bool {
     steps.len() == n && steps.iter().all(|s| s["count"].as_u64() > Some(0))
 }
 
-/// INCONCLUSIVE because the stack was still settling when the wait ended, nothing violated.
-fn still_settling(code: i32, report: &serde_json::Value) -> bool {
-    let q = verdict(report, "quiescence");
-    let violated = report["checks"]
+/// Whether any checker of the report was violated.
+fn any_violated(report: &serde_json::Value) -> bool {
+    report["checks"]
         .as_array()
         .expect("checks")
         .iter()
-        .any(|v| v["status"] == "violated");
+        .any(|v| v["status"] == "violated")
+}
+
+/// INCONCLUSIVE because the stack was still settling when the wait ended, nothing violated.
+fn still_settling(code: i32, report: &serde_json::Value) -> bool {
+    let q = verdict(report, "quiescence");
     code == 4
-        && !violated
+        && !any_violated(report)
         && q["status"] == "insufficient"
         && q["figures"]["still_settling"] == true
 }
@@ -278,13 +282,8 @@ fn python_stack_with_a_worker_per_channel_losing_its_line_worker_is_inconclusive
                 let v = verdict(r, name);
                 v["status"] == "insufficient" && v["figures"][key].as_u64() > Some(0)
             };
-            let violated = r["checks"]
-                .as_array()
-                .expect("checks")
-                .iter()
-                .any(|v| v["status"] == "violated");
             code == 4
-                && !violated
+                && !any_violated(r)
                 && orphaned("no_loss", "open_orphaned")
                 && orphaned("quiescence", "orphaned")
                 && verdict(r, "exactly_once")["status"] == "holds"

@@ -746,42 +746,12 @@ async fn a_transition_that_waited_is_judged_on_the_committed_row() {
 
 /// The attempt start changes no indexed column of the narrow `delivery_state` row and its page
 /// has room (fillfactor), so PostgreSQL updates it in place: no index entry, a small WAL record.
+/// And it locks nothing before it writes: a BEFORE ROW UPDATE trigger on `delivery_state` would
+/// make PostgreSQL lock each row first, one heap LOCK WAL record per attempt start, body mark,
+/// renewal and outcome (`migrations/0008_history_after_the_update.sql`). A HOT update never needs
+/// a page of its own, the one other reason an update logs a lock.
 #[tokio::test]
-async fn the_attempt_start_is_a_hot_update() {
-    let db = common::fresh_db().await;
-    let pool = common::pool(&db.url).await;
-    seed(&pool, "b", 20).await;
-    let mut conn = pool.acquire().await.unwrap();
-    let rows = claim::claim(&mut conn, "w1", 20, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    for d in &rows {
-        assert!(claim::start_attempt(&mut *tx, d, Duration::ZERO)
-            .await
-            .unwrap()
-            .is_some());
-    }
-    let (updated, hot): (i64, i64) = sqlx::query_as(
-        "SELECT pg_stat_get_xact_tuples_updated('delivery_state'::regclass), \
-         pg_stat_get_xact_tuples_hot_updated('delivery_state'::regclass)",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!((updated, hot), (20, 20), "every attempt start is HOT");
-    drop(conn);
-    pool.close().await;
-}
-
-/// An update of a leased row locks nothing before it writes: a BEFORE ROW UPDATE trigger on
-/// `delivery_state` would make PostgreSQL lock each row first, one heap LOCK WAL record per
-/// attempt start, body mark, renewal and outcome (`migrations/0008_history_after_the_update.sql`).
-/// The attempt start is HOT (above), so its new version never needs a page of its own, which is
-/// the one other reason an update logs a lock.
-#[tokio::test]
-async fn an_attempt_start_writes_no_row_lock() {
+async fn the_attempt_start_is_a_hot_update_that_locks_nothing() {
     let db = common::fresh_db().await;
     let pool = common::pool(&db.url).await;
     seed(&pool, "b", 20).await;
@@ -804,7 +774,15 @@ async fn an_attempt_start_writes_no_row_lock() {
             .unwrap()
             .is_some());
     }
+    let (updated, hot): (i64, i64) = sqlx::query_as(
+        "SELECT pg_stat_get_xact_tuples_updated('delivery_state'::regclass), \
+         pg_stat_get_xact_tuples_hot_updated('delivery_state'::regclass)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
+    assert_eq!((updated, hot), (20, 20), "every attempt start is HOT");
     // The cluster is shared with other tests: only records on this database's `delivery_state`.
     let records: Vec<(String, i64)> = sqlx::query_as(
         "SELECT resource_manager || ' ' || record_type, count(*) \

@@ -24,11 +24,20 @@ pub const MAX_BOOT_NS: u64 = 30_000_000_000;
 /// The stack's worker boot time: over the workers started before the first batch was accepted,
 /// the shortest time from the later of their start and that acceptance to their first provider
 /// request (the fastest of them: the others may simply have found no row free), at most
-/// [`MAX_BOOT_NS`]. 0 when no batch was accepted or none of them made a request.
+/// [`MAX_BOOT_NS`]. Only requests before the run's first disturbance count (a kill, an outage,
+/// the database out: [`EventKind::unsettles_leases`]), which says nothing of booting. 0 when no
+/// batch was accepted or none of them made such a request.
 pub fn measure_boot(input: &Input) -> u64 {
     let Some(accepted) = input.batches.iter().map(|b| b.acked_ns).min() else {
         return 0;
     };
+    let disturbed = input
+        .timeline
+        .iter()
+        .filter(|e| e.mono_ns >= accepted && e.kind.unsettles_leases())
+        .map(|e| e.mono_ns)
+        .min()
+        .unwrap_or(u64::MAX);
     let mut first: HashMap<u32, u64> = HashMap::new();
     for e in input.ledger {
         if let Some(pid) = input.pids.get(e.seq) {
@@ -42,7 +51,10 @@ pub fn measure_boot(input: &Input) -> u64 {
         .filter(|p| p.role == Role::Worker && p.started_ns <= accepted)
         .filter_map(|p| {
             let from = p.started_ns.max(accepted);
-            first.get(&p.pid).map(|f| f.saturating_sub(from))
+            first
+                .get(&p.pid)
+                .filter(|f| **f < disturbed)
+                .map(|f| f.saturating_sub(from))
         })
         .min()
         .unwrap_or(0)
@@ -289,5 +301,8 @@ mod tests {
         assert_eq!(w.input().worker_boot_ns(), ns(8_895));
         w.entry_mut(1).received_ns = ns(70_000);
         assert_eq!(w.input().worker_boot_ns(), MAX_BOOT_NS);
+        // A kill before either first request: nothing measured before the chaos.
+        w.event(EventKind::Sigkill, Some(9), 50_000);
+        assert_eq!(w.input().worker_boot_ns(), 0);
     }
 }

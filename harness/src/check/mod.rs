@@ -320,6 +320,8 @@ pub struct Input<'a> {
     /// How long the stack's workers took to boot ([`Input::worker_boot_ns`]);
     /// `Default::default()`.
     pub(crate) worker_boot: std::sync::OnceLock<u64>,
+    /// The channels the chaos left without a sender ([`Input::orphans`]); `Default::default()`.
+    pub(crate) orphans: std::sync::OnceLock<orphans::Orphans>,
 }
 
 impl<'a> Input<'a> {
@@ -344,6 +346,12 @@ impl<'a> Input<'a> {
         *self
             .worker_boot
             .get_or_init(|| availability::measure_boot(self))
+    }
+
+    /// The channels the chaos left with no worker that had sent them ([`orphans::Orphans`]),
+    /// found once and shared by `no_loss`, `quiescence` and `recovery`.
+    pub fn orphans(&self) -> &orphans::Orphans {
+        self.orphans.get_or_init(|| orphans::Orphans::of(self))
     }
 }
 

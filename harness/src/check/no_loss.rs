@@ -37,7 +37,6 @@ use mock_providers::ledger::Outcome;
 use serde_json::{json, Value};
 
 use super::common::{attempt_json, delivery_json, figures, is_failure, ms, Findings, PerChannel};
-use super::orphans::Orphans;
 use super::unknowns::{self, Excuse};
 use super::{Input, Source, State, StatusDelivery, Verdict};
 
@@ -118,11 +117,7 @@ pub fn check(input: &Input) -> Verdict {
     let settling = !quiescent && input.quiescence.still_settling;
     let mut still_settling = 0u64;
     // Open on a channel no worker alive at the end had ever sent: unjudged too.
-    let orphans = if quiescent {
-        Orphans::default()
-    } else {
-        Orphans::of(input)
-    };
+    let orphans = input.orphans();
     let mut orphaned = 0u64;
     let mut counts = PerChannel::default();
     let mut findings = Findings::default();

@@ -34,7 +34,6 @@
 use serde_json::json;
 
 use super::common::{figures, ms, Findings};
-use super::orphans::Orphans;
 use super::{Input, Status, Verdict};
 use crate::scenario::Channel;
 
@@ -95,7 +94,7 @@ pub fn check(input: &Input) -> Verdict {
         return findings.verdict_with(NAME, Status::Insufficient, summary, figs);
     }
     let awaiting: std::collections::HashSet<&String> = q.awaiting_report.iter().collect();
-    let orphans = Orphans::of(input);
+    let orphans = input.orphans();
     let orphaned = |d: &str| {
         d.rsplit_once('/')
             .and_then(|(_, c)| Channel::ALL.into_iter().find(|ch| ch.as_str() == c))

@@ -74,7 +74,6 @@ use super::common::{
     attempt_json, channel_of, figures, gap_ms, is_failure, is_final, ms, not_checked, ByAddress,
     Findings, Sends, ANSWER_RECORD_WINDOW_NS,
 };
-use super::orphans::Orphans;
 use super::wallclock::WallClock;
 use super::{Entry, Expected, Input, State, StatusDelivery, TimelineEvent, Verdict};
 
@@ -271,7 +270,7 @@ pub fn check(input: &Input) -> Verdict {
     let mut n = Tally::default();
     let clock = WallClock::of(input.ledger, input.clock_jumps);
     let under_way = super::availability::resumed_mid_send(input);
-    let orphans = Orphans::of(input);
+    let orphans = input.orphans();
 
     for ev in &events {
         let (t, pid) = (ev.mono_ns, ev.pid.unwrap_or_default());

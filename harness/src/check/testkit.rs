@@ -382,6 +382,7 @@ impl World {
             sends: Default::default(),
             status_rows: Default::default(),
             worker_boot: Default::default(),
+            orphans: Default::default(),
         }
     }
 }

@@ -83,6 +83,7 @@ pub(super) async fn stop_and_judge(
         sends: Default::default(),
         status_rows: Default::default(),
         worker_boot: Default::default(),
+        orphans: Default::default(),
     };
     // Each checker's indexes go back before the next builds its own.
     let checks = check::run_all_then(&input, crate::malloc::trim);
