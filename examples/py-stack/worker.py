@@ -308,8 +308,14 @@ class Sender(threading.Thread):
         try:
             out = self.clients[ch].send(d, lambda: self.check_lease(d))
         except providers.LeaseLost:
-            # Nothing left: the provider was not asked (the check precedes the request).
-            if not self.fenced(d, "UPDATE py_deliveries SET inflight = false, attempts = attempts - 1", {}):
+            # Nothing left: the provider was not asked (the check precedes the request). The row
+            # goes back as it was claimed, in the same write that uncounts the attempt: left
+            # `sending`, the rescuer would uncount it a second time once the lease ran out.
+            if not self.fenced(d, "UPDATE py_deliveries SET state = %(st)s, inflight = %(inf)s, "
+                                  "attempts = attempts - 1, lease_owner = NULL, lease_token = NULL, "
+                                  "lease_until = NULL",
+                               {"st": d["from_state"], "inf": d["inflight"]}, to=d["from_state"],
+                               detail=f"{WORKER}: lease too short to send"):
                 self.undo_unknown(d)
             return
         self.record(d, out)
