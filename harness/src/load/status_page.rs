@@ -6,6 +6,8 @@
 //! errors.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 
 use anyhow::Context;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -90,6 +92,16 @@ pub async fn fetch_batch_status<R: Send + 'static>(
         anyhow::bail!("status API answered HTTP {status}");
     }
     let head = |body: &[u8]| String::from_utf8_lossy(body).into_owned();
+    // Rows read so far, so that a refusal says where in a long answer it fell.
+    let read = Arc::new(AtomicUsize::new(0));
+    let row = {
+        let read = Arc::clone(&read);
+        let mut row = row;
+        move |wire| {
+            read.fetch_add(1, Relaxed);
+            row(wire)
+        }
+    };
     match stream_json::parse(resp, cap, BODY_HEAD, PageSeed(row)).await {
         Ok(page) => Ok(StatusAnswer::Page(page)),
         Err(stream_json::Failed::TooLong { head: first }) => Ok(StatusAnswer::Unreadable {
@@ -102,7 +114,13 @@ pub async fn fetch_batch_status<R: Send + 'static>(
         }),
         Err(stream_json::Failed::Parse { error, head: first }) => Ok(StatusAnswer::Unreadable {
             http_status: status.as_u16(),
-            error: format!("not the contract's answer: {error}"),
+            error: format!(
+                "not the contract's answer: {error} ({} read before it)",
+                match read.load(Relaxed) {
+                    1 => "1 delivery".to_string(),
+                    n => format!("{n} deliveries"),
+                }
+            ),
             body_head: head(&first),
         }),
         Err(stream_json::Failed::Transport(e)) => Err(anyhow::anyhow!("status API body: {e}")),

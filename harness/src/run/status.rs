@@ -889,7 +889,7 @@ mod tests {
     /// `fetch_batch_status` at the boundary, against a server answering each way a stack might:
     /// the contract's answer (whole, or a few bytes at a time), one cut off by the connection
     /// (no answer to use), 404, a 2xx that is not JSON or not its shape, `attempts` past a
-    /// u32, an answer that never ends (cut at the cap), a 5xx and a redirect (no answer to use).
+    /// u32 or below 0 (saying how many rows were read before it), an answer that never ends (cut at the cap), a 5xx and a redirect (no answer to use).
     #[tokio::test]
     async fn every_answer_of_the_status_api_is_read_or_refused_at_the_boundary() {
         use axum::body::Body;
@@ -903,6 +903,7 @@ mod tests {
                     "html" => "<html>\u{0}not json".to_string(),
                     "shape" => r#"{"deliveries": "all of them"}"#.to_string(),
                     "absurd" => r#"{"deliveries": [{"key": "k", "recipient": "r1", "channel": "line", "state": "sent", "attempts": 1e30}]}"#.to_string(),
+                    "negative" => r#"{"deliveries": [{"key": "k", "recipient": "r1", "channel": "line", "state": "sent", "attempts": 1}, {"key": "k2", "recipient": "r2", "channel": "line", "state": "sent", "attempts": -1}]}"#.to_string(),
                     "endless" => {
                         let chunks = futures::stream::repeat_with(|| {
                             Ok::<_, std::io::Error>(axum::body::Bytes::from_static(&[b' '; 64 << 10]))
@@ -955,7 +956,9 @@ mod tests {
             ("missing", "not found"),
             ("html", "not the contract's answer: expected value at line 1 column 1"),
             ("shape", "not the contract's answer: invalid type: string \"all of them\", expected a sequence"),
-            ("absurd", "not the contract's answer: invalid type: floating point `1e+30`, expected u32"),
+            ("absurd", "not the contract's answer: invalid type: floating point `1e+30`, expected u32 at line 1 column 101 (0 deliveries read before it)"),
+            // Where in a long answer the refusal fell: after the first row.
+            ("negative", "not the contract's answer: invalid value: integer `-1`, expected u32 at line 1 column 184 (1 delivery read before it)"),
             ("endless", "the answer is longer than 1048576 bytes"),
             ("broken", "status API answered HTTP 502 Bad Gateway"),
             ("moved", "status API answered HTTP 302 Found"),
