@@ -310,6 +310,20 @@ fn python_stack_booting_slowly_passes_restart_midway_with_one_worker() {
     );
 }
 
+/// A stack whose worker is a prefork pool (two child processes claim and send; the process the
+/// harness started only waits for them, as Celery's default pool does): every send is the
+/// started worker's, found in its process group, so the kills and the restart are judged like
+/// any worker's. Its sends were unattributed (`agreement`, `recovery` insufficient).
+#[test]
+fn python_stack_as_a_prefork_pool_is_judged_by_its_childrens_sends() {
+    expect_run(
+        &[("PY_STACK_PROCS", "2")],
+        "restart-midway",
+        &["load.recipients=150"],
+        |code, r| code == 0 && r["sends_unattributed"] == 0,
+    );
+}
+
 /// A stack with 32 sender threads per worker, each with its own connection, uses 34 connections
 /// a worker: with the throwaway cluster's old `60 + 16 × workers` its API found none free, and
 /// the run FAILED (`agreement` `status_unreadable`: every status request answered 503) though

@@ -45,6 +45,8 @@ THREADS = env_int("PY_STACK_THREADS", 8)
 # stack on a heavier runtime (a JVM) does.
 BOOT_MS = env_int("PY_STACK_BOOT_MS", 0)
 MARGIN_S = min(0.25, LEASE_MS / 4000)  # time a send needs to leave once the deadline is checked
+# Not a flaw, a design: `PY_STACK_PROCS=N` runs the worker as a prefork pool (see `prefork`).
+PROCS = env_int("PY_STACK_PROCS", 1)
 
 if POLICY not in ("hold", "resend"):
     raise SystemExit(f"py-stack: TING_EMAIL_UNKNOWN_POLICY={POLICY!r} is neither hold nor resend")
@@ -503,9 +505,47 @@ def crash(e):
     os._exit(1)
 
 
+def prefork():
+    """`PY_STACK_PROCS=N`: N child processes claim and send, as a prefork pool (Celery's default,
+    Resque) does, while this process only waits for them; each child takes its leases as
+    `<worker id>.pK`. The harness signals the whole process group, so every child drains on SIGTERM
+    itself (forwarded as well, should only this process get it) and dies with a SIGKILL. Returns in
+    each child; the parent exits once they all have, 0 only if each did."""
+    global WORKER
+    children = []
+    for k in range(1, PROCS + 1):
+        pid = os.fork()
+        if pid == 0:
+            WORKER = f"{WORKER}.p{k}"
+            random.seed()
+            return
+        children.append(pid)
+    log(WORKER, f"prefork pool: children {children}")
+    failed, forwarded = False, False
+    while children:
+        if stopping.is_set() and not forwarded:
+            for child in children:
+                try:
+                    os.kill(child, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            forwarded = True
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            time.sleep(0.05)
+            continue
+        children.remove(pid)
+        failed |= status != 0
+    log(WORKER, "prefork pool: every child exited")
+    sys.stderr.flush()
+    os._exit(1 if failed else 0)
+
+
 def main():
     if stopping.wait(BOOT_MS / 1000):
         os._exit(0)
+    if PROCS > 1:
+        prefork()
     api_addr = env("TING_API_ADDR")
     clients = {"line": providers.Line(), "sms": providers.Sms(api_addr), "email": providers.Email()}
     senders = [Sender(n, clients) for n in range(THREADS)]

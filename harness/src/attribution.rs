@@ -6,7 +6,7 @@
 //! process holding a descriptor on it (`/proc/<pid>/fd/*`), and remembers peer → pid for the
 //! connection's life; [`Attributor::sender`] answers from that table at once when the
 //! connection's ledger entries arrive, however soon the connection closes afterwards. Only the
-//! stack's own processes (the candidates) are searched.
+//! stack's own processes (the candidates, then their process groups) are searched.
 //!
 //! Finding the inode (measured on the 2-core development machine, release build, loopback, with
 //! `measure_single_lookups` below): an exact `NETLINK_SOCK_DIAG` lookup by 4-tuple (source = the
@@ -20,6 +20,10 @@
 //! [`Attributor::connected`] took 0.2 ms at the median, 2.3 ms at p90 and 24 ms at p99 (the CPU
 //! is contended; p99 includes the second look below), so with netlink it runs inline on the
 //! connection's task; the `/proc/net/tcp` fallback runs on tokio's blocking pool.
+//!
+//! A socket no candidate holds is looked for in the candidates' process groups: the harness starts
+//! each stack process as a group leader and signals the whole group, so a send by a member (the
+//! children of a prefork worker, as Celery or Resque run them) is its leader's, the candidate's.
 //!
 //! What cannot be attributed: a sender that dies (SIGKILL) or closes its socket between its
 //! `connect` and the lookup, i.e. while its connection waits in the provider's accept queue,
@@ -203,21 +207,17 @@ impl Attributor {
         if let Some(pid) = self.cache.lock().expect("attributor poisoned").get(&inode) {
             return Found::Sender(*pid);
         }
-        let want = format!("socket:[{inode}]");
         let candidates = self.candidates.read().expect("attributor poisoned").clone();
-        for pid in candidates.iter().rev() {
-            let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-                continue;
-            };
-            for fd in dir.flatten() {
-                if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()) {
-                    self.cache
-                        .lock()
-                        .expect("attributor poisoned")
-                        .insert(inode, *pid);
-                    return Found::Sender(*pid);
-                }
-            }
+        // The candidates themselves first (newest first), then, only when none holds it, the
+        // other members of their process groups.
+        let own = candidates.iter().rev().map(|pid| (*pid, *pid));
+        let found = holder_of(inode, own).or_else(|| holder_of(inode, group_members(&candidates)));
+        if let Some(pid) = found {
+            self.cache
+                .lock()
+                .expect("attributor poisoned")
+                .insert(inode, pid);
+            return Found::Sender(pid);
         }
         // Its owner may have closed it, or died, while we searched.
         match self.inode_of(peer) {
@@ -274,23 +274,19 @@ impl Attributor {
             .map(|p| by_local.get(local_hex(*p).as_str()).copied())
             .collect();
         let mut owner: HashMap<u64, u32> = self.cache.lock().expect("attributor poisoned").clone();
-        if inodes.iter().flatten().any(|i| !owner.contains_key(i)) {
+        let missing =
+            |owner: &HashMap<u64, u32>| inodes.iter().flatten().any(|i| !owner.contains_key(i));
+        if missing(&owner) {
             let candidates = self.candidates.read().expect("attributor poisoned").clone();
-            for pid in candidates {
-                let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-                    continue;
-                };
-                for fd in dir.flatten() {
-                    let Ok(link) = std::fs::read_link(fd.path()) else {
-                        continue;
-                    };
-                    let link = link.to_string_lossy();
-                    if let Some(i) = link
-                        .strip_prefix("socket:[")
-                        .and_then(|r| r.strip_suffix(']'))
-                        .and_then(|i| i.parse().ok())
-                    {
-                        owner.insert(i, pid);
+            for pid in &candidates {
+                for inode in sockets_of(*pid) {
+                    owner.insert(inode, *pid);
+                }
+            }
+            if missing(&owner) {
+                for (member, leader) in group_members(&candidates) {
+                    for inode in sockets_of(member) {
+                        owner.entry(inode).or_insert(leader);
                     }
                 }
             }
@@ -446,6 +442,62 @@ fn socket_inode(addr: SocketAddr) -> Option<u64> {
     })
 }
 
+/// The first of `holders` (each a process to search and the candidate it counts for) that has a
+/// descriptor on the socket `inode`: the candidate.
+fn holder_of(inode: u64, holders: impl IntoIterator<Item = (u32, u32)>) -> Option<u32> {
+    let want = format!("socket:[{inode}]");
+    holders.into_iter().find_map(|(pid, leader)| {
+        let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+        dir.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
+            .then_some(leader)
+    })
+}
+
+/// The socket inodes `pid` holds descriptors on.
+fn sockets_of(pid: u32) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|fd| {
+            let link = std::fs::read_link(fd.path()).ok()?;
+            link.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// The processes other than the candidates in a candidate's process group, each with that
+/// candidate. The harness starts every stack process as the leader of a group of its own and
+/// signals the whole group, so a send by a member (a prefork worker's child, the child of a
+/// wrapper that did not `exec`) is the candidate's: its chaos reaches the member too. A member
+/// that left the group (`setsid`, `setpgid`) is not found.
+fn group_members(candidates: &[u32]) -> Vec<(u32, u32)> {
+    let Ok(proc) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    proc.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| !candidates.contains(pid))
+        .filter_map(|pid| {
+            let group = process_group(pid)?;
+            candidates.contains(&group).then_some((pid, group))
+        })
+        .collect()
+}
+
+/// The process group of `pid`, from `/proc/<pid>/stat` (`pid (comm) state ppid pgrp …`; the
+/// command name may hold spaces and parentheses, so the fields are read after its last `)`).
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, fields) = stat.rsplit_once(')')?;
+    fields.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// Reads of `/proc/net/tcp*` before a socket not found in them counts as closed.
 const TABLE_READS: usize = 3;
 
@@ -482,6 +534,39 @@ mod tests {
         let unknown: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(a.resolve(unknown), None);
         assert_eq!(a.resolve_many(&[unknown, peer]), vec![None, Some(me)]);
+    }
+
+    /// A process started as a group leader (as the harness starts the stack's) whose child, not
+    /// itself, connects: the send is the leader's, through netlink and through the batch
+    /// fallback; a process of another group is never named for it.
+    #[test]
+    fn a_socket_held_by_a_member_of_a_candidates_group_is_the_candidates() {
+        use std::os::unix::process::CommandExt;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // `; true` keeps sh from exec'ing bash: bash is its child, in its group.
+        let script = format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}; sleep 30'; true");
+        let mut leader = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let (_accepted, peer) = listener.accept().unwrap();
+        let pid = leader.id();
+        let a = Attributor::new();
+        a.add_candidate(std::process::id());
+        assert_eq!(a.resolve(peer), None, "its group has no candidate yet");
+        a.add_candidate(pid);
+        assert_eq!(a.resolve_many(&[peer]), vec![Some(pid)], "batch fallback");
+        a.cache.lock().unwrap().clear();
+        a.add_server(listener.local_addr().unwrap());
+        assert_eq!(a.resolve(peer), Some(pid), "netlink");
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        leader.wait().unwrap();
     }
 
     #[test]
