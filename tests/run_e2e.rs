@@ -528,6 +528,37 @@ fn a_chaos_step_that_did_not_take_effect_is_inconclusive_unless_optional() {
     }
 }
 
+/// Two steps that fire together on the same worker: each acts on a process of its own. The first
+/// to choose takes worker 1; the other waits for it to be done and takes its replacement. When
+/// both took the same process, the restart's SIGTERM met a worker the kill had just SIGKILLed,
+/// and `graceful_shutdown` failed a correct stack (`not_clean_exit`, signal 9).
+#[test]
+fn two_steps_fired_together_never_signal_the_same_process() {
+    let toml = SMALL
+        .replace("recipients = 20", "recipients = 200")
+        .replace("workers = 1", "workers = 2\nshutdown_grace = \"5s\"")
+        .replace(
+            "[expect]\n",
+            "[providers.line]\nlatency = { kind = \"uniform\", min = \"20ms\", max = \"40ms\" }\n\n\
+             [[chaos]]\nprogress = \"30%\"\naction = \"sigkill\"\ntarget = 1\nrestart_after = \"200ms\"\n\n\
+             [[chaos]]\nprogress = \"30%\"\naction = \"restart\"\ntarget = 1\n\n[expect]\n",
+        );
+    let case = Case::new("e2e-small", &toml);
+    let out = case.run(&[]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let report = case.report();
+    let steps = report["chaos_steps"].as_array().unwrap();
+    assert!(steps.iter().all(|s| s["outcome"] == "applied"), "{steps:?}");
+    assert_ne!(steps[0]["pids"], steps[1]["pids"], "{steps:?}");
+    let graceful = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["checker"] == "graceful_shutdown")
+        .unwrap();
+    assert_eq!(graceful["status"], "holds", "{graceful}");
+}
+
 fn read(path: &std::path::Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

@@ -15,7 +15,7 @@ mod log;
 mod provider;
 mod provider_link;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,6 +37,9 @@ use crate::scenario::{Channel, ChaosAction, ChaosStep, Target, Trigger};
 /// How long a signalled process or the restarted cluster has to show the action's effect.
 const OBSERVE_WITHIN: Duration = Duration::from_secs(10);
 
+/// How long a step whose only matching workers are another step's waits for them to be free.
+const CHOOSE_WITHIN: Duration = Duration::from_secs(30);
+
 pub struct Chaos {
     world: Arc<World>,
     steps: Vec<ChaosStep>,
@@ -55,6 +58,9 @@ pub struct Chaos {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Workers a step waits to catch with a send in flight.
     aims: aim::Aims,
+    /// Workers a step has chosen to signal and is still acting on ([`Acting`]): no other step
+    /// chooses them.
+    acting: Arc<Mutex<HashSet<u32>>>,
     /// The API process (`target = "api"`), once it runs.
     api: Mutex<Option<ApiProcess>>,
     /// Held by a step on the API from its signal until its replacement is ready: the next step
@@ -82,6 +88,7 @@ impl Chaos {
             triggers: Mutex::default(),
             tasks: Mutex::default(),
             aims: aim::Aims::default(),
+            acting: Arc::default(),
             api: Mutex::default(),
             api_turn: Arc::default(),
             hub: Mutex::default(),
@@ -245,8 +252,26 @@ impl Chaos {
     /// to the step's provider for a provider action (a worker that never sends to it could not
     /// meet its fault), the most in all otherwise; for a link fault, preferably one no other
     /// link fault holds (`World::busiest_for_link`).
+    /// A worker another step is signalling is never named: the two steps' effects would be one.
     fn targets(&self, step: &ChaosStep, sender: Option<u32>) -> Vec<(u32, u32)> {
-        let live = self.world.live_workers();
+        let acting = self.acting.lock().unwrap();
+        self.targets_among(step, sender, self.free_workers(&acting))
+    }
+
+    /// The live workers no step is acting on.
+    fn free_workers(&self, acting: &HashSet<u32>) -> Vec<(u32, u32)> {
+        let mut live = self.world.live_workers();
+        live.retain(|(_, pid)| !acting.contains(pid));
+        live
+    }
+
+    /// [`Chaos::targets`] among `live`.
+    fn targets_among(
+        &self,
+        step: &ChaosStep,
+        sender: Option<u32>,
+        live: Vec<(u32, u32)>,
+    ) -> Vec<(u32, u32)> {
         match &step.target {
             Target::Worker(slot) => live.into_iter().filter(|(s, _)| s == slot).collect(),
             Target::All => live,
@@ -279,6 +304,41 @@ impl Chaos {
         }
     }
 
+    /// The workers a signal step acts on, each [`Acting`] until the step is done with it: chosen
+    /// among those no other step is acting on. When the only ones that match are another step's
+    /// (its `target = 2` is being restarted, every worker is), waits up to [`CHOOSE_WITHIN`] for
+    /// that step to finish and chooses again (the replacement, the continued worker). Two steps
+    /// that fire together (a progress step that waited to catch its worker mid-send while the
+    /// next one's progress came) never signal the same process: a SIGTERM to a worker another
+    /// step is SIGKILLing would judge its drain from a death it did not choose. A `sender` step
+    /// is about the one process caught sending, whatever other steps do, and never waits: the
+    /// provider holds that send's answer meanwhile.
+    async fn choose(&self, step: &ChaosStep, sender: Option<u32>) -> Vec<(u32, u32, Acting)> {
+        let deadline = Instant::now() + CHOOSE_WITHIN;
+        let may_wait = step.target != Target::Sender;
+        loop {
+            {
+                let mut acting = self.acting.lock().unwrap();
+                let chosen = self.targets_among(step, sender, self.free_workers(&acting));
+                let give_up = !may_wait || acting.is_empty() || Instant::now() >= deadline;
+                if !chosen.is_empty() || give_up {
+                    return chosen
+                        .into_iter()
+                        .map(|(slot, pid)| {
+                            acting.insert(pid);
+                            let guard = Acting {
+                                set: Arc::clone(&self.acting),
+                                pid,
+                            };
+                            (slot, pid, guard)
+                        })
+                        .collect();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn execute(self: &Arc<Self>, i: usize, sender: Option<u32>, why: &str) {
         if self.fired[i].swap(true, Ordering::SeqCst) {
             return;
@@ -305,7 +365,7 @@ impl Chaos {
         if step.target == Target::Api {
             return api::act(self, i, &step, why).await;
         }
-        let targets = self.targets(&step, sender);
+        let targets = self.choose(&step, sender).await;
         if targets.is_empty() {
             let reason = format!("{why}: no live worker matches {:?}", step.target);
             self.world
@@ -317,9 +377,9 @@ impl Chaos {
             step.target,
             Target::Worker(_) | Target::Busiest | Target::Random
         );
-        for (slot, pid) in targets {
+        for (slot, pid, acting) in targets {
             if !aimed {
-                self.act_on_worker(i, &step, slot, pid, why).await;
+                self.act_on_worker(i, &step, slot, pid, why, acting).await;
                 continue;
             }
             let held = self.aims.catch(pid, aim::AIM_WITHIN).await;
@@ -334,14 +394,14 @@ impl Chaos {
                 ),
             };
             self.log(i).aimed(&how);
-            self.act_on_worker(i, &step, slot, pid, &format!("{why}; {how}"))
+            self.act_on_worker(i, &step, slot, pid, &format!("{why}; {how}"), acting)
                 .await;
             drop(held);
         }
     }
 
     /// Signals one worker and starts the task that observes the signal's effect (and starts the
-    /// replacement the step asks for).
+    /// replacement the step asks for); the worker stays `acting` until that task ends.
     async fn act_on_worker(
         self: &Arc<Self>,
         i: usize,
@@ -349,6 +409,7 @@ impl Chaos {
         slot: u32,
         pid: u32,
         why: &str,
+        acting: Acting,
     ) {
         let w = &self.world;
         let sup = &w.supervisor;
@@ -389,6 +450,7 @@ impl Chaos {
         let me = self.clone();
         let hold = step.duration.unwrap_or_default();
         let task = tokio::spawn(async move {
+            let _acting = acting;
             if let Some(d) = replace_after.filter(|_| signal == Signal::SIGSTOP) {
                 // A stopped worker stays stopped while its replacement runs.
                 let again = me.clone();
@@ -534,6 +596,18 @@ impl Chaos {
 /// Whether a process that ended as `r` shows the effect of `by`, and what was seen. SIGKILL took
 /// effect only when the process ended by signal 9; SIGTERM once the process ended at all
 /// (exited, or killed when the grace period ran out).
+/// A worker a step has chosen to signal, free for the other steps again once dropped.
+struct Acting {
+    set: Arc<Mutex<HashSet<u32>>>,
+    pid: u32,
+}
+
+impl Drop for Acting {
+    fn drop(&mut self) {
+        self.set.lock().unwrap().remove(&self.pid);
+    }
+}
+
 fn exit_effect(r: &crate::check::ProcessRecord, by: Signal) -> (bool, String) {
     let pid = r.pid;
     let how = match (r.exit_code, r.signal) {
