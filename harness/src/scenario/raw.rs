@@ -471,7 +471,9 @@ pub struct RawChaos {
     /// `sigterm` or `restart`; it comes back on the same address). Default `"random"`. A signal for one
     /// chosen worker (an index, `random`, `busiest`) lands while it has a send in flight: the
     /// harness waits up to 2 s for its next request and holds that request at the fake until the
-    /// signal is sent (a worker that sends nothing in that time is signalled anyway).
+    /// signal is sent (a worker that sends nothing in that time is signalled anyway). Two steps
+    /// never signal the same process: one whose only match is a worker another step is still
+    /// acting on waits for that step (up to 30 s) and takes the replacement.
     #[serde(default)]
     #[schemars(with = "Option<serde_json::Value>")]
     pub target: Option<toml::Value>,
