@@ -15,8 +15,8 @@ mod log;
 mod provider;
 mod provider_link;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,8 @@ pub struct Chaos {
     world: Arc<World>,
     steps: Vec<ChaosStep>,
     fired: Vec<AtomicBool>,
+    /// Steps that fired and are still choosing, aiming or signalling ([`Chaos::execute`]).
+    executing: AtomicUsize,
     /// What each step did, for the report.
     logs: Vec<Mutex<StepLog>>,
     /// ledger seq of the triggering accept → step index (`on_accept`).
@@ -58,9 +60,9 @@ pub struct Chaos {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Workers a step waits to catch with a send in flight.
     aims: aim::Aims,
-    /// Workers a step has chosen to signal and is still acting on ([`Acting`]): no other step
-    /// chooses them.
-    acting: Arc<Mutex<HashSet<u32>>>,
+    /// Workers a step has chosen to signal and is still acting on ([`Acting`]), with how many
+    /// steps are (a `sender` step may name one another step holds): no other step chooses them.
+    acting: Arc<Mutex<HashMap<u32, usize>>>,
     /// The API process (`target = "api"`), once it runs.
     api: Mutex<Option<ApiProcess>>,
     /// Held by a step on the API from its signal until its replacement is ready: the next step
@@ -78,6 +80,7 @@ impl Chaos {
         let seed = world.scenario.seed;
         Arc::new(Chaos {
             fired: steps.iter().map(|_| AtomicBool::new(false)).collect(),
+            executing: AtomicUsize::new(0),
             logs: steps.iter().map(|_| Mutex::default()).collect(),
             steps,
             world,
@@ -213,10 +216,12 @@ impl Chaos {
         }
     }
 
-    /// True while an action is still under way (a stopped worker not yet continued, a restart
-    /// not yet done, a transaction still held): the run cannot be quiescent before it ends.
+    /// True while an action is still under way (a step that fired still choosing its worker or
+    /// waiting to catch it mid-send, a stopped worker not yet continued, a restart not yet done,
+    /// a transaction still held): the run cannot be quiescent before it ends.
     pub fn busy(&self) -> bool {
-        self.tasks.lock().unwrap().iter().any(|t| !t.is_finished())
+        self.executing.load(Ordering::SeqCst) > 0
+            || self.tasks.lock().unwrap().iter().any(|t| !t.is_finished())
     }
 
     /// Aborts triggers that have not fired and actions still running.
@@ -252,6 +257,7 @@ impl Chaos {
     /// to the step's provider for a provider action (a worker that never sends to it could not
     /// meet its fault), the most in all otherwise; for a link fault, preferably one no other
     /// link fault holds (`World::busiest_for_link`).
+    ///
     /// A worker another step is signalling is never named: the two steps' effects would be one.
     fn targets(&self, step: &ChaosStep, sender: Option<u32>) -> Vec<(u32, u32)> {
         let acting = self.acting.lock().unwrap();
@@ -259,9 +265,9 @@ impl Chaos {
     }
 
     /// The live workers no step is acting on.
-    fn free_workers(&self, acting: &HashSet<u32>) -> Vec<(u32, u32)> {
+    fn free_workers(&self, acting: &HashMap<u32, usize>) -> Vec<(u32, u32)> {
         let mut live = self.world.live_workers();
-        live.retain(|(_, pid)| !acting.contains(pid));
+        live.retain(|(_, pid)| !acting.contains_key(pid));
         live
     }
 
@@ -325,7 +331,7 @@ impl Chaos {
                     return chosen
                         .into_iter()
                         .map(|(slot, pid)| {
-                            acting.insert(pid);
+                            *acting.entry(pid).or_default() += 1;
                             let guard = Acting {
                                 set: Arc::clone(&self.acting),
                                 pid,
@@ -343,6 +349,8 @@ impl Chaos {
         if self.fired[i].swap(true, Ordering::SeqCst) {
             return;
         }
+        self.executing.fetch_add(1, Ordering::SeqCst);
+        let _executing = Executing(&self.executing);
         self.log(i).fire(self.world.now_ns(), why);
         let step = self.steps[i].clone();
         match step.action {
@@ -596,15 +604,30 @@ impl Chaos {
 /// Whether a process that ended as `r` shows the effect of `by`, and what was seen. SIGKILL took
 /// effect only when the process ended by signal 9; SIGTERM once the process ended at all
 /// (exited, or killed when the grace period ran out).
+/// One step in [`Chaos::execute`], counted in [`Chaos::busy`] until dropped.
+struct Executing<'a>(&'a AtomicUsize);
+
+impl Drop for Executing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A worker a step has chosen to signal, free for the other steps again once dropped.
 struct Acting {
-    set: Arc<Mutex<HashSet<u32>>>,
+    set: Arc<Mutex<HashMap<u32, usize>>>,
     pid: u32,
 }
 
 impl Drop for Acting {
     fn drop(&mut self) {
-        self.set.lock().unwrap().remove(&self.pid);
+        let mut acting = self.set.lock().unwrap();
+        if let Some(n) = acting.get_mut(&self.pid) {
+            *n -= 1;
+            if *n == 0 {
+                acting.remove(&self.pid);
+            }
+        }
     }
 }
 
