@@ -313,14 +313,16 @@ fn python_stack_booting_slowly_passes_restart_midway_with_one_worker() {
 /// A stack whose worker is a prefork pool (two child processes claim and send; the process the
 /// harness started only waits for them, as Celery's default pool does): every send is the
 /// started worker's, found in its process group, so the kills and the restart are judged like
-/// any worker's. Its sends were unattributed (`agreement`, `recovery` insufficient).
+/// any worker's. Its sends were unattributed (`agreement`, `recovery` insufficient). The only
+/// ones left are those of a child killed between its connect and the provider's accept, which
+/// no lookup can name.
 #[test]
 fn python_stack_as_a_prefork_pool_is_judged_by_its_childrens_sends() {
     expect_run(
         &[("PY_STACK_PROCS", "2")],
         "restart-midway",
         &["load.recipients=150"],
-        |code, r| code == 0 && r["sends_unattributed"] == 0,
+        |code, r| code == 0 && r["sends_unattributed"] == r["sends_sender_gone"],
     );
 }
 
