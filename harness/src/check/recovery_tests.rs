@@ -25,6 +25,22 @@ fn kill_rescued() -> World {
     w
 }
 
+/// [`kill_rescued`] without worker 8: the killed worker 7 was the only one, and the workers the
+/// test adds replace it.
+fn sole_worker_killed() -> World {
+    let mut w = kill_rescued();
+    w.processes.remove(1);
+    w
+}
+
+/// The rescued LINE delivery's next attempt (the ledger's second entry) arrives at `at_ms`, sent
+/// by `pid`.
+fn next_attempt(w: &mut World, at_ms: u64, pid: u32) {
+    w.entry_mut(1).received_ns = ns(at_ms);
+    w.entry_mut(1).mono_ns = ns(at_ms + 5);
+    w.pids.insert(1, pid);
+}
+
 #[test]
 fn timely_recoveries_hold() {
     let w = kill_rescued();
@@ -55,12 +71,9 @@ fn timely_recoveries_hold() {
 fn sole_worker_is_judged_from_its_replacement() {
     // (next attempt at ms, expected status): replacement 9 starts at 5000, deadline 5500.
     for (next, status) in [(5_400, Status::Holds), (5_600, Status::Violated)] {
-        let mut w = kill_rescued();
-        w.processes.remove(1);
+        let mut w = sole_worker_killed();
         w.worker(9, 5_000, None);
-        w.entry_mut(1).received_ns = ns(next);
-        w.entry_mut(1).mono_ns = ns(next + 5);
-        w.pids.insert(1, 9);
+        next_attempt(&mut w, next, 9);
         let v = check(&w.input());
         assert_eq!(v.status, status, "next at {next}: {v:#?}");
         if status == Status::Violated {
@@ -77,13 +90,10 @@ fn sole_worker_is_judged_from_its_replacement() {
 #[test]
 fn a_slow_booting_stack_is_judged_from_its_replacements_boot() {
     for (next, status) in [(5_900, Status::Holds), (6_100, Status::Violated)] {
-        let mut w = kill_rescued();
-        w.processes.remove(1);
+        let mut w = sole_worker_killed();
         w.enqueued("b", 0, false);
         w.worker(9, 5_000, None);
-        w.entry_mut(1).received_ns = ns(next);
-        w.entry_mut(1).mono_ns = ns(next + 5);
-        w.pids.insert(1, 9);
+        next_attempt(&mut w, next, 9);
         let v = check(&w.input());
         assert_eq!(v.status, status, "next at {next}: {v:#?}");
         assert_eq!(v.figures["worker_boot_ms"], 495.0);
@@ -99,13 +109,10 @@ fn a_slow_booting_stack_is_judged_from_its_replacements_boot() {
 #[test]
 fn time_without_any_worker_after_the_first_could_act_extends_the_deadline() {
     for (next, status) in [(4_400, Status::Holds), (4_600, Status::Violated)] {
-        let mut w = kill_rescued();
-        w.processes.remove(1);
+        let mut w = sole_worker_killed();
         w.worker(9, 1_500, Some(2_000));
         w.worker(10, 4_000, None);
-        w.entry_mut(1).received_ns = ns(next);
-        w.entry_mut(1).mono_ns = ns(next + 5);
-        w.pids.insert(1, 10);
+        next_attempt(&mut w, next, 10);
         let v = check(&w.input());
         assert_eq!(v.status, status, "next at {next}: {v:#?}");
         if status == Status::Violated {
@@ -124,8 +131,7 @@ fn a_stalled_machine_extends_the_deadline_by_the_stall() {
         (Some((1_200, 1_400)), Status::Holds),
     ] {
         let mut w = kill_rescued();
-        w.entry_mut(1).received_ns = ns(2_600);
-        w.entry_mut(1).mono_ns = ns(2_605);
+        next_attempt(&mut w, 2_600, 8);
         w.stalls = stall
             .map(|(from, to)| crate::stalls::Stall {
                 from_ns: ns(from),
@@ -152,10 +158,7 @@ fn each_rule_can_be_broken() {
         ),
         (
             "rescued late",
-            |w| {
-                w.entry_mut(1).received_ns = ns(2_600);
-                w.entry_mut(1).mono_ns = ns(2_605);
-            },
+            |w| next_attempt(w, 2_600, 8),
             "no_progress",
             json!(2_600.0),
         ),
