@@ -531,21 +531,24 @@ fn a_chaos_step_that_did_not_take_effect_is_inconclusive_unless_optional() {
 /// Two steps that fire together on the same worker: each acts on a process of its own. The first
 /// to choose takes worker 1; the other waits for it to be done and takes its replacement. When
 /// both took the same process, the restart's SIGTERM met a worker the kill had just SIGKILLed,
-/// and `graceful_shutdown` failed a correct stack (`not_clean_exit`, signal 9).
+/// and `graceful_shutdown` failed a correct stack (`not_clean_exit`, signal 9). Whichever step
+/// goes second may find nothing left to catch (the kill then leaves `recovery` nothing to judge:
+/// INCONCLUSIVE, honestly), so the run must not FAIL, and both steps must apply, each to its own
+/// process.
 #[test]
 fn two_steps_fired_together_never_signal_the_same_process() {
     let toml = SMALL
-        .replace("recipients = 20", "recipients = 200")
+        .replace("recipients = 20", "recipients = 1000")
         .replace("workers = 1", "workers = 2\nshutdown_grace = \"5s\"")
         .replace(
             "[expect]\n",
-            "[providers.line]\nlatency = { kind = \"uniform\", min = \"20ms\", max = \"40ms\" }\n\n\
+            "[providers.line]\nlatency = { kind = \"uniform\", min = \"100ms\", max = \"200ms\" }\n\n\
              [[chaos]]\nprogress = \"30%\"\naction = \"sigkill\"\ntarget = 1\nrestart_after = \"200ms\"\n\n\
              [[chaos]]\nprogress = \"30%\"\naction = \"restart\"\ntarget = 1\n\n[expect]\n",
         );
     let case = Case::new("e2e-small", &toml);
     let out = case.run(&[]);
-    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(matches!(code(&out), 0 | 4), "{}", text(&out));
     let report = case.report();
     let steps = report["chaos_steps"].as_array().unwrap();
     assert!(steps.iter().all(|s| s["outcome"] == "applied"), "{steps:?}");
